@@ -1,0 +1,24 @@
+"""Storage layouts for masked tensors: a registry and one module per layout.
+
+This package knows nothing of ``MaskedTensor``: its kernels take and return plain tensors
+(a :class:`Storage` is index tensors + values + mask values + shape), so it can be used
+and tested alone. ``masked_sparse`` routes every op to the table of its operand's layout.
+
+>>> import torch, layouts
+>>> [lay.name for lay in layouts.registered_layouts()][:3]
+['strided', 'sparse_coo', 'sparse_csr']
+"""
+
+from . import sparse_coo, sparse_csr, strided  # noqa: F401  (registers the built-in layouts)
+from .convert import convert, drop_unspecified
+from .registry import Layout, Storage, get_layout, register_layout, registered_layouts
+
+__all__ = [
+    "Layout",
+    "Storage",
+    "convert",
+    "drop_unspecified",
+    "get_layout",
+    "register_layout",
+    "registered_layouts",
+]

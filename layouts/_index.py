@@ -1,0 +1,57 @@
+"""Index helpers shared by the sparse layouts: linear keys, lookups, coalescing.
+
+All functions are vectorized (no Python loop over elements) and O(nnz log nnz) at worst.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def linearize(indices: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """Row-major linear position of each column of a ``(ndim, nnz)`` index tensor.
+
+    >>> linearize(torch.tensor([[0, 1], [2, 0]]), (2, 4)).tolist()
+    [2, 4]
+    """
+    if indices.shape[0] == 0:
+        return torch.zeros(indices.shape[1], dtype=torch.long, device=indices.device)
+    strides = torch.ones(len(shape), dtype=torch.long)
+    for d in range(len(shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * shape[d + 1]
+    return (indices * strides.to(indices.device)[:, None]).sum(0)
+
+
+def lookup(keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor,
+           fill: float | bool = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read ``values`` (one row per sorted, unique ``keys``) at ``queries``.
+
+    Returns ``(found_values, found)``; rows whose key is absent read as ``fill``.
+    """
+    out_shape = (queries.numel(),) + tuple(values.shape[1:])
+    if keys.numel() == 0:
+        return (torch.full(out_shape, fill, dtype=values.dtype, device=values.device),
+                torch.zeros(queries.numel(), dtype=torch.bool, device=queries.device))
+    pos = torch.searchsorted(keys, queries).clamp_(max=keys.numel() - 1)
+    found = keys[pos] == queries
+    picked = values[pos]
+    fill_t = torch.full((), fill, dtype=values.dtype, device=values.device)
+    shape = (-1,) + (1,) * (values.dim() - 1)
+    return torch.where(found.view(shape), picked, fill_t), found
+
+
+def coalesce_coo(tensor: torch.Tensor) -> torch.Tensor:
+    """Coalesce a torch COO tensor (duplicates summed; for bool, or-ed), keeping it if already so."""
+    return tensor if tensor.is_coalesced() else tensor.coalesce()
+
+
+def rows_from_crow(crow: torch.Tensor, nnz: int | None = None) -> torch.Tensor:
+    """The row of every stored element of a CSR matrix, from its ``crow_indices``."""
+    counts = crow[1:] - crow[:-1]
+    rows = torch.arange(counts.numel(), device=crow.device, dtype=crow.dtype)
+    return torch.repeat_interleave(rows, counts, output_size=nnz)
+
+
+def crow_from_rows(rows: torch.Tensor, nrows: int) -> torch.Tensor:
+    """``crow_indices`` of a CSR matrix whose (sorted) element rows are ``rows``."""
+    return torch._convert_indices_from_coo_to_csr(rows, nrows, out_int32=rows.dtype == torch.int32)

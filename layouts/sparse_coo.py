@@ -1,0 +1,103 @@
+"""The sparse COO layout: one coalesced index tensor shared by data and mask.
+
+Invariants
+----------
+- ``index == (indices,)`` with ``indices`` an int64 ``(sparse_dim, nnz)`` tensor, coalesced:
+  its row-major linear keys are strictly increasing (sorted, no duplicates).
+- ``values`` has shape ``(nnz, *shape[sparse_dim:])`` (hybrid tensors keep dense trailing
+  dims, as ``nn.Embedding(sparse=True)`` gradients do); ``mask`` has the same shape, bool.
+- A position is specified iff it is stored and its mask value is True; every position
+  that is not stored is unspecified.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._index import coalesce_coo, linearize, lookup
+from .registry import Layout, Storage, register_layout
+
+
+def _sparse_shape(storage: Storage) -> tuple[int, ...]:
+    return tuple(storage.shape[: storage.index[0].shape[0]])
+
+
+def _from_torch(data: torch.Tensor, mask: torch.Tensor) -> Storage:
+    mask = coalesce_coo(mask)
+    data = coalesce_coo(data)
+    if data.sparse_dim() != mask.sparse_dim():
+        raise ValueError(f"masked_tensor(sparse_coo): data has sparse_dim {data.sparse_dim()} "
+                         f"but mask has {mask.sparse_dim()}; build both with the same sparse_dim")
+    indices, mvals = mask._indices(), mask._values()
+    dindices, dvals = data._indices(), data._values()
+    if mvals.shape[1:] != dvals.shape[1:]:
+        mvals = mvals.expand((mvals.shape[0],) + tuple(dvals.shape[1:]))
+    if dindices.shape == indices.shape and torch.equal(dindices, indices):
+        values = dvals
+    else:
+        # The mask's pattern is authoritative: read the data at the mask's indices.
+        shape = tuple(mask.shape[: mask.sparse_dim()])
+        values, _ = lookup(linearize(dindices, shape), dvals, linearize(indices, shape))
+    return SPARSE_COO.build((indices,), values, mvals, mask.shape)
+
+
+def _from_strided(data: torch.Tensor, mask: torch.Tensor) -> Storage:
+    indices = mask.nonzero().t()
+    return SPARSE_COO.build((indices,), data[mask], mask.new_ones(indices.shape[1]), mask.shape)
+
+
+def _densify(storage: Storage, values: torch.Tensor, fill) -> torch.Tensor:
+    out = torch.full(storage.shape, fill, dtype=values.dtype, device=values.device)
+    return out.index_put(tuple(storage.index[0]), values)
+
+
+def _to_torch(storage: Storage, values: torch.Tensor) -> torch.Tensor:
+    return torch.sparse_coo_tensor(storage.index[0], values, storage.shape, is_coalesced=True,
+                                   check_invariants=False)
+
+
+def _gather(storage: Storage, dense: torch.Tensor) -> torch.Tensor:
+    if dense.dim() == 0:
+        return dense
+    return dense.expand(storage.shape)[tuple(storage.index[0])]
+
+
+def _identity(storage: Storage) -> Storage:
+    return storage
+
+
+def _validate(storage: Storage, full: bool = False) -> None:
+    (indices,) = storage.index
+    shape, values, mask = storage.shape, storage.values, storage.mask
+    if indices.dim() != 2 or indices.dtype != torch.int64 or indices.shape[0] > len(shape):
+        raise ValueError(f"sparse_coo masked tensor: indices must be an int64 (sparse_dim, nnz) "
+                         f"tensor with sparse_dim <= {len(shape)}, got {indices.dtype} "
+                         f"{tuple(indices.shape)}")
+    expected = (indices.shape[1],) + tuple(shape[indices.shape[0]:])
+    if tuple(values.shape) != expected or tuple(mask.shape) != expected:
+        raise ValueError(f"sparse_coo masked tensor: values {tuple(values.shape)} and mask "
+                         f"{tuple(mask.shape)} must have shape {expected}")
+    if full and indices.numel():
+        sparse_shape = torch.tensor(shape[: indices.shape[0]], device=indices.device)
+        if bool((indices < 0).any()) or bool((indices >= sparse_shape[:, None]).any()):
+            raise ValueError(f"sparse_coo masked tensor: indices out of bounds for {tuple(shape)}")
+        keys = linearize(indices, _sparse_shape(storage))
+        if bool((keys[1:] <= keys[:-1]).any()):
+            raise ValueError("sparse_coo masked tensor: indices are not coalesced (sorted and "
+                             "unique); call .coalesce() on the input first")
+
+
+SPARSE_COO = register_layout(Layout(
+    name="sparse_coo",
+    torch_layout=torch.sparse_coo,
+    index_names=("indices",),
+    from_torch=_from_torch,
+    from_strided=_from_strided,
+    densify=_densify,
+    to_torch=_to_torch,
+    gather=_gather,
+    to_coo=_identity,
+    from_coo=_identity,
+    validate=_validate,
+    doc=__doc__ or "",
+))

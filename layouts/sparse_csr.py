@@ -1,0 +1,138 @@
+"""The sparse CSR layout: one (crow, col) pair shared by data and mask; 2-D only.
+
+Invariants
+----------
+- ``shape`` is 2-D; ``index == (crow, col)`` with ``crow`` of length ``nrows + 1``
+  (``crow[0] == 0``, non-decreasing, ``crow[-1] == nnz``) and ``col`` of length ``nnz``,
+  sorted and distinct within each row; both int64 or both int32.
+- ``values`` and ``mask`` are 1-D of length ``nnz`` (no batch or dense dims).
+- A position is specified iff it is stored and its mask value is True.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from ._index import crow_from_rows, linearize, lookup, rows_from_crow
+from .registry import Layout, Storage, register_layout
+
+
+def _check_2d(t: torch.Tensor, what: str) -> None:
+    if t.dim() != 2 or t.values().dim() != 1:
+        raise ValueError(f"masked_tensor(sparse_csr): the {what} must be a 2-D CSR matrix "
+                         f"without batch or dense dims, got shape {tuple(t.shape)} with values "
+                         f"{tuple(t.values().shape)}; use .to_sparse_coo() for other shapes")
+
+
+def _keys(crow: torch.Tensor, col: torch.Tensor, ncols: int) -> torch.Tensor:
+    return rows_from_crow(crow, col.numel()).long() * ncols + col.long()
+
+
+def _from_torch(data: torch.Tensor, mask: torch.Tensor) -> Storage:
+    _check_2d(data, "data")
+    _check_2d(mask, "mask")
+    crow, col = mask.crow_indices(), mask.col_indices()
+    dcrow, dcol = data.crow_indices(), data.col_indices()
+    if dcol.shape == col.shape and torch.equal(dcrow, crow) and torch.equal(dcol, col):
+        values = data.values()
+    else:
+        # The mask's pattern is authoritative: read the data at the mask's indices.
+        ncols = mask.shape[1]
+        values, _ = lookup(_keys(dcrow, dcol, ncols), data.values(), _keys(crow, col, ncols))
+    return SPARSE_CSR.build((crow, col), values, mask.values(), mask.shape)
+
+
+def _from_strided(data: torch.Tensor, mask: torch.Tensor) -> Storage:
+    if data.dim() != 2:
+        raise ValueError(f"to_sparse_csr: a CSR masked tensor must be 2-D, got shape "
+                         f"{tuple(data.shape)}; use .to_sparse_coo() instead")
+    from .sparse_coo import SPARSE_COO
+
+    return _from_coo(SPARSE_COO.from_strided(data, mask))
+
+
+def _rows(storage: Storage) -> torch.Tensor:
+    crow, col = storage.index
+    return rows_from_crow(crow, col.numel())
+
+
+def _densify(storage: Storage, values: torch.Tensor, fill) -> torch.Tensor:
+    out = torch.full(storage.shape, fill, dtype=values.dtype, device=values.device)
+    return out.index_put((_rows(storage), storage.index[1]), values)
+
+
+def _to_torch(storage: Storage, values: torch.Tensor) -> torch.Tensor:
+    crow, col = storage.index
+    return torch.sparse_csr_tensor(crow, col, values, storage.shape, check_invariants=False)
+
+
+def _gather(storage: Storage, dense: torch.Tensor) -> torch.Tensor:
+    if dense.dim() == 0:
+        return dense
+    return dense.expand(storage.shape)[_rows(storage), storage.index[1]]
+
+
+def _to_coo(storage: Storage) -> Storage:
+    from .sparse_coo import SPARSE_COO
+
+    indices = torch.stack([_rows(storage).long(), storage.index[1].long()])
+    return SPARSE_COO.build((indices,), storage.values, storage.mask, storage.shape)
+
+
+def _from_coo(storage: Storage) -> Storage:
+    (indices,) = storage.index
+    if len(storage.shape) != 2 or indices.shape[0] != 2:
+        raise ValueError(f"to_sparse_csr: a CSR masked tensor must be 2-D without dense dims, "
+                         f"got shape {tuple(storage.shape)} with sparse_dim {indices.shape[0]}; "
+                         f"keep it as sparse_coo")
+    crow = crow_from_rows(indices[0], storage.shape[0])
+    return SPARSE_CSR.build((crow, indices[1]), storage.values, storage.mask, storage.shape)
+
+
+def _validate(storage: Storage, full: bool = False) -> None:
+    crow, col = storage.index
+    shape, values, mask = storage.shape, storage.values, storage.mask
+    if len(shape) != 2:
+        raise ValueError(f"sparse_csr masked tensor must be 2-D, got shape {tuple(shape)}; "
+                         f"use sparse_coo for other shapes")
+    if crow.shape != (shape[0] + 1,) or col.dim() != 1 or crow.dtype != col.dtype:
+        raise ValueError(f"sparse_csr masked tensor: crow {tuple(crow.shape)} {crow.dtype} / col "
+                         f"{tuple(col.shape)} {col.dtype} do not fit shape {tuple(shape)}")
+    if values.shape != col.shape or mask.shape != col.shape:
+        raise ValueError(f"sparse_csr masked tensor: values {tuple(values.shape)} and mask "
+                         f"{tuple(mask.shape)} must have shape {tuple(col.shape)}")
+    if full:
+        if crow[0] != 0 or crow[-1] != col.numel() or bool((crow[1:] < crow[:-1]).any()):
+            raise ValueError("sparse_csr masked tensor: crow_indices must start at 0, be "
+                             "non-decreasing and end at nnz")
+        if col.numel() and (bool((col < 0).any()) or bool((col >= shape[1]).any())):
+            raise ValueError(f"sparse_csr masked tensor: col_indices out of bounds for "
+                             f"{tuple(shape)}")
+        keys = linearize(torch.stack([_rows(storage).long(), col.long()]), tuple(shape))
+        if bool((keys[1:] <= keys[:-1]).any()):
+            raise ValueError("sparse_csr masked tensor: col_indices must be sorted and distinct "
+                             "within each row")
+
+
+with warnings.catch_warnings():
+    # torch warns once per process that CSR is in beta; say it here, silently, not to users.
+    warnings.simplefilter("ignore")
+    torch.sparse_csr_tensor(torch.tensor([0, 0]), torch.tensor([], dtype=torch.long),
+                            torch.tensor([]), (1, 1), check_invariants=False)
+
+SPARSE_CSR = register_layout(Layout(
+    name="sparse_csr",
+    torch_layout=torch.sparse_csr,
+    index_names=("crow_indices", "col_indices"),
+    from_torch=_from_torch,
+    from_strided=_from_strided,
+    densify=_densify,
+    to_torch=_to_torch,
+    gather=_gather,
+    to_coo=_to_coo,
+    from_coo=_from_coo,
+    validate=_validate,
+    doc=__doc__ or "",
+))

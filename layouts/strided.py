@@ -1,0 +1,67 @@
+"""The strided layout: dense data and a dense bool mask of the same shape.
+
+Invariants
+----------
+- ``index == ()``; ``values`` is the data and has ``shape``; ``mask`` is bool with ``shape``.
+- Every position is stored; a position is specified where ``mask`` is True.
+- The values under a False mask are arbitrary: never read them without masking.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .registry import Layout, Storage, register_layout
+
+
+def _from_torch(data: torch.Tensor, mask: torch.Tensor) -> Storage:
+    return STRIDED.build((), data, mask, data.shape)
+
+
+def _from_strided(data: torch.Tensor, mask: torch.Tensor) -> Storage:
+    return STRIDED.build((), data, mask, data.shape)
+
+
+def _densify(storage: Storage, values: torch.Tensor, fill) -> torch.Tensor:
+    return values
+
+
+def _to_torch(storage: Storage, values: torch.Tensor) -> torch.Tensor:
+    return values
+
+
+def _gather(storage: Storage, dense: torch.Tensor) -> torch.Tensor:
+    # Broadcasting in the op itself reads the dense operand; nothing to gather.
+    return dense
+
+
+def _to_coo(storage: Storage) -> Storage:
+    from .sparse_coo import SPARSE_COO
+
+    return SPARSE_COO.from_strided(storage.values, storage.mask)
+
+
+def _from_coo(storage: Storage) -> Storage:
+    return STRIDED.build((), storage.densify(), storage.densify(storage.mask, False), storage.shape)
+
+
+def _validate(storage: Storage, full: bool = False) -> None:
+    if storage.values.shape != storage.shape or storage.mask.shape != storage.shape:
+        raise ValueError(f"strided masked tensor: data {tuple(storage.values.shape)} and mask "
+                         f"{tuple(storage.mask.shape)} must both have shape {tuple(storage.shape)}")
+
+
+STRIDED = register_layout(Layout(
+    name="strided",
+    torch_layout=torch.strided,
+    index_names=(),
+    from_torch=_from_torch,
+    from_strided=_from_strided,
+    densify=_densify,
+    to_torch=_to_torch,
+    gather=_gather,
+    to_coo=_to_coo,
+    from_coo=_from_coo,
+    validate=_validate,
+    doc=__doc__ or "",
+))

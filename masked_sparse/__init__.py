@@ -1,0 +1,27 @@
+"""masked_sparse: masked semantics as a first-class part of PyTorch.
+
+A :class:`MaskedTensor` holds data and a bool mask (True = specified) in strided, sparse
+COO or sparse CSR storage -- or any layout registered with :mod:`layouts` -- and every op
+keeps that storage's compression. The API mirrors ``torch.masked``.
+
+>>> import torch, masked_sparse as ms
+>>> mt = ms.masked_tensor(torch.tensor([[0., 2.], [3., 0.]]),
+...                       torch.tensor([[False, True], [True, False]])).to_sparse_csr()
+>>> mt.sqrt().to_tensor(0).to_dense()
+tensor([[0.0000, 1.4142],
+        [1.7321, 0.0000]])
+"""
+
+from . import ops  # noqa: F401  (registers the op tables)
+from ._construct import as_masked_tensor, masked_tensor
+from ._tensor import MaskedTensor, is_masked_tensor, layout_of
+from .ops.conversion import to_layout
+
+__all__ = [
+    "MaskedTensor",
+    "as_masked_tensor",
+    "is_masked_tensor",
+    "layout_of",
+    "masked_tensor",
+    "to_layout",
+]

@@ -1,0 +1,113 @@
+"""Autograd on the values: one generic Function for every op whose gradient must carry
+the input's mask (reductions, ``where``, conversions, sparse shape ops, ...).
+
+Note [Autograd on the values]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Layout kernels are written with differentiable torch ops on ``storage.values`` (index
+and mask computations are side data). So an op on MaskedTensors is differentiated by
+running its kernel on *leaf copies* of the input values under ``enable_grad`` and keeping
+that small inner graph in the node: backward is one ``torch.autograd.grad`` call on it,
+and each input gradient is rebuilt as a MaskedTensor over the input's own storage -- the
+input's mask and index tensors. Unspecified output positions contribute nothing (their
+incoming gradient is read as 0), which is what makes "no gradient" differ from "zero
+gradient". This works unchanged for every layout, including user-registered ones. The
+inner graph only references plain tensors, so no reference cycle forms with the outer one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from layouts import Storage
+
+from ._tensor import MaskedTensor, _wrap
+
+StorageFn = Callable[..., Any]
+
+
+def _as_outputs(result: Any) -> tuple[tuple[Any, ...], bool]:
+    if isinstance(result, tuple) and not isinstance(result, Storage):
+        return result, True
+    return (result,), False
+
+
+def _wrap_outputs(outs: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(_wrap(o) if isinstance(o, Storage) else o for o in outs)
+
+
+def grad_values(grad: Any, out: Storage) -> torch.Tensor:
+    """The incoming gradient as a values tensor of ``out``'s storage (0 where unspecified)."""
+    if isinstance(grad, MaskedTensor):
+        g = grad._storage
+        if g.values.shape != out.values.shape:
+            import layouts
+
+            g = layouts.convert(g, out.layout)
+        return g.values.masked_fill(~g.mask, 0) if g.mask.shape == g.values.shape else (
+            torch.where(g.mask, g.values, 0))
+    return out.layout.gather(out, grad).expand_as(out.values)
+
+
+class _OnValues(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, fn: StorageFn, extra: tuple, *inputs: Any) -> Any:
+        storages, leaves = [], []
+        for t in inputs:
+            s = t._storage
+            if t.requires_grad:
+                leaf = s.values.detach().requires_grad_()
+                leaves.append(leaf)
+                s = s.with_values(leaf)
+            storages.append(s)
+        with torch.enable_grad():
+            outs, is_tuple = _as_outputs(fn(storages, *extra))
+        ctx.inputs = [t._storage if t.requires_grad else None for t in inputs]
+        ctx.leaves = leaves
+        ctx.outs = outs
+        ctx.is_tuple = is_tuple
+        wrapped = []
+        for o in outs:
+            if isinstance(o, Storage):
+                wrapped.append(_wrap(o.with_values(o.values.detach())))
+            else:
+                ctx.mark_non_differentiable(o)
+                wrapped.append(o)
+        return tuple(wrapped) if is_tuple else wrapped[0]
+
+    @staticmethod
+    def backward(ctx, *grads: Any) -> Any:
+        outs, gvals = [], []
+        for o, g in zip(ctx.outs, grads):
+            if isinstance(o, Storage) and g is not None and o.values.requires_grad:
+                outs.append(o.values)
+                gvals.append(grad_values(g, o))
+        leaf_grads = torch.autograd.grad(outs, ctx.leaves, gvals, allow_unused=True) if outs \
+            else [None] * len(ctx.leaves)
+        it = iter(leaf_grads)
+        result: list[Any] = [None, None]
+        for s in ctx.inputs:
+            if s is None:
+                result.append(None)
+                continue
+            g = next(it)
+            if g is None:
+                g = torch.zeros_like(s.values)
+            result.append(_wrap(s.with_values(g)))
+        return tuple(result)
+
+
+def on_values(fn: StorageFn, inputs: Sequence[MaskedTensor], *extra: Any) -> Any:
+    """Run ``fn(storages, *extra)`` and wrap its Storage outputs as MaskedTensors.
+
+    ``fn`` must compute output values with differentiable torch ops on the input values;
+    then gradients flow to the inputs as MaskedTensors with the inputs' masks. Outputs
+    that are plain tensors (indices, counts) are not differentiable.
+    """
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        return _OnValues.apply(fn, extra, *inputs)
+    outs, is_tuple = _as_outputs(fn([t._storage for t in inputs], *extra))
+    wrapped = _wrap_outputs(outs)
+    return wrapped if is_tuple else wrapped[0]

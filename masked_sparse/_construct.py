@@ -1,0 +1,94 @@
+"""Building MaskedTensors from user tensors: ``masked_tensor`` and ``as_masked_tensor``."""
+
+from __future__ import annotations
+
+import torch
+
+import layouts
+from layouts import Storage
+
+from ._tensor import MaskedTensor, _wrap
+
+
+def storage_from_tensors(data: torch.Tensor, mask: torch.Tensor, op: str) -> Storage:
+    """Check user ``data`` and ``mask`` and build the storage of their layout.
+
+    For sparse input the mask's pattern is authoritative: data stored elsewhere is dropped
+    and mask positions where data stores nothing read as 0.
+    """
+    if isinstance(data, MaskedTensor) or not isinstance(data, torch.Tensor):
+        raise TypeError(f"{op}: data must be a plain torch.Tensor, got {type(data).__name__}; "
+                        f"use mt.get_data() to unwrap a MaskedTensor")
+    if isinstance(mask, MaskedTensor) or not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{op}: mask must be a plain bool torch.Tensor, got "
+                        f"{type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{op}: mask must have dtype torch.bool, got {mask.dtype}; "
+                        f"pass mask.bool() or (mask != 0)")
+    if data.layout != mask.layout:
+        raise TypeError(f"{op}: data ({data.layout}) and mask ({mask.layout}) must have the "
+                        f"same layout; convert one of them, e.g. mask.to_sparse_coo() or "
+                        f"data.to_dense()")
+    if data.shape != mask.shape:
+        raise ValueError(f"{op}: data {tuple(data.shape)} and mask {tuple(mask.shape)} must "
+                         f"have the same shape")
+    if data.device != mask.device:
+        raise ValueError(f"{op}: data is on {data.device} but mask is on {mask.device}; "
+                         f"move them to one device")
+    layout = layouts.get_layout(data.layout)
+    storage = layout.from_torch(data, mask)
+    layout.validate(storage)
+    return storage
+
+
+def masked_tensor(data: torch.Tensor, mask: torch.Tensor, *,
+                  requires_grad: bool = False) -> MaskedTensor:
+    """A new MaskedTensor leaf holding a copy of ``data`` where ``mask`` is True.
+
+    Like ``torch.tensor``, it copies the data (and mask) and is not connected to the
+    autograd graph of ``data``; see :func:`as_masked_tensor` for the differentiable view.
+    ``data`` and ``mask`` must have the same shape and layout (strided, sparse COO, sparse
+    CSR or any registered one).
+
+    >>> import torch, masked_sparse as ms
+    >>> ms.masked_tensor(torch.tensor([1., 2.]), torch.tensor([True, False]))
+    MaskedTensor(
+      [  1.0000,       --]
+    )
+    """
+    storage = storage_from_tensors(data.detach(), mask, "masked_tensor")
+    storage = storage.with_values(storage.values.clone(), storage.mask.clone())
+    return _wrap(storage, requires_grad)
+
+
+class _AsMasked(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:
+        ctx.storage = storage_from_tensors(data.detach(), mask, "as_masked_tensor")
+        return _wrap(ctx.storage)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        # The gradient reaching ``data`` carries the mask, as in torch.masked.
+        if not isinstance(grad, MaskedTensor):
+            s = ctx.storage
+            grad = _wrap(s.with_values(s.layout.gather(s, grad)))
+        return grad, None
+
+
+def as_masked_tensor(data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:
+    """A MaskedTensor over ``data`` (no copy), differentiable with respect to ``data``.
+
+    The gradient that reaches ``data`` is a MaskedTensor carrying ``mask``.
+
+    >>> import torch, masked_sparse as ms
+    >>> x = torch.tensor([1., 1.], requires_grad=True)
+    >>> ms.as_masked_tensor(x * 2, torch.tensor([False, True])).sum().backward()
+    >>> x.grad
+    MaskedTensor(
+      [      --,   2.0000]
+    )
+    """
+    if torch.is_grad_enabled() and isinstance(data, torch.Tensor) and data.requires_grad:
+        return _AsMasked.apply(data, mask)
+    return _wrap(storage_from_tensors(data, mask, "as_masked_tensor"))

@@ -1,0 +1,3 @@
+"""Op families. Importing a module registers its handlers in ``masked_sparse._registry``."""
+
+from . import basic, conversion, pointwise  # noqa: F401

@@ -1,0 +1,86 @@
+"""Properties, copies, casts and ``*_like`` factories: ops that keep the storage's pattern."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .._registry import implements, implements_aten
+from .._tensor import MaskedTensor, _wrap
+from .pointwise import align, read_plain
+
+aten = torch.ops.aten
+
+
+# -- properties answered from the storage (Note [Wrapper layout]) --------------------------
+@implements(torch.Tensor.layout.__get__)
+def _layout(mt: MaskedTensor) -> torch.layout:
+    return mt._storage.layout.torch_layout or torch.strided
+
+
+@implements(torch.Tensor.is_sparse.__get__)
+def _is_sparse(mt: MaskedTensor) -> bool:
+    return mt._storage.layout.torch_layout is torch.sparse_coo
+
+
+@implements(torch.Tensor.is_sparse_csr.__get__)
+def _is_sparse_csr(mt: MaskedTensor) -> bool:
+    return mt._storage.layout.torch_layout is torch.sparse_csr
+
+
+# -- same pattern, new values --------------------------------------------------------------
+@implements_aten(aten.detach.default, aten.alias.default)
+def _share(func: Any, args: tuple, kwargs: dict) -> MaskedTensor:
+    return _wrap(args[0]._storage)
+
+
+@implements_aten(aten.clone.default, aten.ones_like.default, aten.zeros_like.default,
+                 aten.empty_like.default, aten.full_like.default, aten.rand_like.default,
+                 aten.randn_like.default, aten.randint_like.default,
+                 aten.randint_like.low_dtype)
+def _values_like(func: Any, args: tuple, kwargs: dict) -> MaskedTensor:
+    s = args[0]._storage
+    kwargs = {k: v for k, v in kwargs.items() if k != "layout"}
+    return _wrap(s.with_values(func(s.values, *args[1:], **kwargs)))
+
+
+@implements_aten(aten._to_copy.default)
+def _to_copy(func: Any, args: tuple, kwargs: dict) -> MaskedTensor:
+    s = args[0]._storage
+    kwargs = {k: v for k, v in kwargs.items() if k != "layout"}
+    values = func(s.values, **kwargs)
+    if values.device == s.values.device:
+        return _wrap(s.with_values(values))
+    dev = values.device
+    return _wrap(s.layout.build(tuple(i.to(dev) for i in s.index), values, s.mask.to(dev),
+                                s.shape))
+
+
+@implements_aten(aten.copy_.default)
+def _copy_(func: Any, args: tuple, kwargs: dict) -> MaskedTensor:
+    self, src = args[0], args[1]
+    if not isinstance(self, MaskedTensor):
+        raise TypeError("copy_: cannot copy a MaskedTensor into a plain tensor (the mask would "
+                        "be lost); use dst.copy_(mt.to_tensor(value))")
+    if isinstance(src, MaskedTensor):
+        mine, theirs = align(func, [self._storage, src._storage])
+        self._storage = mine
+        mine.values.copy_(theirs.values, *args[2:], **kwargs)
+    else:
+        self._storage.values.copy_(read_plain(func, self._storage, src))
+    return self
+
+
+@implements_aten(aten._local_scalar_dense.default)
+def _item(func: Any, args: tuple, kwargs: dict) -> Any:
+    s = args[0]._storage
+    if s.values.numel() != 1 or not bool(s.mask.reshape(-1)[0]):
+        raise ValueError("item(): the element of this MaskedTensor is unspecified (masked out) "
+                         "or it has more than one element; use mt.to_tensor(value).item()")
+    return s.values.reshape(-1)[0].item()
+
+
+@implements_aten(aten.is_same_size.default)
+def _is_same_size(func: Any, args: tuple, kwargs: dict) -> bool:
+    return args[0].shape == args[1].shape

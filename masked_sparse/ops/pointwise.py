@@ -1,0 +1,152 @@
+"""Pointwise ops: one generic kernel for every aten op tagged ``torch.Tag.pointwise``.
+
+Semantics (DESIGN.md), written once here for every layout:
+
+- unary: the op runs on the values; mask and index tensors are kept (the same objects);
+- MaskedTensor with MaskedTensor: both must have the same shape and specified set, else
+  ``ValueError`` naming the op; identical index/mask objects make the check free;
+- MaskedTensor with a plain Tensor: the Tensor broadcasts to the masked operand and is read
+  at its stored positions only (a sparse masked operand never densifies);
+- Python scalars pass through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import layouts
+from layouts import Storage
+
+from .._registry import ATEN
+from .._tensor import MaskedTensor, _wrap
+
+Kernel = Callable[[Any, tuple, dict], Any]
+
+
+def _op_name(func: Any) -> str:
+    return getattr(func, "_opname", None) or getattr(func, "__name__", None) or str(func)
+
+
+def _same_mask(a: Storage, b: Storage) -> bool:
+    if a.mask is b.mask:
+        return True
+    return a.mask.shape == b.mask.shape and torch.equal(a.mask, b.mask)
+
+
+def _same_index(a: Storage, b: Storage) -> bool:
+    return a.same_index(b) or all(
+        x.shape == y.shape and torch.equal(x, y) for x, y in zip(a.index, b.index))
+
+
+def align(func: Any, storages: list[Storage]) -> list[Storage]:
+    """Storages of matching masks, sharing the first one's index tensors.
+
+    Raises ``ValueError`` when the shapes, layouts or specified sets differ.
+    """
+    first = storages[0]
+    if all(s is first or (s.same_index(first) and s.mask is first.mask) for s in storages):
+        return storages
+    for s in storages[1:]:
+        if s.layout is not first.layout or s.shape != first.shape:
+            raise ValueError(
+                f"{_op_name(func)}: MaskedTensor operands must have the same shape and layout, "
+                f"got {tuple(first.shape)} {first.layout.name} and {tuple(s.shape)} "
+                f"{s.layout.name}; convert with .to_dense() / .to_sparse_coo() first")
+    if all(_same_index(first, s) and _same_mask(first, s) for s in storages):
+        return [Storage(first.layout, first.index, s.values, s.mask, s.shape) for s in storages]
+    if first.index:
+        # Same specified set stored differently (e.g. stored but masked-out entries)?
+        dropped = [layouts.drop_unspecified(s) for s in storages]
+        d0 = dropped[0]
+        if all(_same_index(d0, d) and _same_mask(d0, d) for d in dropped):
+            return [Storage(d0.layout, d0.index, d.values, d.mask, d.shape) for d in dropped]
+    raise ValueError(
+        f"{_op_name(func)}: the masks of MaskedTensor operands must match (same specified "
+        f"elements); combine them explicitly, e.g. masked_tensor(a.to_tensor(0) + "
+        f"b.to_tensor(0), a.get_mask() & b.get_mask())")
+
+
+def read_plain(func: Any, storage: Storage, t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor operand broadcast to the masked operand and read at its positions."""
+    if t.dim() == 0:
+        return t
+    if t.layout != torch.strided:
+        raise TypeError(
+            f"{_op_name(func)}: a plain {t.layout} tensor cannot be combined with a "
+            f"{storage.layout.name} MaskedTensor; wrap it with masked_tensor(t, mask) or pass "
+            f"t.to_dense()")
+    try:
+        ok = torch.broadcast_shapes(t.shape, storage.shape) == storage.shape
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{_op_name(func)}: a plain tensor of shape {tuple(t.shape)} must broadcast to the "
+            f"MaskedTensor's shape {tuple(storage.shape)} (the tensor takes the MaskedTensor's "
+            f"mask)")
+    return storage.layout.gather(storage, t)
+
+
+def _is_inplace(func: Any) -> bool:
+    args = func._schema.arguments
+    return bool(args) and args[0].alias_info is not None and args[0].alias_info.is_write
+
+
+def _writes_out(func: Any) -> bool:
+    return any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
+               for a in func._schema.arguments)
+
+
+def apply_to_values(func: Any, args: tuple, kwargs: dict, inplace: bool) -> Any:
+    """Run ``func`` on the values of its MaskedTensor operands (see module docstring)."""
+    masked = [a for a in args if isinstance(a, MaskedTensor)]
+    masked += [v for v in kwargs.values() if isinstance(v, MaskedTensor)]
+    aligned = align(func, [m._storage for m in masked])
+    by_id = {id(m): s for m, s in zip(masked, aligned)}
+    ref = aligned[0]
+
+    def unwrap(a: Any) -> Any:
+        if isinstance(a, MaskedTensor):
+            return by_id[id(a)].values
+        if isinstance(a, torch.Tensor):
+            return read_plain(func, ref, a)
+        return a
+
+    new_args = tuple(unwrap(a) for a in args)
+    new_kwargs = {k: unwrap(v) for k, v in kwargs.items()}
+    if inplace:
+        self = args[0]
+        if not isinstance(self, MaskedTensor):
+            raise TypeError(
+                f"{_op_name(func)}: an in-place op on a plain tensor cannot take a MaskedTensor "
+                f"operand (the mask would be lost); use the out-of-place op, or fill first "
+                f"with mt.to_tensor(value)")
+        if by_id[id(self)] is not self._storage:
+            self._storage = by_id[id(self)]
+        func(*new_args, **new_kwargs)
+        return self
+    out = func(*new_args, **new_kwargs)
+    if isinstance(out, (tuple, list)):
+        return type(out)(_wrap(ref.with_values(o)) for o in out)
+    return _wrap(ref.with_values(out))
+
+
+def resolve(func: Any, args: tuple) -> Kernel:
+    """The kernel for an op without a table entry: the generic pointwise one, if tagged so."""
+    if torch.Tag.pointwise in func.tags and not _writes_out(func):
+        inplace = _is_inplace(func)
+
+        def kernel(func: Any, args: tuple, kwargs: dict) -> Any:
+            return apply_to_values(func, args, kwargs, inplace)
+
+        ATEN[func] = kernel
+        return kernel
+    masked = [a for a in args if isinstance(a, MaskedTensor)]
+    where = ", ".join(sorted({m._storage.layout.name for m in masked})) or "?"
+    raise NotImplementedError(
+        f"MaskedTensor[{where}] {_op_name(func)}: no kernel for this op; use .to_dense() or "
+        f".to_tensor(value) to compute it on plain tensors, or .to_sparse_coo() for a layout "
+        f"with more ops")
