@@ -9,7 +9,10 @@ and tested alone. ``masked_sparse`` routes every op to the table of its operand'
 ['strided', 'sparse_coo', 'sparse_csr']
 """
 
-from . import sparse_coo, sparse_csr, strided  # noqa: F401  (registers the built-in layouts)
+from . import strided  # noqa: F401  (registered first: the default layout)
+
+# isort: split
+from . import sparse_coo, sparse_csr  # noqa: F401  (registers the built-in sparse layouts)
 from .convert import convert, drop_unspecified
 from .registry import Layout, Storage, get_layout, register_layout, registered_layouts
 

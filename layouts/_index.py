@@ -41,7 +41,7 @@ def lookup(keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor,
 
 
 def coalesce_coo(tensor: torch.Tensor) -> torch.Tensor:
-    """Coalesce a torch COO tensor (duplicates summed; for bool, or-ed), keeping it if already so."""
+    """Coalesce a torch COO tensor (duplicates summed; bool: or-ed); no copy if already so."""
     return tensor if tensor.is_coalesced() else tensor.coalesce()
 
 

@@ -24,7 +24,8 @@ Example
 -------
 >>> import torch, layouts
 >>> coo = layouts.get_layout(torch.sparse_coo)
->>> s = coo.from_strided(torch.tensor([[0., 2.], [3., 0.]]), torch.tensor([[False, True], [True, False]]))
+>>> data = torch.tensor([[0., 2.], [3., 0.]])
+>>> s = coo.from_strided(data, data != 0)
 >>> s.values
 tensor([2., 3.])
 >>> coo.densify(s, s.values, 0).tolist()

@@ -72,7 +72,7 @@ class _ToTensor(torch.autograd.Function):
 
 
 def to_tensor(mt: MaskedTensor, value: Any) -> torch.Tensor:
-    """``mt`` with masked-out positions filled with ``value`` (see :meth:`MaskedTensor.to_tensor`)."""
+    """``mt`` with masked-out positions filled with ``value`` (:meth:`MaskedTensor.to_tensor`)."""
     if torch.is_grad_enabled() and mt.requires_grad:
         return _ToTensor.apply(mt, value)
     return _fill(mt._storage, value)

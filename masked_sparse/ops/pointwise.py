@@ -134,9 +134,33 @@ def apply_to_values(func: Any, args: tuple, kwargs: dict, inplace: bool) -> Any:
     return _wrap(ref.with_values(out))
 
 
+_aten = torch.ops.aten
+# Elementwise overloads that torch does not tag ``pointwise``.
+UNTAGGED_POINTWISE = frozenset({
+    _aten.floor_divide.default, _aten.floor_divide.Scalar, _aten.floor_divide_.Tensor,
+    _aten.floor_divide_.Scalar, _aten.fill_.Scalar, _aten.fill_.Tensor, _aten.zero_.default,
+    _aten.masked_fill.Scalar, _aten.masked_fill.Tensor, _aten.masked_fill_.Scalar,
+    _aten.masked_fill_.Tensor, _aten.rsub.Tensor, _aten.rsub.Scalar, _aten.frexp.Tensor,
+    _aten.ldexp.Tensor, _aten.true_divide.Scalar, _aten.isreal.default,
+    _aten.polar.default,
+})
+
+
+def _is_pointwise(func: Any) -> bool:
+    if torch.Tag.pointwise in func.tags or func in UNTAGGED_POINTWISE:
+        return True
+    # Some in-place variants (abs_, ...) lack the tag that their functional variant has.
+    name = func._opname
+    if name.endswith("_") and not name.startswith("_"):
+        packet = getattr(torch.ops.aten, name[:-1], None)
+        overload = getattr(packet, func._overloadname, None) if packet is not None else None
+        return overload is not None and torch.Tag.pointwise in overload.tags
+    return False
+
+
 def resolve(func: Any, args: tuple) -> Kernel:
     """The kernel for an op without a table entry: the generic pointwise one, if tagged so."""
-    if torch.Tag.pointwise in func.tags and not _writes_out(func):
+    if _is_pointwise(func) and not _writes_out(func):
         inplace = _is_inplace(func)
 
         def kernel(func: Any, args: tuple, kwargs: dict) -> Any:
