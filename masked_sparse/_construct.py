@@ -56,7 +56,9 @@ def masked_tensor(data: torch.Tensor, mask: torch.Tensor, *,
       [  1.0000,       --]
     )
     """
-    storage = storage_from_tensors(data.detach(), mask, "masked_tensor")
+    if isinstance(data, torch.Tensor) and not isinstance(data, MaskedTensor):
+        data = data.detach()
+    storage = storage_from_tensors(data, mask, "masked_tensor")
     storage = storage.with_values(storage.values.clone(), storage.mask.clone())
     return _wrap(storage, requires_grad)
 
