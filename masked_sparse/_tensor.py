@@ -79,6 +79,19 @@ class MaskedTensor(torch.Tensor):
 
         return to_tensor(self, value)
 
+    def validate(self, full: bool = False) -> MaskedTensor:
+        """Check the storage's invariants: O(1) by default, all of them with ``full=True``.
+
+        Raises ``ValueError`` naming the broken invariant; returns ``self``.
+        """
+        s = self._storage
+        s.layout.validate(s, full)
+        if s.mask.dtype != torch.bool or s.mask.shape != s.values.shape:
+            raise ValueError(f"MaskedTensor[{s.layout.name}]: mask must be bool with the shape "
+                             f"of the values {tuple(s.values.shape)}, got {s.mask.dtype} "
+                             f"{tuple(s.mask.shape)}")
+        return self
+
     @property
     def masked_data(self) -> torch.Tensor:
         """The data tensor, as the first MaskedTensor prototype named it."""

@@ -274,3 +274,9 @@ def test_dense_of_helper_is_independent_of_ops():
     mt, data, mask = make_masked((2, 3), torch.sparse_coo, seed=10)
     got_data, got_mask = dense_of(mt)
     assert torch.equal(got_mask, mask)
+
+
+@layout_params()
+def test_validate_method(layout):
+    mt, _, _ = make_masked((3, 4), layout, seed=11)
+    assert mt.validate() is mt and mt.validate(full=True) is mt
