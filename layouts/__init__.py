@@ -13,15 +13,18 @@ from . import strided  # noqa: F401  (registered first: the default layout)
 
 # isort: split
 from . import sparse_coo, sparse_csr  # noqa: F401  (registers the built-in sparse layouts)
+from ._grouping import Grouping, group_by
 from .convert import convert, drop_unspecified
 from .registry import Layout, Storage, get_layout, register_layout, registered_layouts
 
 __all__ = [
+    "Grouping",
     "Layout",
     "Storage",
     "convert",
     "drop_unspecified",
     "get_layout",
+    "group_by",
     "register_layout",
     "registered_layouts",
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ._index import coalesce_coo, linearize, lookup
+from ._segment import coo_group as _reduction_group
 from .registry import Layout, Storage, register_layout
 
 
@@ -99,5 +100,6 @@ SPARSE_COO = register_layout(Layout(
     to_coo=_identity,
     from_coo=_identity,
     validate=_validate,
+    reduction={"group": _reduction_group},
     doc=__doc__ or "",
 ))

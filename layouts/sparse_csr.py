@@ -16,6 +16,7 @@ import warnings
 import torch
 
 from ._index import crow_from_rows, linearize, lookup, rows_from_crow
+from ._segment import csr_group as _reduction_group
 from .registry import Layout, Storage, register_layout
 
 
@@ -134,5 +135,6 @@ SPARSE_CSR = register_layout(Layout(
     to_coo=_to_coo,
     from_coo=_from_coo,
     validate=_validate,
+    reduction={"group": _reduction_group},
     doc=__doc__ or "",
 ))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ._strided_reduce import group as _reduction_group
 from .registry import Layout, Storage, register_layout
 
 
@@ -63,5 +64,6 @@ STRIDED = register_layout(Layout(
     to_coo=_to_coo,
     from_coo=_from_coo,
     validate=_validate,
+    reduction={"group": _reduction_group},
     doc=__doc__ or "",
 ))

@@ -1,0 +1,147 @@
+"""Reductions as *groupings*: which output element each stored element reduces into.
+
+A reduction over a set of dims partitions a tensor's elements into groups, one per output
+element. A layout answers every reduction (sum, mean, var, argmax, median, softmax, ...)
+by building one :class:`Grouping` for its storage: the core (``masked_sparse``) writes the
+semantics once in terms of the few primitives below, and each layout computes them with
+plain tensors -- dense ``torch.sum(dim)`` for strided, segment / scatter reductions over
+the stored values for sparse layouts. A layout registers its builder as
+``reduction={"group": builder}``; a layout without one is reduced through its COO form
+(:func:`group_by`), in O(nnz), never densified.
+
+Primitives (all on plain tensors, differentiable with respect to ``values``)
+--------------------------------------------------------------------------
+``source``
+    The storage whose ``values``/``mask`` the other primitives take (the input storage
+    itself, or its COO form for layouts reduced through COO).
+``reduce(values, op)``
+    ``values`` shaped like ``source.values``, reduced per group with ``op`` in
+    :data:`OPS`; the result holds the output storage's values. Every group of a sparse
+    grouping has at least one stored element; a group without any element (a size-0
+    reduced dim) reads 0 (False for ``any``, True for ``all``).
+``expand(out)``
+    An output-values tensor broadcast back onto ``source.values`` (each element reads its
+    group's value): how means and maxima are subtracted before a second pass.
+``positions()``
+    Each element's row-major index within the reduced dims (its coordinate along the dim
+    for one reduced dim, its linear index when every dim is reduced), broadcastable to
+    ``source.values``: what ``argmax`` / ``max(dim)`` return.
+``select(values, mask, rank)``
+    Per group, the element of ascending-order ``rank`` among the ``mask``-ed elements
+    (NaN sorts last), as ``(values, positions)``: how medians are picked.
+``build(out_values, out_mask)``
+    The output :class:`Storage` (its layout is the layout's choice).
+``restore(values)``
+    An elementwise result (shaped like ``source.values``) as a storage of the *input's*
+    layout, sharing its index tensors where possible (softmax).
+
+>>> import torch, layouts
+>>> s = layouts.get_layout("strided").from_torch(torch.ones(2, 3), torch.ones(2, 3).bool())
+>>> g = group_by(s, (1,), keepdim=False)
+>>> g.reduce(s.values, "sum").tolist()
+[3.0, 3.0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .registry import Storage
+
+OPS = ("sum", "prod", "amax", "amin", "any", "all")
+
+
+class Grouping:
+    """How the elements of one storage fall into the groups of a reduction over ``dims``.
+
+    Subclasses implement the primitives described in the module docstring; ``dims`` is a
+    sorted tuple of non-negative dims, ``keepdim`` keeps them with size 1.
+    """
+
+    source: Storage
+    dims: tuple[int, ...]
+    keepdim: bool
+    out_shape: torch.Size
+
+    def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
+        raise NotImplementedError
+
+    def expand(self, out: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def positions(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def select(self, values: torch.Tensor, mask: torch.Tensor,
+               rank: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def build(self, out_values: torch.Tensor, out_mask: torch.Tensor) -> Storage:
+        raise NotImplementedError
+
+    def restore(self, values: torch.Tensor) -> Storage:
+        raise NotImplementedError
+
+
+def reduced_shape(shape: Sequence[int], dims: Sequence[int], keepdim: bool) -> torch.Size:
+    """``shape`` with ``dims`` removed (or kept with size 1)."""
+    if keepdim:
+        return torch.Size(1 if d in dims else n for d, n in enumerate(shape))
+    return torch.Size(n for d, n in enumerate(shape) if d not in dims)
+
+
+def empty_fill(op: str) -> bool | int:
+    """What a group with no element at all reads (it is unspecified anyway)."""
+    return op == "all"
+
+
+def reduce_dense(values: torch.Tensor, dims: tuple[int, ...], keepdim: bool,
+                 op: str) -> torch.Tensor:
+    """``values`` reduced with ``op`` over ``dims`` with dense torch ops.
+
+    ``dims=()`` reduces nothing (unlike ``torch.sum(x, ())``); size-0 reduced dims give
+    the fill of :func:`empty_fill` instead of torch's error for ``amax`` & co.
+    """
+    if not dims:
+        return values.bool() if op in ("any", "all") else values
+    if any(values.shape[d] == 0 for d in dims) and op not in ("sum", "any", "all"):
+        shape = reduced_shape(values.shape, dims, keepdim)
+        return torch.zeros(shape, dtype=values.dtype, device=values.device)
+    if op == "sum":
+        return values.sum(dims, keepdim=keepdim)
+    if op == "amax":
+        return values.amax(dims, keepdim=keepdim)
+    if op == "amin":
+        return values.amin(dims, keepdim=keepdim)
+    if op == "any":
+        return values.any(dims, keepdim=keepdim)
+    if op == "all":
+        return values.all(dims, keepdim=keepdim)
+    if op == "prod":
+        for d in sorted(dims, reverse=True):
+            values = values.prod(d, keepdim=keepdim)
+        return values
+    raise ValueError(f"reduce: unknown op {op!r}; expected one of {OPS}")
+
+
+def sort_order(values: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Indices along ``dim`` that put the ``mask``-ed elements first, in ascending order of
+    value (NaN last, ties by position), then the others."""
+    order = torch.argsort(values.detach(), dim=dim, stable=True)
+    unmasked = (~mask).gather(dim, order).to(torch.uint8)
+    return order.gather(dim, torch.argsort(unmasked, dim=dim, stable=True))
+
+
+def group_by(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> Grouping:
+    """The :class:`Grouping` of ``storage`` for a reduction over ``dims``.
+
+    Uses the layout's ``reduction["group"]`` kernel, else its COO form (O(nnz)).
+    """
+    builder = storage.layout.kernel("reduction", "group")
+    if builder is not None:
+        return builder(storage, dims, keepdim)
+    from ._segment import via_coo
+
+    return via_coo(storage, dims, keepdim)
