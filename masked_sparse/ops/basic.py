@@ -84,3 +84,23 @@ def _item(func: Any, args: tuple, kwargs: dict) -> Any:
 @implements_aten(aten.is_same_size.default)
 def _is_same_size(func: Any, args: tuple, kwargs: dict) -> bool:
     return args[0].shape == args[1].shape
+
+
+@implements_aten(aten.new_empty_strided.default)
+def _new_empty_strided(func: Any, args: tuple, kwargs: dict) -> MaskedTensor:
+    # Note [Gradient layout contract]: autograd's AccumulateGrad gives a gradient the
+    # parameter's strides with grad.new_empty_strided(param.shape, param.stride()).copy_(grad);
+    # for the same shape this is empty_like with those strides (the pattern is kept).
+    s = args[0]._storage
+    size, stride = torch.Size(args[1]), tuple(args[2])
+    if size != s.shape:
+        raise NotImplementedError(
+            f"MaskedTensor[{s.layout.name}] new_empty_strided: only the tensor's own shape "
+            f"{tuple(s.shape)} is supported, got {tuple(size)}; build a new one with "
+            f"masked_tensor(data, mask)")
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("layout", "pin_memory")}
+    if s.values.shape == size:
+        values = func(s.values, size, stride, **kwargs)
+    else:
+        values = torch.empty_like(s.values, **kwargs)
+    return _wrap(s.with_values(values))

@@ -22,6 +22,7 @@ from layouts import Storage
 
 from .._registry import ATEN
 from .._tensor import MaskedTensor, _wrap
+from . import backward_masks
 
 Kernel = Callable[[Any, tuple, dict], Any]
 
@@ -63,6 +64,9 @@ def align(func: Any, storages: list[Storage]) -> list[Storage]:
         d0 = dropped[0]
         if all(_same_index(d0, d) and _same_mask(d0, d) for d in dropped):
             return [Storage(d0.layout, d0.index, d.values, d.mask, d.shape) for d in dropped]
+    combined = backward_masks.combine(func, storages, _same_index)  # Note [Masks of gradients]
+    if combined is not None:
+        return combined
     raise ValueError(
         f"{_op_name(func)}: the masks of MaskedTensor operands must match (same specified "
         f"elements); combine them explicitly, e.g. masked_tensor(a.to_tensor(0) + "
@@ -102,6 +106,9 @@ def _writes_out(func: Any) -> bool:
 
 def apply_to_values(func: Any, args: tuple, kwargs: dict, inplace: bool) -> Any:
     """Run ``func`` on the values of its MaskedTensor operands (see module docstring)."""
+    summed = backward_masks.plain_sum(func, args, kwargs)  # Note [Masks of gradients]
+    if summed is not NotImplemented:
+        return summed
     masked = [a for a in args if isinstance(a, MaskedTensor)]
     masked += [v for v in kwargs.values() if isinstance(v, MaskedTensor)]
     aligned = align(func, [m._storage for m in masked])
@@ -168,6 +175,8 @@ def resolve(func: Any, args: tuple) -> Kernel:
 
         ATEN[func] = kernel
         return kernel
+    if backward_masks.in_backward() and not _is_inplace(func) and not _writes_out(func):
+        return backward_masks.plain_fallback  # Note [Ops without a masked kernel in backward]
     masked = [a for a in args if isinstance(a, MaskedTensor)]
     where = ", ".join(sorted({m._storage.layout.name for m in masked})) or "?"
     raise NotImplementedError(
