@@ -126,6 +126,16 @@ class MaskedTensor(torch.Tensor):
         return kernel(func, args, kwargs or {})
 
     # -- torch.compile / serialization ---------------------------------------------------
+    def __reduce_ex__(self, proto: int) -> tuple:  # pickle, torch.save (weights_only=True)
+        from ._serialize import reduce_masked
+
+        return reduce_masked(self, proto)
+
+    def __deepcopy__(self, memo: dict) -> MaskedTensor:
+        from ._serialize import deepcopy_masked
+
+        return deepcopy_masked(self, memo)
+
     def __tensor_flatten__(self) -> tuple[list[str], tuple[str, int]]:
         n = len(self._storage.index)
         return ["_values", "_mask"] + [f"_index{i}" for i in range(n)], (
