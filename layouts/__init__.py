@@ -13,9 +13,23 @@ from . import strided  # noqa: F401  (registered first: the default layout)
 
 # isort: split
 from . import sparse_coo, sparse_csr  # noqa: F401  (registers the built-in sparse layouts)
+
+# isort: split
+# Written against the layout protocol alone (the core has no line about them).
+from . import sparse_csc  # noqa: F401
+
+# isort: split
+from . import sparse_bsr  # noqa: F401
 from ._grouping import Grouping, group_by
 from .convert import convert, drop_unspecified
-from .registry import Layout, Storage, get_layout, register_layout, registered_layouts
+from .registry import (
+    Layout,
+    Storage,
+    get_layout,
+    register_layout,
+    registered_layouts,
+    unregister_layout,
+)
 
 __all__ = [
     "Grouping",
@@ -27,4 +41,5 @@ __all__ = [
     "group_by",
     "register_layout",
     "registered_layouts",
+    "unregister_layout",
 ]

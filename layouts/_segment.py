@@ -218,7 +218,7 @@ class ViaCooGrouping(CooGrouping):
         super().__init__(storage.layout.to_coo(storage), dims, keepdim)
 
     def restore(self, values: torch.Tensor) -> Storage:
-        return self.original.layout.from_coo(self.source.with_values(values))
+        return self.original.layout.from_coo_like(self.source.with_values(values), self.original)
 
 
 def coo_group(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> CooGrouping:

@@ -8,13 +8,19 @@ unspecified. They are written with differentiable torch ops on the values.
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 import torch
 
 from .registry import Layout, Storage, get_layout
 
 
-def convert(storage: Storage, target: Layout | torch.layout | str) -> Storage:
-    """``storage`` in the ``target`` layout.
+def convert(storage: Storage, target: Layout | torch.layout | str, **options: Any) -> Storage:
+    """``storage`` in the ``target`` layout; ``options`` go to the target's ``from_coo``.
+
+    A storage already in ``target`` is returned as is, unless ``options`` ask for another
+    format of it (e.g. a new ``blocksize``).
 
     >>> import torch, layouts
     >>> s = layouts.get_layout("strided").from_torch(torch.eye(2), torch.eye(2, dtype=torch.bool))
@@ -23,12 +29,22 @@ def convert(storage: Storage, target: Layout | torch.layout | str) -> Storage:
     """
     target = get_layout(target)
     source = storage.layout
-    if source is target:
+    if options:
+        _check_options(target, options)
+    if source is target and (not options or options == source.options_of(storage)):
         return storage
-    direct = source.conversions.get(target.name)
+    direct = source.conversions.get(target.name) if source is not target else None
     if direct is not None:
-        return direct(storage)
-    return target.from_coo(source.to_coo(storage))
+        return direct(storage, **options)
+    return target.from_coo(source.to_coo(storage), **options)
+
+
+def _check_options(target: Layout, options: dict[str, Any]) -> None:
+    try:
+        inspect.signature(target.from_coo).bind(None, **options)
+    except TypeError:
+        raise TypeError(f"to_layout({target.name}): unsupported conversion options "
+                        f"{sorted(options)} for this layout") from None
 
 
 def drop_unspecified(storage: Storage) -> Storage:
@@ -39,4 +55,4 @@ def drop_unspecified(storage: Storage) -> Storage:
     keep = coo.mask if coo.mask.dim() == 1 else coo.mask.flatten(1).any(1)
     (indices,) = coo.index
     coo = coo.layout.build((indices[:, keep],), coo.values[keep], coo.mask[keep], coo.shape)
-    return storage.layout.from_coo(coo)
+    return storage.layout.from_coo_like(coo, storage)

@@ -1,4 +1,4 @@
-"""The layout registry: what a storage layout must provide, and where layouts are found.
+"""The layout registry and the layout protocol: what a storage layout must provide.
 
 A masked tensor in any layout is stored as a :class:`Storage`: zero or more *index*
 tensors that say where the stored elements sit, a strided *values* tensor holding them,
@@ -11,14 +11,55 @@ layout         index                   values                 specified
 strided        ``()``                  the dense data         where ``mask`` is True
 sparse_coo     ``(indices,)``          ``(nnz, *dense)``      stored and ``mask`` True
 sparse_csr     ``(crow, col)``         ``(nnz,)``             stored and ``mask`` True
+sparse_csc     ``(ccol, row)``         ``(nnz,)``             stored and ``mask`` True
+sparse_bsr     ``(crow, col)``         ``(nnzb, bs0, bs1)``   stored and ``mask`` True
 =============  ======================  =====================  ============================
 
-A :class:`Layout` is a frozen record of the primitives the core needs (construction,
-conversion through the strided and COO hubs, reading a dense operand at the stored
-positions) plus kernel tables for the long tail of ops. Everything that only touches the
-values -- unary ops, binary ops on operands with the same index tensors, ``to_tensor(0)`` --
-is generic and needs no kernel: ``storage.with_values(new_values)`` keeps the index tensors
-(the very same objects), which is what makes mask comparison free after any op.
+The layout protocol
+-------------------
+A layout is a :class:`Layout` record registered with :func:`register_layout`. The core
+(``masked_sparse``) never asks which layout it holds: it only calls the primitives below,
+so a layout written outside both packages works with every MaskedTensor op.
+
+*Required primitives* (registration raises ``TypeError`` if one is missing). All take and
+return plain tensors or storages, and compute values with differentiable torch ops on
+``values`` (the core differentiates through them, Note [Autograd on the values]):
+
+- ``from_torch(data, mask)``: build from a user's torch tensors of ``torch_layout``; the
+  mask's pattern is authoritative (data stored elsewhere is dropped, absent reads as 0).
+- ``from_strided(data, mask)``: compress dense data and mask.
+- ``densify(storage, values, fill)``: dense tensor, ``values`` at the stored positions.
+- ``to_torch(storage, values)``: a plain torch tensor of this layout (what ``get_data``,
+  ``get_mask`` and ``to_tensor(0)`` return), reusing the index tensors.
+- ``gather(storage, dense)``: a dense tensor broadcastable to ``shape`` read at the stored
+  positions, shaped like ``values`` (0-d tensors may be returned as they are).
+- ``to_coo(storage)`` / ``from_coo(coo, **options)``: conversion through the COO hub (a
+  coalesced, row-major ``sparse_coo`` storage). ``options`` are the keyword arguments a
+  user passes to ``ms.to_layout(mt, layout, **options)`` (BSR's ``blocksize``).
+- ``validate(storage, full=False)``: O(1) shape checks, or the O(nnz) invariants with
+  ``full=True``; raise ``ValueError``.
+
+*Optional entries*:
+
+- ``format_options(storage) -> dict``: the ``from_coo`` options that rebuild a storage in
+  the same format (``{"blocksize": (2, 3)}``); needed when ``from_coo`` takes options.
+- kernel tables ``unary``, ``binary``, ``shape_ops`` (keyed on exact aten overloads),
+  ``reduction`` (``{"group": builder}``, see :mod:`layouts._grouping`) and
+  ``conversions`` (direct paths keyed on the target layout's name).
+
+*What the core derives from the primitives*, with no kernel at all: unary and binary
+pointwise ops (``storage.with_values`` on the values; a plain operand is read with
+``gather``), mask matching (identical index objects, else a comparison after
+``drop_unspecified``), conversions to and from every other layout (via COO), reductions
+(through the COO form when ``reduction`` has no ``"group"`` kernel, O(nnz)),
+``to_tensor`` / ``get_data`` / ``get_mask`` (``to_torch``, or ``densify`` for a fill
+``!= 0``), printing (``densify``), and autograd.
+
+*Invariants every layout keeps*: ``values`` and ``mask`` have the same shape and the mask
+is bool; the index tensors are shared by data and mask and never written in place;
+``with_values`` keeps them (the same objects); a position that is not stored is
+unspecified; ``to_coo`` returns a coalesced COO storage; conversions are exact (the
+specified set and its values survive, unspecified positions stay unspecified).
 
 Example
 -------
@@ -40,7 +81,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["Layout", "Storage", "register_layout", "get_layout", "registered_layouts"]
+__all__ = ["Layout", "Storage", "register_layout", "unregister_layout", "get_layout",
+           "registered_layouts"]
 
 
 class Storage(NamedTuple):
@@ -90,13 +132,16 @@ class Layout:
     ``gather(storage, dense) -> Tensor``
         Read a dense tensor (broadcastable to ``shape``) at the stored positions: the result
         has the shape of ``storage.values``.
-    ``to_coo(storage) -> Storage`` / ``from_coo(storage) -> Storage``
-        Conversions through the COO hub (coalesced, row-major order).
+    ``to_coo(storage) -> Storage`` / ``from_coo(storage, **options) -> Storage``
+        Conversions through the COO hub (coalesced, row-major order); ``options`` are the
+        user's conversion options (``blocksize=``), absent for most layouts.
     ``validate(storage, full) -> None``
         O(1) checks, or O(nnz) invariants with ``full=True``; raise ValueError.
 
-    Kernel tables map an op (an aten overload, or a name for the families the core calls
-    by name such as reductions) to a function of plain tensors / storages.
+    Optional: ``format_options(storage) -> dict``, the ``from_coo`` options that rebuild a
+    storage in the same format. Kernel tables map an op (an aten overload, or a name for
+    the families the core calls by name such as reductions) to a function of plain
+    tensors / storages. The module docstring describes the whole protocol.
     """
 
     name: str
@@ -115,6 +160,7 @@ class Layout:
     reduction: Mapping[Any, Kernel] = field(default_factory=dict)
     shape_ops: Mapping[Any, Kernel] = field(default_factory=dict)
     conversions: Mapping[str, Kernel] = field(default_factory=dict)
+    format_options: Kernel | None = None
     doc: str = ""
 
     def __repr__(self) -> str:
@@ -129,9 +175,24 @@ class Layout:
         """The kernel for ``op`` in one of the tables, or None."""
         return getattr(self, table).get(op)
 
+    def options_of(self, storage: Storage) -> dict[str, Any]:
+        """The conversion options that rebuild ``storage`` in its format (often ``{}``)."""
+        return dict(self.format_options(storage)) if self.format_options is not None else {}
+
+    def from_coo_like(self, coo: Storage, like: Storage) -> Storage:
+        """``coo`` converted to this layout in the same format as ``like`` (e.g. blocksize).
+
+        >>> import torch, layouts
+        >>> s = layouts.get_layout("strided").from_strided(torch.ones(2), torch.ones(2).bool())
+        >>> s.layout.from_coo_like(s.layout.to_coo(s), s).shape
+        torch.Size([2])
+        """
+        return self.from_coo(coo, **self.options_of(like))
+
 
 _REQUIRED = ("from_torch", "from_strided", "densify", "to_torch", "gather", "to_coo",
              "from_coo", "validate")
+_TABLES = ("unary", "binary", "reduction", "shape_ops", "conversions")
 _BY_KEY: dict[Any, Layout] = {}
 _ORDER: list[Layout] = []
 
@@ -146,21 +207,56 @@ def register_layout(layout: Layout, *, replace: bool = False) -> Layout:
     >>> layouts.get_layout("sparse_csr").name
     'sparse_csr'
     """
+    if not isinstance(layout, Layout):
+        raise TypeError(f"register_layout: expected a layouts.Layout, got {type(layout).__name__}")
+    if not isinstance(layout.name, str) or not layout.name:
+        raise TypeError(f"register_layout: a layout needs a non-empty str name, got "
+                        f"{layout.name!r}")
+    if layout.torch_layout is not None and not isinstance(layout.torch_layout, torch.layout):
+        raise TypeError(f"register_layout({layout.name!r}): torch_layout must be a torch.layout "
+                        f"or None, got {layout.torch_layout!r}")
     missing = [n for n in _REQUIRED if not callable(getattr(layout, n, None))]
     if missing:
         raise TypeError(f"register_layout({layout.name!r}): missing required primitives "
                         f"{missing}; see layouts.Layout for what each must do")
+    if layout.format_options is not None and not callable(layout.format_options):
+        raise TypeError(f"register_layout({layout.name!r}): format_options must be callable "
+                        f"or None")
+    bad = [t for t in _TABLES if not isinstance(getattr(layout, t), Mapping)]
+    if bad:
+        raise TypeError(f"register_layout({layout.name!r}): kernel tables {bad} must be "
+                        f"mappings (op -> kernel)")
     keys = [layout.name] + ([layout.torch_layout] if layout.torch_layout is not None else [])
     for key in keys:
         if key in _BY_KEY and not replace:
             raise ValueError(f"register_layout: {key!r} is already registered "
                              f"(as {_BY_KEY[key]!r}); pass replace=True to override it")
+    for old in {id(_BY_KEY[k]): _BY_KEY[k] for k in keys if k in _BY_KEY}.values():
+        unregister_layout(old)  # a replaced layout leaves no stale key behind
     for key in keys:
-        old = _BY_KEY.get(key)
-        if old is not None and old in _ORDER:
-            _ORDER.remove(old)
         _BY_KEY[key] = layout
     _ORDER.append(layout)
+    return layout
+
+
+def unregister_layout(key: Layout | torch.layout | str) -> Layout:
+    """Remove a registered layout (its name and torch layout); returns it.
+
+    Storages that already use it keep working; new lookups by name fail. Meant for tests
+    and notebooks that register a layout temporarily.
+
+    >>> import dataclasses, layouts
+    >>> coo = layouts.get_layout("sparse_coo")
+    >>> tmp = layouts.register_layout(dataclasses.replace(coo, name="tmp", torch_layout=None))
+    >>> layouts.unregister_layout("tmp") is tmp
+    True
+    """
+    layout = get_layout(key)
+    if layout not in _ORDER:
+        raise ValueError(f"unregister_layout: {layout!r} is not registered")
+    for k in [k for k, v in _BY_KEY.items() if v is layout]:
+        del _BY_KEY[k]
+    _ORDER.remove(layout)
     return layout
 
 

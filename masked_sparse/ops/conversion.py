@@ -78,21 +78,29 @@ def to_tensor(mt: MaskedTensor, value: Any) -> torch.Tensor:
     return _fill(mt._storage, value)
 
 
-def _convert(storages: list[Storage], target: Any) -> Storage:
-    return layouts.convert(storages[0], target)
+def _convert(storages: list[Storage], target: Any, options: dict[str, Any]) -> Storage:
+    return layouts.convert(storages[0], target, **options)
 
 
-def to_layout(mt: MaskedTensor, layout: Any) -> MaskedTensor:
+def to_layout(mt: MaskedTensor, layout: Any, **options: Any) -> MaskedTensor:
     """``mt`` in another registered layout: exact, differentiable, O(nnz) between sparse ones.
+
+    ``layout`` is a ``torch.layout``, a registered layout's name or a
+    :class:`layouts.Layout`; ``options`` are passed to that layout's conversion (for
+    example a block layout's ``blocksize=(2, 2)``, as torch's ``to_sparse_bsr`` takes it).
 
     >>> import torch, masked_sparse as ms
     >>> mt = ms.masked_tensor(torch.eye(2), torch.eye(2, dtype=torch.bool))
     >>> ms.to_layout(mt, torch.sparse_csr).layout
     torch.sparse_csr
+    >>> mt.to_sparse_bsr((1, 2)).get_data().values().shape
+    torch.Size([2, 1, 2])
     """
-    if mt._storage.layout is layouts.get_layout(layout):
+    target = layouts.get_layout(layout)
+    s = mt._storage
+    if s.layout is target and (not options or options == target.options_of(s)):
         return mt
-    return on_values(_convert, [mt], layout)
+    return on_values(_convert, [mt], target, options)
 
 
 @implements(torch.Tensor.to_dense)
@@ -101,16 +109,48 @@ def _to_dense(mt: MaskedTensor, dtype: Any = None, *, masked_grad: Any = None) -
     return out if dtype is None else out.to(dtype)
 
 
+def _options(**given: Any) -> dict[str, Any]:
+    """The conversion options a torch method was given (those left at None are absent)."""
+    return {k: (tuple(v) if k == "blocksize" else v) for k, v in given.items() if v is not None}
+
+
+@implements(torch.Tensor.to_sparse)
+def _to_sparse(mt: MaskedTensor, sparse_dim: Any = None, *, layout: Any = None,
+               blocksize: Any = None, dense_dim: Any = None) -> MaskedTensor:
+    if sparse_dim is not None and sparse_dim != mt.dim():
+        raise NotImplementedError(f"MaskedTensor to_sparse(sparse_dim={sparse_dim}): only "
+                                  f"sparse_dim == ndim ({mt.dim()}) is supported; convert with "
+                                  f".to_sparse() and keep dense dims out of the mask")
+    return to_layout(mt, torch.sparse_coo if layout is None else layout,
+                     **_options(blocksize=blocksize, dense_dim=dense_dim))
+
+
+# Torch's own conversion methods, one generic handler each: the target layout and the
+# options reach the registered layout unchanged (a layout that is not registered raises
+# NotImplementedError in get_layout, naming the registered ones).
 @implements(torch.Tensor.to_sparse_coo)
 def _to_sparse_coo(mt: MaskedTensor) -> MaskedTensor:
     return to_layout(mt, torch.sparse_coo)
 
 
-@implements(torch.Tensor.to_sparse)
-def _to_sparse(mt: MaskedTensor, *args: Any, layout: Any = None, **kwargs: Any) -> MaskedTensor:
-    return to_layout(mt, torch.sparse_coo if layout is None else layout)
+# Positional parameters of torch's compressed-format conversion methods (torch's API).
+_TORCH_COMPRESSED = {"to_sparse_csr": ("dense_dim",), "to_sparse_csc": ("dense_dim",),
+                     "to_sparse_bsr": ("blocksize", "dense_dim"),
+                     "to_sparse_bsc": ("blocksize", "dense_dim")}
 
 
-@implements(torch.Tensor.to_sparse_csr)
-def _to_sparse_csr(mt: MaskedTensor, dense_dim: Any = None) -> MaskedTensor:
-    return to_layout(mt, torch.sparse_csr)
+def _method_handler(name: str, params: tuple[str, ...]) -> Any:
+    target = getattr(torch, name.removeprefix("to_"))  # to_sparse_csc -> torch.sparse_csc
+
+    def handler(mt: MaskedTensor, *args: Any, **kwargs: Any) -> MaskedTensor:
+        if len(args) > len(params) or set(kwargs) - set(params):
+            raise TypeError(f"{name}: expected arguments {params}, got {args} {kwargs}")
+        given = dict(zip(params, args), **kwargs)
+        return to_layout(mt, target, **_options(**given))
+
+    handler.__name__ = name
+    return handler
+
+
+for _name, _params in _TORCH_COMPRESSED.items():
+    implements(getattr(torch.Tensor, _name))(_method_handler(_name, _params))
