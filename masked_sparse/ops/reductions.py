@@ -1,0 +1,491 @@
+"""Reductions on every layout, along any dims, never densifying a sparse input.
+
+Semantics (DESIGN.md, RFC-0027), written once here for every layout:
+
+- only specified elements take part: unspecified ones are replaced by the op's identity
+  (0 for sums, 1 for products, -inf / the dtype's min for maxima, ...) *before* any
+  transformation, so garbage or NaN data under the mask can neither leak into a result
+  nor into a gradient;
+- a result element is specified iff its group has at least one specified element (for
+  ``var`` / ``std``: more than ``correction`` of them, numpy.ma's rule); unspecified result
+  elements hold 0;
+- ``mean = sum / count``; ``var`` is two-pass (the mean is broadcast back onto the values);
+  ``logsumexp`` subtracts the group maximum; norms are built from ``abs`` / ``pow``;
+  ``argmax`` / ``max(dim)`` / ``median(dim)`` return indices in the full uncompressed shape;
+- a full reduction returns a 0-d strided MaskedTensor; along dims, a sparse input keeps a
+  sparse result (COO; CSR for a 2-D ``keepdim=True`` result of a CSR input).
+
+The layouts only compute: :func:`layouts.group_by` gives a :class:`layouts.Grouping` with
+``reduce`` / ``expand`` / ``build`` primitives (dense torch reductions for strided,
+segment reductions over the stored values for sparse layouts, the COO form for layouts
+without a kernel). Everything is computed with differentiable torch ops on the values and
+run through :func:`masked_sparse._autograd.on_values`, so gradients carry the input's mask.
+
+Note [Fill before transform]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+``torch.where(mask, v, identity)`` comes first, and every later op (abs, pow, exp, sqrt)
+runs on the filled values: the gradient of ``where`` is exactly 0 on the unspecified
+branch, so even an infinite derivative at the identity (``sqrt`` at 0, ``pow`` with a
+negative exponent) never reaches an input element. Divisions and roots of per-group
+quantities use a "safe" operand (``clamp(count, 1)``, ``where(s > 0, s, 1)``) so that empty
+groups produce neither NaN values nor NaN gradients.
+
+>>> import torch, masked_sparse as ms
+>>> mt = ms.masked_tensor(torch.tensor([[1., 2.], [3., 4.]]),
+...                       torch.tensor([[True, False], [False, False]]))
+>>> torch.sum(mt, 1)
+MaskedTensor(
+  [  1.0000,       --]
+)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import layouts
+from layouts import Grouping, Storage
+
+from .._autograd import on_values
+from .._registry import ATEN, FUNCTIONS
+from .._tensor import MaskedTensor, _wrap
+from . import reductions_args as A
+
+aten = torch.ops.aten
+Kernel = Callable[..., Any]
+
+
+# -- running a kernel on a grouping --------------------------------------------------------
+def _on_grouping(storages: list[Storage], kernel: Kernel, dims: tuple[int, ...], keepdim: bool,
+                 extra: tuple) -> Any:
+    return kernel(layouts.group_by(storages[0], dims, keepdim), *extra)
+
+
+def run(kernel: Kernel, mt: MaskedTensor, dims: tuple[int, ...], keepdim: bool, *extra: Any,
+        autograd: bool = True) -> Any:
+    """``kernel(grouping, *extra)`` on ``mt``'s storage; Storage outputs are wrapped.
+
+    With ``autograd`` the kernel runs through ``on_values`` (gradients carry ``mt``'s
+    mask); the aten kernels (called below autograd) run it directly.
+    """
+    if autograd:
+        return on_values(_on_grouping, [mt], kernel, dims, keepdim, extra)
+    with torch.no_grad():
+        out = _on_grouping([mt._storage], kernel, dims, keepdim, extra)
+    if isinstance(out, Storage):
+        return _wrap(out)
+    return tuple(_wrap(o) if isinstance(o, Storage) else o for o in out)
+
+
+def _full(value: Any, like: torch.Tensor) -> torch.Tensor:
+    return torch.full((), value, dtype=like.dtype, device=like.device)
+
+
+def fill(values: torch.Tensor, mask: torch.Tensor, value: Any) -> torch.Tensor:
+    """``values`` where specified, ``value`` elsewhere (dtype kept)."""
+    return torch.where(mask, values, _full(value, values))
+
+
+def zero_unspecified(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.where(mask, values, _full(0, values))
+
+
+def identity(op: str, dtype: torch.dtype) -> Any:
+    """The identity element of ``op`` ("amax", "amin") for ``dtype``."""
+    if dtype == torch.bool:
+        return op == "amin"
+    if dtype.is_floating_point:
+        return -math.inf if op == "amax" else math.inf
+    info = torch.iinfo(dtype)
+    return info.min if op == "amax" else info.max
+
+
+def source(g: Grouping, dtype: torch.dtype | None = None,
+           nan: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The grouping's values (cast to ``dtype``) and mask (NaN excluded with ``nan``)."""
+    v, m = g.source.values, g.source.mask
+    if dtype is not None and v.dtype != dtype:
+        v = v.to(dtype)
+    if nan and (v.is_floating_point() or v.is_complex()):
+        m = m & ~torch.isnan(v)
+    return v, m
+
+
+def safe_root(s: torch.Tensor, p: float) -> torch.Tensor:
+    """``s ** (1/p)`` with value and gradient 0 where ``s == 0``."""
+    pos = s > 0
+    safe = torch.where(pos, s, _full(1, s))
+    root = safe.sqrt() if p == 2 else safe.pow(1.0 / p)
+    return torch.where(pos, root, _full(0, root))
+
+
+# -- kernels: (grouping, *params) -> Storage | tuple -------------------------------------
+def k_sum(g: Grouping, dtype: torch.dtype, nan: bool) -> Storage:
+    v, m = source(g, dtype, nan)
+    return g.build(g.reduce(fill(v, m, 0), "sum"), g.reduce(m, "any"))
+
+
+def k_mean(g: Grouping, dtype: torch.dtype, nan: bool) -> Storage:
+    v, m = source(g, dtype, nan)
+    count = g.reduce(m, "sum")
+    return g.build(g.reduce(fill(v, m, 0), "sum") / count.clamp(min=1), count > 0)
+
+
+def k_prod(g: Grouping, dtype: torch.dtype) -> Storage:
+    v, m = source(g, dtype)
+    specified = g.reduce(m, "any")
+    return g.build(zero_unspecified(g.reduce(fill(v, m, 1), "prod"), specified), specified)
+
+
+def k_extreme(g: Grouping, op: str) -> Storage:
+    v, m = source(g)
+    specified = g.reduce(m, "any")
+    out = g.reduce(fill(v, m, identity(op, v.dtype)), op)
+    return g.build(zero_unspecified(out, specified), specified)
+
+
+def k_all_any(g: Grouping, op: str, dtype: torch.dtype) -> Storage:
+    v, m = source(g)
+    truth = v if v.dtype == torch.bool else v != 0
+    specified = g.reduce(m, "any")
+    out = g.reduce(torch.where(m, truth, op == "all"), op)
+    return g.build((out & specified).to(dtype), specified)
+
+
+def k_count_nonzero(g: Grouping) -> Storage:
+    v, m = source(g)
+    return g.build(g.reduce(m & (v != 0), "sum"), g.reduce(m, "any"))
+
+
+def k_norm(g: Grouping, ord: float, dtype: torch.dtype | None, out_dtype: torch.dtype) -> Storage:
+    v, m = source(g, dtype)
+    a = fill(v, m, 0).abs()
+    specified = g.reduce(m, "any")
+    if ord == math.inf:
+        out = g.reduce(a, "amax")
+    elif ord == -math.inf:
+        out = g.reduce(fill(a, m, math.inf), "amin")
+    elif ord == 0:
+        out = g.reduce(m & (a != 0), "sum").to(a.dtype)
+    elif ord == 1:
+        out = g.reduce(a, "sum")
+    elif ord == 2:
+        out = safe_root(g.reduce(a * a, "sum"), 2)
+    else:
+        powered = a.pow(ord)
+        if ord < 0:
+            powered = fill(powered, m, 0)
+        out = safe_root(g.reduce(powered, "sum"), ord)
+    return g.build(zero_unspecified(out, specified).to(out_dtype), specified)
+
+
+def k_var(g: Grouping, correction: float, std: bool, with_mean: bool) -> Any:
+    v, m = source(g)
+    count = g.reduce(m, "sum")
+    mean = g.reduce(fill(v, m, 0), "sum") / count.clamp(min=1)
+    dev = fill(v - g.expand(mean), m, 0)
+    sq = (dev * dev.conj()).real if dev.is_complex() else dev * dev
+    dof = count - correction
+    specified = dof > 0
+    var = g.reduce(sq, "sum") / torch.where(specified, dof, _full(1, dof))
+    if std:
+        var = safe_root(var, 2)
+    out = g.build(zero_unspecified(var, specified), specified)
+    return (out, g.build(mean, count > 0)) if with_mean else out
+
+
+def k_logsumexp(g: Grouping, dtype: torch.dtype) -> Storage:
+    v, m = source(g, dtype)
+    specified = g.reduce(m, "any")
+    # The shift cancels in value and gradient; detaching it saves a backward pass.
+    top = g.reduce(fill(v, m, -math.inf), "amax").detach()
+    top = torch.where(torch.isfinite(top), top, _full(0, top))
+    z = fill(v - g.expand(top), m, -math.inf)
+    total = g.reduce(z.exp(), "sum")
+    out = torch.log(torch.where(specified, total, _full(1, total))) + top
+    return g.build(zero_unspecified(out, specified), specified)
+
+
+def k_arg(g: Grouping, op: str, with_values: bool) -> Any:
+    """argmax/argmin (op "amax"/"amin"): first position of the extreme, NaN first."""
+    v, m = source(g)
+    specified = g.reduce(m, "any")
+    top = g.reduce(fill(v, m, identity(op, v.dtype)), op)
+    at = g.expand(top)
+    hit = v == at
+    if v.is_floating_point():
+        hit = hit | (torch.isnan(v) & torch.isnan(at))
+    pos = torch.where(hit & m, g.positions(), torch.iinfo(torch.long).max)
+    index = g.build(zero_unspecified(g.reduce(pos, "amin"), specified), specified)
+    if not with_values:
+        return index
+    return g.build(zero_unspecified(top, specified), specified), index
+
+
+def k_median(g: Grouping, nan: bool, with_index: bool) -> Any:
+    """The lower median of the specified elements (torch's choice); NaN wins unless ``nan``."""
+    v, m = source(g, None, nan)
+    count = g.reduce(m, "sum")
+    rank = (count - 1).div(2, rounding_mode="floor")
+    if v.is_floating_point():  # NaN sorts last; torch returns the first NaN
+        nans = g.reduce(m & torch.isnan(v), "sum")
+        rank = torch.where(nans > 0, count - nans, rank)
+    value, position = g.select(v, m, rank.clamp(min=0))
+    specified = count > 0
+    out = g.build(zero_unspecified(value, specified), specified)
+    if not with_index:
+        return out
+    return out, g.build(zero_unspecified(position, specified), specified)
+
+
+# -- the torch-level forms -----------------------------------------------------------------
+Impl = Callable[[tuple, dict, bool], Any]
+
+
+def register(impl: Impl, functions: list[Any], aten_ops: list[Any]) -> Impl:
+    """``impl(args, kwargs, autograd)`` for Python-level functions and aten overloads."""
+
+    def handler(*args: Any, **kwargs: Any) -> Any:
+        return impl(args, kwargs, True)
+
+    def kernel(func: Any, args: tuple, kwargs: dict) -> Any:
+        return impl(args, kwargs, False)
+
+    for f in functions:
+        FUNCTIONS[f] = handler
+    for op in aten_ops:
+        ATEN[op] = kernel
+    return impl
+
+
+def _summing(op: str, kernel: Kernel, nan: bool, meta: Callable[..., torch.Tensor]) -> Impl:
+    def impl(args: tuple, kwargs: dict, autograd: bool) -> Any:
+        a = A.bind(A.sig_sum, args, kwargs, op)
+        mt = a["input"]
+        dims = A.normalize_dims(a["dim"], mt.dim(), op)
+        dtype = A.result_dtype(meta, mt.dtype, dtype=A.check_dtype(a["dtype"], op))
+        return run(kernel, mt, dims, A.check_bool(a["keepdim"], "keepdim", op), dtype, nan,
+                   autograd=autograd)
+
+    return impl
+
+
+register(_summing("sum", k_sum, False, torch.sum), [torch.sum, torch.Tensor.sum],
+         [aten.sum.default, aten.sum.dim_IntList])
+register(_summing("nansum", k_sum, True, torch.nansum), [torch.nansum, torch.Tensor.nansum],
+         [aten.nansum.default])
+register(_summing("mean", k_mean, False, torch.mean), [torch.mean, torch.Tensor.mean],
+         [aten.mean.default, aten.mean.dim])
+register(_summing("nanmean", k_mean, True, torch.nanmean), [torch.nanmean, torch.Tensor.nanmean],
+         [aten.nanmean.default])
+
+
+def _prod(args: tuple, kwargs: dict, autograd: bool) -> Any:
+    a = A.bind(A.sig_sum, args, kwargs, "prod")
+    mt = a["input"]
+    dims = A.normalize_dims(a["dim"], mt.dim(), "prod")
+    dtype = A.result_dtype(torch.prod, mt.dtype, dtype=A.check_dtype(a["dtype"], "prod"))
+    return run(k_prod, mt, dims, A.check_bool(a["keepdim"], "keepdim", "prod"), dtype,
+               autograd=autograd)
+
+
+register(_prod, [torch.prod, torch.Tensor.prod], [aten.prod.default, aten.prod.dim_int])
+
+
+def _check_real(mt: MaskedTensor, op: str) -> None:
+    if mt.dtype.is_complex:
+        raise TypeError(f"{op}(): complex MaskedTensors have no order; reduce .abs() or "
+                        f".real instead")
+
+
+def _extreme(op: str) -> Impl:
+    def impl(args: tuple, kwargs: dict, autograd: bool) -> Any:
+        a = A.bind(A.sig_amax, args, kwargs, op)
+        mt = a["input"]
+        _check_real(mt, op)
+        dims = A.normalize_dims(a["dim"], mt.dim(), op)
+        return run(k_extreme, mt, dims, A.check_bool(a["keepdim"], "keepdim", op), op,
+                   autograd=autograd)
+
+    return impl
+
+
+register(_extreme("amax"), [torch.amax, torch.Tensor.amax], [aten.amax.default])
+register(_extreme("amin"), [torch.amin, torch.Tensor.amin], [aten.amin.default])
+
+
+def _min_max(name: str, op: str, binary: Callable[..., Any]) -> Impl:
+    result_type = getattr(torch.return_types, name)
+
+    def impl(args: tuple, kwargs: dict, autograd: bool) -> Any:
+        other = args[1] if len(args) > 1 else kwargs.get("other")
+        if isinstance(other, torch.Tensor) or not isinstance(args[0], MaskedTensor):
+            rest = {k: v for k, v in kwargs.items() if k != "other"}
+            operands = args if len(args) > 1 else (args[0], other)
+            return binary(*operands, **rest)
+        a = A.bind(A.sig_minmax, args, kwargs, name)
+        mt = a["input"]
+        _check_real(mt, name)
+        if a["dim"] is None:
+            return run(k_extreme, mt, tuple(range(mt.dim())), False, op, autograd=autograd)
+        dims = A.one_dim(a["dim"], mt.dim(), name)
+        values, indices = run(k_arg, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), op,
+                              True, autograd=autograd)
+        return result_type((values, indices)) if autograd else (values, indices)
+
+    return impl
+
+
+register(_min_max("max", "amax", torch.maximum), [torch.max, torch.Tensor.max],
+         [aten.max.default, aten.max.dim])
+register(_min_max("min", "amin", torch.minimum), [torch.min, torch.Tensor.min],
+         [aten.min.default, aten.min.dim])
+ATEN[aten.max.other] = lambda func, args, kwargs: aten.maximum.default(*args, **kwargs)
+ATEN[aten.min.other] = lambda func, args, kwargs: aten.minimum.default(*args, **kwargs)
+
+
+def _arg(name: str, op: str) -> Impl:
+    def impl(args: tuple, kwargs: dict, autograd: bool) -> Any:
+        a = A.bind(A.sig_dim, args, kwargs, name)
+        mt = a["input"]
+        _check_real(mt, name)
+        dims = tuple(range(mt.dim())) if a["dim"] is None else A.one_dim(a["dim"], mt.dim(), name)
+        return run(k_arg, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), op, False,
+                   autograd=autograd)
+
+    return impl
+
+
+register(_arg("argmax", "amax"), [torch.argmax, torch.Tensor.argmax], [aten.argmax.default])
+register(_arg("argmin", "amin"), [torch.argmin, torch.Tensor.argmin], [aten.argmin.default])
+
+
+def _all_any(op: str, meta: Callable[..., torch.Tensor]) -> Impl:
+    def impl(args: tuple, kwargs: dict, autograd: bool) -> Any:
+        a = A.bind(A.sig_dim, args, kwargs, op)
+        mt = a["input"]
+        dims = A.normalize_dims(a["dim"], mt.dim(), op)
+        dtype = A.result_dtype(meta, mt.dtype)
+        return run(k_all_any, mt, dims, A.check_bool(a["keepdim"], "keepdim", op), op, dtype,
+                   autograd=autograd)
+
+    return impl
+
+
+register(_all_any("all", torch.all), [torch.all, torch.Tensor.all],
+         [aten.all.default, aten.all.dim, aten.all.dims])
+register(_all_any("any", torch.any), [torch.any, torch.Tensor.any],
+         [aten.any.default, aten.any.dim, aten.any.dims])
+
+
+def _count_nonzero(args: tuple, kwargs: dict, autograd: bool) -> Any:
+    a = A.bind(A.sig_count_nonzero, args, kwargs, "count_nonzero")
+    mt = a["input"]
+    dims = A.normalize_dims(a["dim"], mt.dim(), "count_nonzero")
+    return run(k_count_nonzero, mt, dims, False, autograd=autograd)
+
+
+register(_count_nonzero, [torch.count_nonzero, torch.Tensor.count_nonzero],
+         [aten.count_nonzero.default, aten.count_nonzero.dim_IntList])
+
+
+def _norm_impl(mt: MaskedTensor, ord: Any, dim: Any, keepdim: Any, dtype: Any, op: str,
+               autograd: bool) -> Any:
+    if isinstance(ord, str) or isinstance(ord, bool) or not isinstance(ord, (int, float)):
+        raise TypeError(f"{op}(): ord must be a number (0, 1, 2, inf, -inf, p), got {ord!r}")
+    dtype = A.check_dtype(dtype, op)
+    out_dtype = A.result_dtype(torch.linalg.vector_norm, mt.dtype, ord, dtype=dtype)
+    dims = A.normalize_dims(dim, mt.dim(), op)
+    return run(k_norm, mt, dims, A.check_bool(keepdim, "keepdim", op), float(ord), dtype,
+               out_dtype, autograd=autograd)
+
+
+def _vector_norm(args: tuple, kwargs: dict, autograd: bool) -> Any:
+    a = A.bind(A.sig_vector_norm, args, kwargs, "vector_norm")
+    return _norm_impl(a["input"], a["ord"], a["dim"], a["keepdim"], a["dtype"], "vector_norm",
+                      autograd)
+
+
+def _norm(args: tuple, kwargs: dict, autograd: bool) -> Any:
+    a = A.bind(A.sig_norm, args, kwargs, "norm")
+    p = a["p"]
+    if p is None or p == "fro":
+        p = 2
+    elif isinstance(p, str):
+        raise NotImplementedError(f"MaskedTensor[{a['input']._storage.layout.name}] norm: "
+                                  f"p={p!r} is a matrix norm; use .to_dense() / .to_tensor(0) "
+                                  f"and torch.linalg.matrix_norm")
+    return _norm_impl(a["input"], p, a["dim"], a["keepdim"], a["dtype"], "norm", autograd)
+
+
+register(_vector_norm, [torch.linalg.vector_norm], [aten.linalg_vector_norm.default])
+register(_norm, [torch.norm, torch.Tensor.norm],
+         [aten.norm.Scalar, aten.norm.ScalarOpt_dim, aten.norm.ScalarOpt_dim_dtype,
+          aten.norm.ScalarOpt_dtype])
+
+
+def _var(name: str, std: bool, with_mean: bool) -> Impl:
+    def impl(args: tuple, kwargs: dict, autograd: bool) -> Any:
+        a = A.bind(A.sig_var, args, kwargs, name)
+        mt = a["input"]
+        dim, unbiased, correction = a["dim"], a["unbiased"], a["correction"]
+        if isinstance(dim, bool):  # torch.var(x, True): the legacy `unbiased` overload
+            dim, unbiased = None, dim
+        if unbiased is not None and correction is not None:
+            raise TypeError(f"{name}(): pass either unbiased or correction, not both")
+        if correction is None:
+            correction = 1 if unbiased is None else int(A.check_bool(unbiased, "unbiased", name))
+        A.result_dtype(torch.var, mt.dtype)  # torch's dtype check (floating / complex only)
+        dims = A.normalize_dims(dim, mt.dim(), name)
+        out = run(k_var, mt, dims, A.check_bool(a["keepdim"], "keepdim", name),
+                  float(correction), std, with_mean, autograd=autograd)
+        return out
+
+    return impl
+
+
+register(_var("var", False, False), [torch.var, torch.Tensor.var], [aten.var.correction])
+register(_var("std", True, False), [torch.std, torch.Tensor.std], [aten.std.correction])
+register(_var("var_mean", False, True), [torch.var_mean], [aten.var_mean.correction])
+register(_var("std_mean", True, True), [torch.std_mean], [aten.std_mean.correction])
+
+
+def _logsumexp(args: tuple, kwargs: dict, autograd: bool) -> Any:
+    a = A.bind(A.sig_logsumexp, args, kwargs, "logsumexp")
+    mt = a["input"]
+    dims = A.normalize_dims(a["dim"], mt.dim(), "logsumexp")
+    dtype = A.result_dtype(torch.logsumexp, mt.dtype, 0)
+    return run(k_logsumexp, mt, dims, A.check_bool(a["keepdim"], "keepdim", "logsumexp"), dtype,
+               autograd=autograd)
+
+
+register(_logsumexp, [torch.logsumexp, torch.Tensor.logsumexp, torch.special.logsumexp],
+         [aten.logsumexp.default])
+
+
+def _median(name: str, nan: bool) -> Impl:
+    result_type = getattr(torch.return_types, name)
+
+    def impl(args: tuple, kwargs: dict, autograd: bool) -> Any:
+        a = A.bind(A.sig_minmax, args, kwargs, name)
+        mt = a["input"]
+        _check_real(mt, name)
+        if a["dim"] is None:
+            return run(k_median, mt, tuple(range(mt.dim())), False, nan, False,
+                       autograd=autograd)
+        dims = A.one_dim(a["dim"], mt.dim(), name)
+        values, indices = run(k_median, mt, dims, A.check_bool(a["keepdim"], "keepdim", name),
+                              nan, True, autograd=autograd)
+        return result_type((values, indices)) if autograd else (values, indices)
+
+    return impl
+
+
+register(_median("median", False), [torch.median, torch.Tensor.median],
+         [aten.median.default, aten.median.dim])
+register(_median("nanmedian", True), [torch.nanmedian, torch.Tensor.nanmedian],
+         [aten.nanmedian.default, aten.nanmedian.dim])
