@@ -40,7 +40,8 @@ def k_softmax(g: Grouping, dtype: torch.dtype | None, log: bool) -> Storage:
     z = fill(v - g.expand(top), m, -math.inf)
     e = z.exp()
     total = g.reduce(e, "sum")
-    total = g.expand(torch.where(total > 0, total, _full(1, total)))
+    # 1 for fully masked slices only: a specified all -inf slice gives torch's 0/0 = NaN
+    total = g.expand(torch.where(g.reduce(m, "any"), total, _full(1, total)))
     out = z - total.log() if log else e / total
     return g.restore(torch.where(m, out, _full(0, out)))
 
