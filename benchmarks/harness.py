@@ -1,0 +1,308 @@
+"""Timing, crash-safe baselines and tables for the benchmark suite.
+
+A benchmark module exposes ``cases()`` returning a list of cases; a case is a tuple
+``(name, masked_sparse_fn, {baseline_name: fn})`` with an optional fourth element
+``{baseline_name: max_ratio}`` of targets. Every callable takes no argument. A baseline may
+also be a string: the reason it cannot run (printed in its cell). The ratio printed for a
+baseline is ``median(masked_sparse_fn) / median(baseline)``: below 1 means masked_sparse is
+faster. Conventional baseline names: ``floor`` (the raw torch op on the values / the plain
+dense expression), ``torch.masked``, ``numpy.ma``; any other name gets its own column.
+
+Note [Crash-safe baselines]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Some baselines do not merely raise: ``torch.masked``'s CSR paths can build an invalid CSR
+tensor that takes the process down. So before a baseline is timed it runs once in a forked
+child (``probe``); an exception there marks it "unsupported", a signal marks it "crashes",
+and only a baseline that ran cleanly is timed in this process. Where ``os.fork`` does not
+exist the probe runs in-process (a crash then ends the run).
+
+>>> from benchmarks.harness import run_case
+>>> r = run_case(("noop", lambda: None, {"floor": lambda: None}), min_run_time=0.001)
+>>> sorted(r["baselines"])
+['floor']
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import inspect
+import math
+import os
+import signal
+import statistics
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch.utils.benchmark import Timer
+
+Fn = Callable[[], Any]
+CORE_BASELINES = ("floor", "torch.masked", "numpy.ma")
+
+
+class Case(NamedTuple):
+    """One benchmark case; a plain 3- or 4-tuple with the same fields works as well."""
+
+    name: str
+    fn: Fn
+    baselines: dict[str, Fn | str]
+    targets: dict[str, float] | None = None
+
+
+def measure(fn: Fn, min_run_time: float) -> float:
+    """Median seconds per call of ``fn`` with ``torch.utils.benchmark``, one thread."""
+    timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=1)
+    return float(timer.blocked_autorange(min_run_time=min_run_time).median)
+
+
+def _short(exc: BaseException) -> str:
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {msg[:160]}"
+
+
+def _status_of(exc: BaseException) -> str:
+    if isinstance(exc, (NotImplementedError, TypeError, RuntimeError, ValueError,
+                        AttributeError, IndexError)):
+        return "unsupported"
+    return "error"
+
+
+def probe(fn: Fn, timeout: float = 300.0) -> tuple[str, str]:
+    """Run ``fn`` once in a forked child: ``("ok", "")``, ``("unsupported", why)``, ...
+
+    See Note [Crash-safe baselines].
+    """
+    if not hasattr(os, "fork"):
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 -- any failure is a result to report
+            return _status_of(exc), _short(exc)
+        return "ok", ""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: run once, report, leave without any cleanup
+        os.close(read_fd)
+        faulthandler.disable()  # a crash is a result here, not a traceback to print
+        code, text = 0, "ok"
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fn()
+        except BaseException as exc:  # noqa: BLE001
+            code, text = 1, f"{_status_of(exc)}\n{_short(exc)}"
+        try:
+            os.write(write_fd, text.encode(errors="replace")[:4000])
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    deadline = time.monotonic() + timeout
+    status = None
+    while status is None:
+        done, raw = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = raw
+        elif time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(read_fd)
+            return "timeout", f"no result after {timeout:.0f} s"
+        else:
+            time.sleep(0.005)
+    with os.fdopen(read_fd, "rb") as f:
+        text = f.read().decode(errors="replace")
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        return "crashes", f"the process died with {signal.Signals(sig).name}"
+    if os.WEXITSTATUS(status) != 0:
+        kind, _, why = text.partition("\n")
+        return (kind or "crashes"), why or f"exit status {os.WEXITSTATUS(status)}"
+    return "ok", ""
+
+
+def samples(fn: Fn, min_run_time: float) -> list[float]:
+    """Per-call seconds of each block that ``blocked_autorange`` timed (one thread)."""
+    timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=1)
+    return list(timer.blocked_autorange(min_run_time=min_run_time).times)
+
+
+def run_case(case: Sequence[Any], min_run_time: float = 0.2, use_probe: bool = True,
+             rounds: int = 3) -> dict:
+    """Time one case: masked_sparse's median and each baseline's median and ratio.
+
+    masked_sparse and the baselines are timed in ``rounds`` interleaved rounds of
+    ``min_run_time / rounds`` seconds each; a median pools the blocks of all rounds, so a
+    burst of load from other processes weighs on every column alike.
+    """
+    name, fn, baselines = case[0], case[1], case[2]
+    targets = dict(case[3]) if len(case) > 3 and case[3] else {}
+    result: dict[str, Any] = {"name": name, "targets": targets, "baselines": {},
+                              "median_s": None, "status": "ok"}
+    entries = {b: {} for b in baselines}
+    runnable: dict[str, Fn] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            fn()  # warm-up (and the per-op decisions get cached)
+            runnable[""] = fn
+        except Exception as exc:  # noqa: BLE001
+            result.update(status=_status_of(exc), why=_short(exc))
+        for bname, bfn in baselines.items():
+            if isinstance(bfn, str):
+                entries[bname].update(status="unsupported", why=bfn)
+                continue
+            status, why = probe(bfn) if use_probe else ("ok", "")
+            entries[bname].update(status=status, why=why)
+            if status == "ok":
+                runnable[bname] = bfn
+        times: dict[str, list[float]] = {k: [] for k in runnable}
+        for _ in range(rounds):
+            for key, f in list(runnable.items()):
+                try:
+                    times[key] += samples(f, min_run_time / rounds)
+                except Exception as exc:  # noqa: BLE001
+                    del runnable[key]
+                    target = result if key == "" else entries[key]
+                    target.update(status=_status_of(exc), why=_short(exc))
+    for key in runnable:
+        median = statistics.median(times[key])
+        if key == "":
+            result["median_s"] = median
+        else:
+            entries[key]["median_s"] = median
+    for entry in entries.values():
+        if entry.get("median_s") and result["median_s"]:
+            entry["ratio"] = result["median_s"] / entry["median_s"]
+    result["baselines"] = entries
+    result["target_check"] = {
+        b: _check(entries.get(b, {}).get("ratio"), limit) for b, limit in targets.items()}
+    return result
+
+
+def _check(ratio: float | None, limit: float) -> str:
+    if ratio is None:
+        return "n/a"
+    return "met" if ratio <= limit else "missed"
+
+
+def cases_of(module: Any, quick: bool) -> list[Sequence[Any]]:
+    """``module.cases()``, passing ``quick=`` when its signature takes it."""
+    params = inspect.signature(module.cases).parameters
+    return list(module.cases(quick=quick) if "quick" in params else module.cases())
+
+
+# -- formatting ------------------------------------------------------------------------------
+def fmt_time(seconds: float | None) -> str:
+    """``1.23 ms``-style text for a duration in seconds."""
+    if seconds is None or not math.isfinite(seconds):
+        return "—"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds * 1e9:.3g} ns"
+
+
+def fmt_ratio(entry: dict | None) -> str:
+    if not entry:
+        return ""
+    if "ratio" in entry:
+        r = entry["ratio"]
+        return f"{r:.3g}×" if r >= 0.01 else f"{r:.2g}×"
+    return entry.get("status", "?")
+
+
+def _fmt_target(result: dict) -> str:
+    parts = []
+    for b, limit in result["targets"].items():
+        mark = {"met": "✓", "missed": "✗ MISSED", "n/a": "n/a"}[result["target_check"][b]]
+        parts.append(f"{b} ≤{limit:g}× {mark}")
+    return "; ".join(parts)
+
+
+def columns_of(results: Iterable[dict]) -> list[str]:
+    """Baseline names in a section: the conventional ones first, then others as met."""
+    seen: list[str] = []
+    for r in results:
+        for b in r["baselines"]:
+            if b not in seen:
+                seen.append(b)
+    return [b for b in CORE_BASELINES if b in seen] + [b for b in seen
+                                                       if b not in CORE_BASELINES]
+
+
+def table(results: list[dict]) -> str:
+    """A Markdown table: case, masked_sparse median, ratio per baseline, targets."""
+    cols = columns_of(results)
+    has_targets = any(r["targets"] for r in results)
+    head = ["case", "masked_sparse"] + [f"÷ {c}" for c in cols] + (
+        ["target"] if has_targets else [])
+    rows = [head, ["---"] + ["---:"] * (1 + len(cols)) + (["---"] if has_targets else [])]
+    for r in results:
+        ms_cell = fmt_time(r["median_s"]) if r["status"] == "ok" else r["status"]
+        row = [r["name"], ms_cell] + [fmt_ratio(r["baselines"].get(c)) for c in cols]
+        if has_targets:
+            row.append(_fmt_target(r))
+        rows.append(row)
+    return "\n".join("| " + " | ".join(row) + " |" for row in rows)
+
+
+def notes(results: list[dict]) -> list[str]:
+    """One line per distinct reason a baseline or case could not run."""
+    seen: dict[str, list[str]] = {}
+    for r in results:
+        if r["status"] != "ok":
+            seen.setdefault(f"masked_sparse {r['status']}: {r.get('why', '')}", []).append(
+                r["name"])
+        for b, e in r["baselines"].items():
+            if e.get("status") not in (None, "ok") and e.get("why"):
+                seen.setdefault(f"{b} {e['status']}: {e['why']}", []).append(r["name"])
+    return [f"{why}  [{len(names)} case(s), e.g. {names[0]}]" for why, names in seen.items()]
+
+
+def print_section(title: str, results: list[dict]) -> None:
+    print(f"\n### {title}\n")
+    print(table(results))
+    lines = notes(results)
+    if lines:
+        print("\nNotes:")
+        for line in lines:
+            print(f"- {line}")
+
+
+def run_cases(cases: Iterable[Sequence[Any]], title: str = "cases", min_run_time: float = 0.2,
+              use_probe: bool = True, only: str | None = None, verbose: bool = True
+              ) -> list[dict]:
+    """Time every case (those whose name contains ``only``) and print the section's table."""
+    results = []
+    for case in cases:
+        if only and only not in case[0]:
+            continue
+        try:
+            results.append(run_case(case, min_run_time, use_probe))
+        except Exception:  # noqa: BLE001 -- one broken case must not end the run
+            traceback.print_exc()
+        if verbose and results and results[-1]["name"] == case[0]:
+            r = results[-1]
+            ratios = ", ".join(f"{b} {fmt_ratio(e)}" for b, e in r["baselines"].items())
+            print(f"  {r['name']}: {fmt_time(r['median_s'])} ({ratios})", file=sys.stderr,
+                  flush=True)
+    if verbose:
+        print_section(title, results)
+    return results
+
+
+def module_main(module: Any) -> None:
+    """``main()`` for a benchmark module run on its own: its cases, one table."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=(module.__doc__ or "").split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="shorter timing (0.05 s a case)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    run_cases(cases_of(module, args.quick), getattr(module, "TITLE", module.__name__),
+              min_run_time=0.05 if args.quick else 0.3)

@@ -1,0 +1,170 @@
+"""Where the fixed per-op cost of masked_sparse goes: ``python -m benchmarks.profile_overhead``.
+
+Two views on a tiny operand (so that the computation itself is negligible):
+
+1. A *ladder* of timings, each rung adding one layer on top of the previous one:
+   the raw op on the values, the same aten overload called from Python (what the kernel
+   calls), the core's kernel (``apply_to_values``: align, read plain operands, the op,
+   ``_wrap``), the C++ dispatcher down to ``__torch_dispatch__`` (entered with torch
+   functions disabled), and the full call with ``__torch_function__``. The differences are
+   each layer's cost.
+2. ``--cprofile``: cProfile of a loop over the same calls, grouped into those layers by
+   function (cProfile inflates small Python functions, so trust the ladder for sizes and
+   the profile for where to look).
+
+Also prints, for COO/CSR at nnz = 1e6, the ratio to the raw values op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+from torch._C import DisableTorchFunctionSubclass  # noqa: E402
+
+import masked_sparse as ms  # noqa: E402
+from benchmarks.harness import fmt_time, measure  # noqa: E402
+from masked_sparse._tensor import _wrap  # noqa: E402
+
+aten = torch.ops.aten
+
+
+def _operands(layout: str, nnz: int) -> tuple[ms.MaskedTensor, ms.MaskedTensor, torch.Tensor]:
+    from benchmarks.bench_core import sparse_pattern
+
+    gen = torch.Generator().manual_seed(0)
+    if layout == "strided":
+        n = max(1, round(nnz ** 0.5))
+        data = torch.rand(n, n, generator=gen)
+        a = ms.masked_tensor(data, torch.rand(n, n, generator=gen) < 0.5)
+        return a, a * 0.5, torch.rand(n, n, generator=gen)
+    idx, shape = sparse_pattern(nnz, 0.01, gen)
+    values = torch.rand(nnz, generator=gen)
+    mvals = torch.rand(nnz, generator=gen) < 0.5
+    data = torch.sparse_coo_tensor(idx, values, shape, is_coalesced=True)
+    mask = torch.sparse_coo_tensor(idx, mvals, shape, is_coalesced=True)
+    a = ms.masked_tensor(data, mask)
+    if layout == "csr":
+        a = a.to_sparse_csr()
+    return a, a * 0.5, torch.rand(shape, generator=gen)
+
+
+def ladder(op: str, a: ms.MaskedTensor, b: ms.MaskedTensor, min_run_time: float
+           ) -> list[tuple[str, float]]:
+    """Cumulative timings of one op, layer by layer (see the module docstring)."""
+    from masked_sparse.ops.pointwise import apply_to_values
+
+    va, vb = a._storage.values, b._storage.values
+    if op == "sqrt":
+        func, torch_fn, ms_args, raw_args = aten.sqrt.default, torch.sqrt, (a,), (va,)
+    else:
+        func, torch_fn, ms_args, raw_args = aten.add.Tensor, torch.add, (a, b), (va, vb)
+
+    def below_torch_function() -> Any:
+        with DisableTorchFunctionSubclass():
+            return torch_fn(*ms_args)
+
+    s = a._storage
+    rungs = [
+        ("raw op on the values (torch.*)", lambda: torch_fn(*raw_args)),
+        ("aten overload called from Python", lambda: func(*raw_args)),
+        ("+ Storage + _wrap (_make_wrapper_subclass)",
+         lambda: _wrap(s.with_values(func(*raw_args)))),
+        ("+ kernel: align, unwrap (apply_to_values)",
+         lambda: apply_to_values(func, ms_args, {}, False)),
+        ("+ C++ dispatch to __torch_dispatch__", below_torch_function),
+        ("+ __torch_function__ (the full call)", lambda: torch_fn(*ms_args)),
+    ]
+    return [(name, measure(fn, min_run_time)) for name, fn in rungs]
+
+
+def print_ladder(title: str, rows: list[tuple[str, float]]) -> None:
+    total = rows[-1][1]
+    print(f"\n#### {title}: {fmt_time(total)} per call\n")
+    print("| layer | cumulative | this layer | share of the call |")
+    print("| --- | ---: | ---: | ---: |")
+    prev = 0.0
+    for name, t in rows:
+        step = t - prev if prev else t
+        print(f"| {name} | {fmt_time(t)} | {fmt_time(step) if step > 0 else '~0'} | "
+              f"{max(step, 0) / total:.0%} |")
+        prev = t
+
+
+_GROUPS = (
+    ("__torch_function__", ("_tensor.py", "__torch_function__")),
+    ("__torch_dispatch__ (+ kernel closure)", ("_tensor.py", "__torch_dispatch__")),
+    ("apply_to_values (self)", ("pointwise.py", "apply_to_values")),
+    ("align / read_plain / unwrap", ("pointwise.py", "align")),
+    ("_wrap (Python part)", ("_tensor.py", "_wrap")),
+    ("_make_wrapper_subclass", ("~", "_make_wrapper_subclass")),
+    ("Storage.with_values", ("registry.py", "with_values")),
+)
+
+
+def cprofile_groups(fn: Any, n: int = 20000) -> None:
+    """cProfile ``fn`` ``n`` times; print the self time of each layer and the top entries."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        fn()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    total = stats.total_tt
+    rows: dict[str, float] = {}
+    for (file, _line, name), (_cc, _nc, tt, _ct, _callers) in stats.stats.items():
+        group = "other (aten op call, torch internals, builtins)"
+        for label, (f_part, n_part) in _GROUPS:
+            if f_part in file and (n_part in name or (label.startswith("align") and name in (
+                    "align", "read_plain", "unwrap", "<genexpr>", "<listcomp>",
+                    "<dictcomp>", "same_index"))):
+                group = label
+                break
+        rows[group] = rows.get(group, 0.0) + tt
+    print(f"\ncProfile self time, {n} calls ({fmt_time(total / n)} per call under the "
+          f"profiler):\n")
+    for label, tt in sorted(rows.items(), key=lambda kv: -kv[1]):
+        print(f"- {label}: {tt / total:.0%}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cprofile", action="store_true", help="add a cProfile breakdown")
+    parser.add_argument("--quick", action="store_true", help="shorter timing")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    mrt = 0.1 if args.quick else 0.5
+    print("## Per-op overhead of masked_sparse (1 thread)")
+    for layout, nnz in (("strided", 100), ("coo", 1000), ("csr", 1000)):
+        a, b, _ = _operands(layout, nnz)
+        for op in ("sqrt", "add"):
+            print_ladder(f"{layout} (~{nnz} elements) {op}", ladder(op, a, b, mrt))
+            if args.cprofile:
+                cprofile_groups((lambda a=a: torch.sqrt(a)) if op == "sqrt"
+                                else (lambda a=a, b=b: a + b))
+    print("\n## At nnz = 1e6 (ratio to the raw op on the values)\n")
+    print("| case | masked_sparse | raw values op | ratio |")
+    print("| --- | ---: | ---: | ---: |")
+    for layout in ("coo", "csr"):
+        a, b, _ = _operands(layout, 10**6)
+        va, vb = a._storage.values, b._storage.values
+        for name, fn, raw in (
+                ("sqrt", lambda a=a: torch.sqrt(a), lambda va=va: torch.sqrt(va)),
+                ("mt + mt (shared index)", lambda a=a, b=b: a + b, lambda va=va, vb=vb: va + vb)):
+            t_ms, t_raw = measure(fn, mrt), measure(raw, mrt)
+            print(f"| {layout} {name} | {fmt_time(t_ms)} | {fmt_time(t_raw)} | "
+                  f"{t_ms / t_raw:.3g}× |")
+
+
+if __name__ == "__main__":
+    main()
