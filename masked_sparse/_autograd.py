@@ -84,8 +84,10 @@ class _OnValues(torch.autograd.Function):
             if isinstance(o, Storage) and g is not None and o.values.requires_grad:
                 outs.append(o.values)
                 gvals.append(grad_values(g, o))
-        leaf_grads = torch.autograd.grad(outs, ctx.leaves, gvals, allow_unused=True) if outs \
-            else [None] * len(ctx.leaves)
+        # Keep the inner graph exactly as long as the outer one (retain_graph, gradcheck).
+        keep = torch._C._autograd._get_current_graph_task_keep_graph()
+        leaf_grads = torch.autograd.grad(outs, ctx.leaves, gvals, allow_unused=True,
+                                         retain_graph=keep) if outs else [None] * len(ctx.leaves)
         it = iter(leaf_grads)
         result: list[Any] = [None, None]
         for s in ctx.inputs:
@@ -96,6 +98,8 @@ class _OnValues(torch.autograd.Function):
             if g is None:
                 g = torch.zeros_like(s.values)
             result.append(_wrap(s.with_values(g)))
+        if not keep:
+            ctx.outs = ctx.leaves = ctx.inputs = None  # free the inner graph now
         return tuple(result)
 
 

@@ -81,6 +81,8 @@ def _read_cond(cond: torch.Tensor, ref: Storage) -> torch.Tensor:
     if cond.layout != torch.strided and ref.index and layouts.get_layout(cond.layout) is ref.layout:
         pattern = ref.layout.to_torch(ref, ref.mask)
         return ref.layout.from_torch(cond, pattern).values
+    if cond.shape == ref.shape and cond.layout == torch.strided:
+        return ref.layout.gather(ref, cond)
     return read_plain(aten.where.self, ref, cond)
 
 
@@ -156,14 +158,13 @@ class _Where(torch.autograd.Function):
         chosen = o.cond.expand(out.values.shape)
         if o.cond_mask is not None:
             chosen = chosen & o.cond_mask
-        zero = torch.zeros((), dtype=gv.dtype, device=gv.device)
         grads: list[Any] = [None]
         for i, (pick, own_mask) in enumerate([(chosen, o.mask_a), (~chosen, o.mask_b)]):
             if not ctx.needs_input_grad[i + 1]:
                 grads.append(None)
                 continue
             # Note [Gradient of where]: positions not chosen get no gradient (masked out).
-            values = torch.where(pick, gv, zero).to(ctx.dtypes[i])
+            values = torch.where(pick, gv, 0).to(ctx.dtypes[i])
             mask = pick & gmask & own_mask
             base = ctx.targets[i] if ctx.targets[i] is not None else out
             grads.append(_wrap(base.with_values(values, mask)))
