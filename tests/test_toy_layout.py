@@ -45,7 +45,8 @@ def _densify(storage: Storage, values: torch.Tensor, fill) -> torch.Tensor:
 
 def _to_torch(storage: Storage, values: torch.Tensor) -> torch.Tensor:
     (rows,) = storage.index
-    return torch.sparse_coo_tensor(rows[None], values, storage.shape, is_coalesced=True)
+    return torch.sparse_coo_tensor(rows[None], values, storage.shape, is_coalesced=True,
+                                   check_invariants=False)
 
 
 def _gather(storage: Storage, dense: torch.Tensor) -> torch.Tensor:

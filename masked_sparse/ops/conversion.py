@@ -140,7 +140,7 @@ _TORCH_COMPRESSED = {"to_sparse_csr": ("dense_dim",), "to_sparse_csc": ("dense_d
 
 
 def _method_handler(name: str, params: tuple[str, ...]) -> Any:
-    target = getattr(torch, name.removeprefix("to_"))  # to_sparse_csc -> torch.sparse_csc
+    target = getattr(torch, name.removeprefix("to_"))  # to_sparse_csr -> torch.sparse_csr
 
     def handler(mt: MaskedTensor, *args: Any, **kwargs: Any) -> MaskedTensor:
         if len(args) > len(params) or set(kwargs) - set(params):
