@@ -365,3 +365,25 @@ def test_repeated_forward_backward_keeps_memory_flat():
         gc.enable()
     assert grown < 64 * 1024, f"Python memory grew by {grown} bytes over 1000 iterations"
     assert torch.equal(dense_of(x.grad)[1], x.get_mask() & cond)
+
+
+REDUCTIONS = {
+    "sum_all": lambda mt: torch.sum(mt),
+    "sum_dim": lambda mt: mt.sum(1),
+    "sum_keepdim": lambda mt: torch.sum(mt, 0, keepdim=True),
+    "mean": lambda mt: torch.mean(mt, 0),
+    "amax": lambda mt: torch.amax(mt, 1),
+    "prod": lambda mt: torch.prod(mt, 1),
+    "softmax": lambda mt: torch.softmax(mt, 1),
+    "log_softmax": lambda mt: torch.nn.functional.log_softmax(mt, 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+@layout_params()
+def test_gradcheck_reductions_and_softmax(name, layout):
+    # Row 2 and column 4 are fully masked: their results are unspecified.
+    mask = torch.rand(SHAPE, generator=torch.Generator().manual_seed(16)) < 0.7
+    mask[2] = mask[:, 4] = False
+    c = Case(layout, seed=16, mask=mask)
+    gradcheck(lambda v: out(REDUCTIONS[name](c.build(v))), c.values)
