@@ -6,6 +6,15 @@ line about BSR. The blocksize reaches the layout as a conversion option,
 ``ms.to_layout(mt, torch.sparse_bsr, blocksize=(2, 3))`` or ``mt.to_sparse_bsr((2, 3))``,
 and is read back from the values' shape (``format_options``).
 
+Note [Default blocksize]
+~~~~~~~~~~~~~~~~~~~~~~~~
+torch's ``to_sparse_bsr(blocksize)`` requires the blocksize, and so does
+``mt.to_sparse_bsr``. A conversion that names no blocksize -- ``ms.to_layout(mt,
+torch.sparse_bsr)``, or layout-agnostic code that loops over every registered layout --
+gets 1 x 1 blocks: always valid for any 2-D shape, exact, and O(nnz). Conversions that
+rebuild an existing BSR storage (``drop_unspecified``, reductions through COO) keep its
+blocksize through ``format_options``.
+
 Invariants
 ----------
 - ``shape`` is 2-D and divisible by the blocksize ``(bs0, bs1)``; ``index == (crow, col)``
@@ -43,9 +52,7 @@ def _blocksize(storage: Storage) -> tuple[int, int]:
 
 def _check_blocksize(blocksize: Any, shape: Sequence[int]) -> tuple[int, int]:
     if blocksize is None:
-        raise TypeError("to_sparse_bsr: a BSR masked tensor needs a blocksize; pass it as "
-                        "mt.to_sparse_bsr((r, c)) or ms.to_layout(mt, torch.sparse_bsr, "
-                        "blocksize=(r, c))")
+        blocksize = (1, 1)  # Note [Default blocksize]
     if isinstance(blocksize, int) or len(blocksize) != 2 or not all(
             isinstance(b, int) and b > 0 for b in blocksize):
         raise TypeError(f"to_sparse_bsr: blocksize must be a pair of positive ints, got "

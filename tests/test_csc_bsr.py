@@ -94,8 +94,9 @@ def test_bsr_mask_pattern_is_authoritative_across_blocksizes(data_blocksize):
 
 def test_bsr_options_errors():
     mt, _, _ = make_masked((4, 6), torch.strided, seed=5)
-    with pytest.raises(TypeError, match="needs a blocksize"):
-        ms.to_layout(mt, torch.sparse_bsr)
+    default = ms.to_layout(mt, torch.sparse_bsr)  # Note [Default blocksize]
+    assert default._storage.values.shape[1:] == (1, 1)
+    assert_masked_equal(default, *make_masked((4, 6), torch.strided, seed=5)[1:])
     with pytest.raises(TypeError, match="pair of positive ints"):
         ms.to_layout(mt, torch.sparse_bsr, blocksize=3)
     with pytest.raises(TypeError, match="pair of positive ints"):
