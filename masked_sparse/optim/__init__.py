@@ -1,0 +1,25 @@
+"""Optimizers for dense, sparse and masked gradients: ``ms.optim``.
+
+``Adagrad``, ``SGD``, ``Adam`` and ``AdamW`` are ``torch.optim.Optimizer`` subclasses with
+torch's arguments. Gradients may be dense tensors, torch sparse COO tensors (as
+``nn.Embedding(sparse=True)`` produces, uncoalesced and hybrid) or MaskedTensors of any
+layout; parameters may be MaskedTensors. Sparse and masked gradients update lazily: only
+the specified entries of the parameter and of the state are read and written, in
+O(nnz). :mod:`masked_sparse.optim.functional` has the algorithms as functions, written
+with the helpers :func:`as_masked_grad`, :func:`read_at` and :func:`add_at_`.
+
+>>> import torch, masked_sparse as ms
+>>> emb = torch.nn.Embedding(100, 4, sparse=True)
+>>> opt = ms.optim.AdamW(emb.parameters(), lr=1e-2)
+>>> emb(torch.tensor([3, 3, 50])).pow(2).sum().backward()
+>>> opt.step(); opt.zero_grad()
+"""
+
+from . import functional
+from ._scatter import add_at_, as_masked_grad, read_at
+from .adagrad import Adagrad
+from .adam import Adam, AdamW
+from .sgd import SGD
+
+__all__ = ["SGD", "Adagrad", "Adam", "AdamW", "add_at_", "as_masked_grad", "functional",
+           "read_at"]

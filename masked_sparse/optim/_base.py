@@ -1,0 +1,60 @@
+"""What the optimizer classes share: argument checks, state tensors, the step loop."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from ._scatter import target_of
+
+
+def scalar_dtype() -> torch.dtype:
+    """The dtype torch.optim uses for ``state["step"]``."""
+    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+
+
+def check_flags(name: str, **flags: Any) -> None:
+    """Refuse the torch.optim implementation switches that change what a step computes."""
+    for flag, value in flags.items():
+        if value:
+            raise NotImplementedError(f"ms.optim.{name}: {flag}=True is not supported (one "
+                                      f"code path for every gradient form); leave it unset")
+
+
+def check_nonnegative(name: str, **values: Any) -> None:
+    for key, value in values.items():
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ValueError(f"ms.optim.{name}: Tensor {key} must be 1-element")
+            value = float(value)
+        if not 0.0 <= value:
+            raise ValueError(f"ms.optim.{name}: invalid {key} value: {value}")
+
+
+class MaskedOptimizer(torch.optim.Optimizer):
+    """A ``torch.optim.Optimizer`` whose parameters may be MaskedTensors and whose
+    gradients may be dense, torch sparse or MaskedTensors (see :mod:`.functional`)."""
+
+    def _with_grads(self, group: dict[str, Any]) -> Iterator[tuple[torch.Tensor, dict]]:
+        """``(param, state)`` for the parameters of ``group`` that have a gradient."""
+        for p in group["params"]:
+            if p.grad is not None:
+                yield p, self.state[p]
+
+    @staticmethod
+    def zeros(p: torch.Tensor, value: float = 0.0) -> torch.Tensor:
+        """A state tensor for ``p``: shaped like its target (Note [Lazy updates])."""
+        return torch.full_like(target_of(p), value, memory_format=torch.preserve_format)
+
+    @staticmethod
+    def new_step() -> torch.Tensor:
+        return torch.tensor(0.0, dtype=scalar_dtype())
+
+    @staticmethod
+    def run_closure(closure: Callable[[], Any] | None) -> Any:
+        if closure is None:
+            return None
+        with torch.enable_grad():
+            return closure()

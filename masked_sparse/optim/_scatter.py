@@ -1,0 +1,251 @@
+"""Masked access to dense optimizer state: the three helpers every optimizer here uses.
+
+- :func:`as_masked_grad` turns any gradient form (dense tensor, torch sparse tensor of a
+  registered layout -- uncoalesced COO included --, MaskedTensor) into one MaskedTensor,
+  specified where the gradient is given. It is the only place that looks at the form.
+- :func:`read_at` reads a dense tensor (parameter, state) where a MaskedTensor is stored:
+  ``masked_tensor(dense, like's mask)`` without densifying anything.
+- :func:`add_at_` adds the specified entries of a MaskedTensor into a dense tensor, in
+  place, leaving every other entry untouched.
+
+So an optimizer step is a few masked ops between one read and one write per state tensor:
+O(nnz) for a sparse gradient, in any layout, with no per-layout code.
+
+Note [Flat positions]
+~~~~~~~~~~~~~~~~~~~~~
+``read_at`` / ``add_at_`` on a sparse storage need the position of each stored value in
+the dense tensor. They are derived once per sparsity pattern from the layout's ``to_coo``
+primitive (the COO hub every layout provides) and cached on the identity of the index
+tensors (which ops keep, Note [Index sharing]), so the reads and writes of one step share
+them. When ``to_coo`` hands the values tensor back unchanged (COO, CSR), its order is the
+storage's own and the positions are row-major keys of the COO indices: one key per stored
+row of values, and the dense tensor is read with ``index_select`` and written with
+``index_add_`` on a ``(-1, dense_numel)`` view -- the same primitives torch's sparse
+Adagrad ends in, without its ``sparse_mask`` search. Any other layout (CSC, BSR, ... whose
+``to_coo`` reorders or splits the values) is asked once for the COO form of a tensor of
+value ids, which maps every stored element to its flat position. Positions are unique
+(the COO form is coalesced), so ``index_add_`` never adds twice to one element.
+
+Note [Aliasing in read_at]
+~~~~~~~~~~~~~~~~~~~~~~~~~~
+Like ``as_masked_tensor``, ``read_at`` does not copy where it need not: for a storage that
+holds every position (strided) the result's data *is* ``dense``. Compute what you need
+from a read before writing into the same tensor with ``add_at_``.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any, NamedTuple
+
+import torch
+
+import layouts
+from layouts import Storage
+
+from .._tensor import MaskedTensor, _wrap
+
+__all__ = ["add_at_", "as_masked_grad", "grad_for", "read_at", "target_of"]
+
+
+def _all_true(like: torch.Tensor) -> torch.Tensor:
+    """A broadcast True mask shaped like ``like`` (no memory per element)."""
+    return torch.ones((), dtype=torch.bool, device=like.device).expand(like.shape)
+
+
+def as_masked_grad(grad: Any, where: str = "as_masked_grad") -> MaskedTensor:
+    """``grad`` as a MaskedTensor, specified exactly where the gradient is given.
+
+    A dense tensor is specified everywhere; a torch sparse tensor (of any registered
+    layout) at its stored entries, duplicates of an uncoalesced COO tensor summed; a
+    MaskedTensor is returned as is. Anything else raises ``TypeError``.
+
+    >>> import torch, masked_sparse as ms
+    >>> g = torch.sparse_coo_tensor([[1, 0, 1]], [1., 2., 3.], (3,))   # uncoalesced
+    >>> ms.optim.as_masked_grad(g).to_tensor(0).to_dense()
+    tensor([2., 4., 0.])
+    """
+    if isinstance(grad, MaskedTensor):
+        return grad
+    if not isinstance(grad, torch.Tensor):
+        raise TypeError(f"{where}: unsupported gradient of type {type(grad).__name__}; "
+                        f"expected a torch.Tensor (dense or sparse) or a MaskedTensor")
+    try:
+        layout = layouts.get_layout(grad.layout)
+    except NotImplementedError:
+        raise TypeError(f"{where}: unsupported gradient layout {grad.layout} (no masked layout "
+                        f"is registered for it); pass grad.to_sparse_coo() or grad.to_dense(), "
+                        f"or register the layout with layouts.register_layout") from None
+    # The gradient's own pattern: its stored entries are the specified ones.
+    s = layout.from_torch(grad, grad)
+    return _wrap(s.with_values(s.values, _all_true(s.values)))
+
+
+def target_of(param: torch.Tensor) -> torch.Tensor:
+    """The plain tensor an optimizer updates (and shapes its state like) for ``param``.
+
+    A plain parameter is its own target; a MaskedTensor parameter is updated through its
+    stored values, so its state has the shape of those values.
+    """
+    return param._storage.values if isinstance(param, MaskedTensor) else param
+
+
+def _same_pattern(a: Storage, b: Storage) -> bool:
+    return (a.layout is b.layout and a.shape == b.shape and a.values.shape == b.values.shape
+            and len(a.index) == len(b.index)
+            and all(x is y or (x.shape == y.shape and torch.equal(x, y))
+                    for x, y in zip(a.index, b.index)))
+
+
+def grad_for(param: torch.Tensor, grad: Any, where: str) -> tuple[torch.Tensor, MaskedTensor]:
+    """``(target, g)``: the plain tensor to update for ``param`` and its masked gradient.
+
+    For a MaskedTensor parameter only its specified entries may change, so ``g`` is
+    restricted to them: kept in its own layout when the parameter stores every position
+    (its values are the dense tensor), else read at the parameter's stored positions and
+    expressed over its values.
+    """
+    g = as_masked_grad(grad, where)
+    if g.shape != param.shape:
+        raise ValueError(f"{where}: gradient of shape {tuple(g.shape)} for a parameter of shape "
+                         f"{tuple(param.shape)}")
+    if not isinstance(param, MaskedTensor):
+        return param, g
+    p, s = param._storage, g._storage
+    if not p.index and p.values.shape == p.shape:
+        mask = s.mask if s.mask is p.mask else s.mask & _gather(p.mask, s)
+        return p.values, _wrap(s.with_values(s.values, mask))
+    if s.same_index(p) and s.values.shape == p.values.shape:
+        values, gmask = s.values, s.mask
+    else:
+        c = layouts.convert(s, p.layout, **p.layout.options_of(p))
+        if _same_pattern(c, p):
+            values, gmask = c.values, c.mask
+        else:
+            # Read the gradient at the parameter's stored positions (absent: unspecified).
+            pmask = p.layout.to_torch(p, p.mask)
+            values = p.layout.from_torch(c.layout.to_torch(c, c.values), pmask).values
+            gmask = p.layout.from_torch(c.layout.to_torch(c, c.mask), pmask).values
+    mask = p.mask if gmask is p.mask else p.mask & gmask
+    strided = layouts.get_layout(torch.strided)
+    return p.values, _wrap(strided.from_torch(values, mask))
+
+
+# -- flat positions (Note [Flat positions]) ------------------------------------------------
+class _Positions(NamedTuple):
+    flat: torch.Tensor  # int64: the row of ``dense.view(-1, width)`` of each row of values
+    width: int          # elements per row: values are read as ``values.view(-1, width)``
+
+
+_CACHE: list[tuple[tuple[Any, ...], torch.Size, torch.Size, _Positions]] = []
+_CACHE_SIZE = 4
+
+
+def _linear(indices: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """Row-major keys of a ``(sparse_dim, nnz)`` index tensor (Horner, in place)."""
+    if indices.shape[0] == 0:
+        return torch.zeros(indices.shape[1], dtype=torch.long, device=indices.device)
+    lin = indices[0]
+    for d in range(1, indices.shape[0]):
+        lin = (lin * shape[d]).add_(indices[d])
+    return lin
+
+
+def _compute_positions(s: Storage) -> _Positions:
+    coo = s.layout.to_coo(s)
+    (indices,) = coo.index
+    sparse_shape = tuple(s.shape[: indices.shape[0]])
+    keys = _linear(indices, sparse_shape)
+    if coo.values is s.values:
+        return _Positions(keys, math.prod(s.values.shape[1:]))
+    # The layout reorders or splits its values on the way to COO: follow value ids.
+    n = s.values.numel()
+    ids = torch.arange(n, device=s.values.device).view(s.values.shape)
+    coo = s.layout.to_coo(s.with_values(ids))
+    inner = math.prod(coo.values.shape[1:])
+    elems = keys[:, None] * inner + torch.arange(inner, device=keys.device)
+    flat = torch.zeros(n, dtype=torch.long, device=keys.device)
+    flat[coo.values.reshape(-1)] = elems.reshape(-1)
+    return _Positions(flat, 1)
+
+
+def _positions(s: Storage) -> _Positions:
+    for refs, shape, vshape, pos in _CACHE:
+        if (shape == s.shape and vshape == s.values.shape and len(refs) == len(s.index)
+                and all(r() is t for r, t in zip(refs, s.index))):
+            return pos
+    pos = _compute_positions(s)
+    _CACHE.insert(0, (tuple(weakref.ref(t) for t in s.index), s.shape, s.values.shape, pos))
+    del _CACHE[_CACHE_SIZE:]
+    return pos
+
+
+def _gather(dense: torch.Tensor, s: Storage) -> torch.Tensor:
+    """``dense`` read at the stored positions of ``s``, shaped like ``s.values``."""
+    if not s.index:
+        return s.layout.gather(s, dense)
+    pos = _positions(s)
+    return dense.reshape(-1, pos.width).index_select(0, pos.flat).view(s.values.shape)
+
+
+def _all_specified(mask: torch.Tensor) -> bool:
+    if mask.numel() == 0:
+        return True
+    if all(st == 0 for st in mask.stride()):
+        return bool(mask[(0,) * mask.dim()])
+    return bool(mask.view(torch.uint8).min())
+
+
+def read_at(dense: torch.Tensor, like: MaskedTensor) -> MaskedTensor:
+    """``dense`` as a MaskedTensor with the mask (and storage pattern) of ``like``.
+
+    O(nnz) for a sparse ``like``: ``dense`` is read at its stored positions only. The
+    result shares index and mask objects with ``like``, so ops between the two are free of
+    mask checks. For a strided ``like`` the data is ``dense`` itself (Note [Aliasing in
+    read_at]).
+
+    >>> import torch, masked_sparse as ms
+    >>> g = ms.optim.as_masked_grad(torch.sparse_coo_tensor([[0, 2]], [1., 1.], (3,)))
+    >>> ms.optim.read_at(torch.tensor([5., 6., 7.]), g)
+    MaskedTensor(
+      [  5.0000,       --,   7.0000]
+    )
+    """
+    s = like._storage
+    if dense.shape != s.shape:
+        raise ValueError(f"read_at: a tensor of shape {tuple(dense.shape)} cannot be read at the "
+                         f"positions of a MaskedTensor of shape {tuple(s.shape)}")
+    return _wrap(s.with_values(_gather(dense, s)))
+
+
+def add_at_(dense: torch.Tensor, update: MaskedTensor, alpha: float = 1.0) -> torch.Tensor:
+    """``dense += alpha * update`` at the specified entries of ``update``; in place, O(nnz).
+
+    Unspecified entries of ``update`` (whatever their stored value, NaN included) leave
+    ``dense`` unchanged.
+
+    >>> import torch, masked_sparse as ms
+    >>> g = ms.optim.as_masked_grad(torch.sparse_coo_tensor([[0, 2]], [1., 1.], (3,)))
+    >>> ms.optim.add_at_(torch.zeros(3), g * 2, alpha=-1)
+    tensor([-2.,  0., -2.])
+    """
+    if not isinstance(update, MaskedTensor):
+        raise TypeError(f"add_at_: update must be a MaskedTensor, got {type(update).__name__}; "
+                        f"wrap it with ms.optim.as_masked_grad")
+    s = update._storage
+    if dense.shape != s.shape:
+        raise ValueError(f"add_at_: a MaskedTensor of shape {tuple(s.shape)} cannot be added into "
+                         f"a tensor of shape {tuple(dense.shape)}")
+    values = s.values
+    if not _all_specified(s.mask):
+        values = torch.where(s.mask, values, 0)
+    if alpha != 1:
+        values = values * alpha
+    values = values.to(dense.dtype)
+    if not s.index:
+        return dense.add_(s.layout.densify(s, values, 0))
+    pos = _positions(s)
+    work = dense if dense.is_contiguous() else dense.contiguous()
+    work.view(-1, pos.width).index_add_(0, pos.flat, values.reshape(-1, pos.width))
+    return dense if work is dense else dense.copy_(work)

@@ -1,0 +1,61 @@
+"""``ms.optim.SGD``: torch.optim.SGD for dense, sparse and masked gradients."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from . import functional as F
+from ._base import MaskedOptimizer, check_flags, check_nonnegative
+
+
+class SGD(MaskedOptimizer):
+    """SGD (momentum, dampening, Nesterov, weight decay) for any gradient form.
+
+    With a sparse or masked gradient the step is lazy (Note [Lazy updates]): the momentum
+    buffer is dense but read and written only where the gradient is specified, so an entry
+    the gradient skips keeps its buffer -- torch's SGD instead grows a sparse buffer that
+    decays everywhere it was ever touched. Without momentum both give the same parameters.
+    The state key is torch's ``"momentum_buffer"``.
+
+    >>> import torch, masked_sparse as ms
+    >>> w = torch.nn.Parameter(torch.ones(4))
+    >>> opt = ms.optim.SGD([w], lr=0.5, momentum=0.9)
+    >>> w.grad = torch.sparse_coo_tensor([[0, 0, 2]], [1., 1., 4.], (4,))
+    >>> opt.step()
+    >>> w.detach()
+    tensor([ 0.,  1., -1.,  1.])
+    """
+
+    def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 1e-3,
+                 momentum: float = 0, dampening: float = 0, weight_decay: float = 0,
+                 nesterov: bool = False, *, maximize: bool = False,
+                 foreach: bool | None = None, differentiable: bool = False,
+                 fused: bool | None = None) -> None:
+        check_nonnegative("SGD", lr=lr, momentum=momentum, weight_decay=weight_decay)
+        check_flags("SGD", differentiable=differentiable, fused=fused)
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("ms.optim.SGD: Nesterov momentum requires a momentum and zero "
+                             "dampening")
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
+                        weight_decay=weight_decay, nesterov=nesterov, maximize=maximize,
+                        foreach=None, differentiable=False, fused=None)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Perform one optimization step (``closure`` re-evaluates the loss)."""
+        loss = self.run_closure(closure)
+        for group in self.param_groups:
+            pairs = list(self._with_grads(group))
+            buffers = [state.get("momentum_buffer") for _, state in pairs]
+            F.sgd([p for p, _ in pairs], [p.grad for p, _ in pairs], buffers,
+                  weight_decay=group["weight_decay"], momentum=group["momentum"],
+                  lr=float(group["lr"]), dampening=group["dampening"],
+                  nesterov=group["nesterov"], maximize=group["maximize"])
+            if group["momentum"] != 0:
+                for (_, state), buf in zip(pairs, buffers):
+                    state["momentum_buffer"] = buf
+        return loss
