@@ -24,8 +24,9 @@ def _sparse_shape(storage: Storage) -> tuple[int, ...]:
 
 
 def _from_torch(data: torch.Tensor, mask: torch.Tensor) -> Storage:
+    same = data is mask  # e.g. an optimizer reading a gradient's own pattern: coalesce once
     mask = coalesce_coo(mask)
-    data = coalesce_coo(data)
+    data = mask if same else coalesce_coo(data)
     if data.sparse_dim() != mask.sparse_dim():
         raise ValueError(f"masked_tensor(sparse_coo): data has sparse_dim {data.sparse_dim()} "
                          f"but mask has {mask.sparse_dim()}; build both with the same sparse_dim")
