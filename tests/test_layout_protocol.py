@@ -18,6 +18,7 @@ from conftest import make_masked
 import layouts
 import masked_sparse as ms
 from layouts import registry
+from masked_sparse.optim import functional
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "masked_sparse"
@@ -146,7 +147,6 @@ def _reference_adagrad(param, data, mask, steps, lr, weight_decay, eps):
 @pytest.mark.parametrize("form", ["masked_csc", "masked_bsr", "torch_csc", "torch_bsr"])
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
 def test_functional_adagrad_on_csc_and_bsr_gradients(form, weight_decay):
-    functional = pytest.importorskip("masked_sparse.optim.functional")
     mt, data, mask = make_masked((4, 6), torch.strided, seed=21, density=0.4)
     grad = {"masked_csc": lambda: mt.to_sparse_csc(),
             "masked_bsr": lambda: mt.to_sparse_bsr((2, 3)),
@@ -173,7 +173,6 @@ def test_functional_adagrad_on_csc_and_bsr_gradients(form, weight_decay):
 
 @pytest.mark.parametrize("layout", ["sparse_csc", "sparse_bsr"])
 def test_adagrad_matches_torch_sparse_adagrad(layout):
-    functional = pytest.importorskip("masked_sparse.optim.functional")
     mt, data, mask = make_masked((6, 6), torch.strided, seed=22, density=0.5)
     options = {"blocksize": (3, 2)} if layout == "sparse_bsr" else {}
     grad = ms.to_layout(mt, layout, **options)
@@ -187,3 +186,19 @@ def test_adagrad_matches_torch_sparse_adagrad(layout):
         functional.adagrad([p], [grad], [state], [step], lr=0.5, lr_decay=0.0,
                            weight_decay=0.0, eps=1e-10, maximize=False)
     torch.testing.assert_close(p, ref.detach())
+
+
+def test_adagrad_class_on_csc_and_bsr_gradients_matches_strided():
+    base, _, _ = make_masked((4, 6), torch.strided, seed=23, density=0.5)
+    results = {}
+    for layout, options in [("strided", {}), ("sparse_csc", {}),
+                            ("sparse_bsr", {"blocksize": (2, 2)})]:
+        p = torch.nn.Parameter(torch.ones(4, 6))
+        opt = ms.optim.Adagrad([p], lr=0.1, weight_decay=0.01)
+        for _ in range(3):
+            p.grad = ms.to_layout(base, layout, **options)
+            opt.step()
+        results[layout] = p.detach()
+    torch.testing.assert_close(results["sparse_csc"], results["strided"])
+    torch.testing.assert_close(results["sparse_bsr"], results["strided"])
+    assert not torch.equal(results["strided"], torch.ones(4, 6))
