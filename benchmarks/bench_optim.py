@@ -16,7 +16,8 @@ least a sparse step must do. Targets: <= 1.0x torch on hybrid COO, <= 0.5x torch
 COO and CSR. Every step mutates the shared weight and the optimizers' states; the work
 per step does not depend on their values.
 
-Run by hand: ``python benchmarks/bench_optim.py`` (or through ``benchmarks/run.py``).
+Run by hand: ``python benchmarks/bench_optim.py [--quick] [--only TEXT]`` (or through
+``benchmarks/run.py``).
 """
 
 from __future__ import annotations
@@ -46,11 +47,12 @@ def gradients(seed: int = 0) -> dict[str, Any]:
     lookups = torch.cat([rows, rows[torch.randint(TOUCHED, (LOOKUPS - TOUCHED,), generator=g)]])
     lookups = lookups[torch.randperm(LOOKUPS, generator=g)]
     values = torch.randn(LOOKUPS, DIM, generator=g)
-    hybrid = torch.sparse_coo_tensor(lookups[None], values, (ROWS, DIM))
+    hybrid = torch.sparse_coo_tensor(lookups[None], values, (ROWS, DIM), check_invariants=False)
     coalesced = hybrid.coalesce()
     r, v = coalesced.indices()[0], coalesced.values()
     index = torch.stack([r.repeat_interleave(DIM), torch.arange(DIM).repeat(r.numel())])
-    coo2d = torch.sparse_coo_tensor(index, v.reshape(-1), (ROWS, DIM), is_coalesced=True)
+    coo2d = torch.sparse_coo_tensor(index, v.reshape(-1), (ROWS, DIM), is_coalesced=True,
+                                    check_invariants=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # CSR is "beta" in torch
         csr = coo2d.to_sparse_csr()
@@ -107,11 +109,14 @@ def main() -> None:
     """Print one line per case: medians and ratios (ms.optim / baseline)."""
     torch.set_num_threads(1)
     quick = "--quick" in sys.argv
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""
     min_run_time = 0.2 if quick else 1.0
     print(f"### {TITLE}\n")
     print("| case | ms.optim | torch | ratio | target | floor (index_add_) | ratio |")
     print("|---|---:|---:|---:|---|---:|---:|")
     for name, fn, baselines, targets in cases(quick):
+        if only not in name:
+            continue
         fn()  # warm up (state allocation)
         for b in baselines.values():
             b()

@@ -146,9 +146,13 @@ def _linear(indices: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     """Row-major keys of a ``(sparse_dim, nnz)`` index tensor (Horner, in place)."""
     if indices.shape[0] == 0:
         return torch.zeros(indices.shape[1], dtype=torch.long, device=indices.device)
-    lin = indices[0]
+    if indices.shape[0] == 1:
+        return indices[0].clone()  # not a view: the cache must not keep ``indices`` alive
+    lin = indices[0] * shape[1]
     for d in range(1, indices.shape[0]):
-        lin = (lin * shape[d]).add_(indices[d])
+        if d > 1:
+            lin.mul_(shape[d])
+        lin.add_(indices[d])
     return lin
 
 
@@ -176,9 +180,15 @@ def _positions(s: Storage) -> _Positions:
                 and all(r() is t for r, t in zip(refs, s.index))):
             return pos
     pos = _compute_positions(s)
-    _CACHE.insert(0, (tuple(weakref.ref(t) for t in s.index), s.shape, s.values.shape, pos))
+    refs = tuple(weakref.ref(t, _evict) for t in s.index)
+    _CACHE.insert(0, (refs, s.shape, s.values.shape, pos))
     del _CACHE[_CACHE_SIZE:]
     return pos
+
+
+def _evict(dead: weakref.ref) -> None:
+    """Drop the positions of a pattern whose index tensors are gone (frees them at once)."""
+    _CACHE[:] = [e for e in _CACHE if not any(r is dead for r in e[0])]
 
 
 def _gather(dense: torch.Tensor, s: Storage) -> torch.Tensor:
