@@ -231,11 +231,13 @@ def register_layout(layout: Layout, *, replace: bool = False) -> Layout:
         if key in _BY_KEY and not replace:
             raise ValueError(f"register_layout: {key!r} is already registered "
                              f"(as {_BY_KEY[key]!r}); pass replace=True to override it")
-    for old in {id(_BY_KEY[k]): _BY_KEY[k] for k in keys if k in _BY_KEY}.values():
+    displaced = list({id(_BY_KEY[k]): _BY_KEY[k] for k in keys if k in _BY_KEY}.values())
+    slot = min((_ORDER.index(old) for old in displaced), default=len(_ORDER))
+    for old in displaced:
         unregister_layout(old)  # a replaced layout leaves no stale key behind
     for key in keys:
         _BY_KEY[key] = layout
-    _ORDER.append(layout)
+    _ORDER.insert(slot, layout)  # a replacement takes the replaced layout's place
     return layout
 
 

@@ -65,10 +65,12 @@ def test_taken_keys_and_replace():
         assert layouts.get_layout(torch.sparse_coo) is new
         with pytest.raises(NotImplementedError):
             layouts.get_layout("sparse_coo")
+        assert layouts.registered_layouts().index(new) == before.index(COO)  # same place
     finally:
-        layouts.unregister_layout(new)
-        layouts.register_layout(COO)
-    assert set(layouts.registered_layouts()) == set(before)
+        layouts.register_layout(COO, replace=True)
+    assert layouts.registered_layouts() == before
+    with pytest.raises(NotImplementedError):
+        layouts.get_layout("coo2")
     assert layouts.get_layout(torch.sparse_coo) is COO
     with pytest.raises(NotImplementedError):
         layouts.unregister_layout("never_registered")
