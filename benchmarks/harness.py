@@ -125,25 +125,26 @@ def probe(fn: Fn, timeout: float = 300.0) -> tuple[str, str]:
     return "ok", ""
 
 
-def samples(fn: Fn, min_run_time: float) -> list[float]:
-    """Per-call seconds of each block that ``blocked_autorange`` timed (one thread)."""
-    timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=1)
-    return list(timer.blocked_autorange(min_run_time=min_run_time).times)
-
-
 def run_case(case: Sequence[Any], min_run_time: float = 0.2, use_probe: bool = True,
-             rounds: int = 3) -> dict:
+             rounds: int | None = None) -> dict:
     """Time one case: masked_sparse's median and each baseline's median and ratio.
 
-    masked_sparse and the baselines are timed in ``rounds`` interleaved rounds of
-    ``min_run_time / rounds`` seconds each; a median pools the blocks of all rounds, so a
-    burst of load from other processes weighs on every column alike.
+    Note [Paired rounds]
+    ~~~~~~~~~~~~~~~~~~~~
+    The machine may be shared (other processes come and go), which moves every timing by
+    up to several times for seconds at a stretch. So masked_sparse and its baselines are
+    timed in interleaved *rounds*: each round times one block of every callable back to
+    back (``Timer.timeit``, blocks of about ``min_run_time / 5``; the order alternates
+    between rounds). A median is taken over the rounds' blocks, and a ratio is the median
+    of the per-round ratios: the two sides of a ratio always ran within milliseconds of
+    each other, under the same load. ``rounds`` defaults to as many as fit in about
+    ``4 * min_run_time`` per case, between 3 and 15.
     """
     name, fn, baselines = case[0], case[1], case[2]
     targets = dict(case[3]) if len(case) > 3 and case[3] else {}
     result: dict[str, Any] = {"name": name, "targets": targets, "baselines": {},
                               "median_s": None, "status": "ok"}
-    entries = {b: {} for b in baselines}
+    entries: dict[str, dict[str, Any]] = {b: {} for b in baselines}
     runnable: dict[str, Fn] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -160,28 +161,45 @@ def run_case(case: Sequence[Any], min_run_time: float = 0.2, use_probe: bool = T
             entries[bname].update(status=status, why=why)
             if status == "ok":
                 runnable[bname] = bfn
-        times: dict[str, list[float]] = {k: [] for k in runnable}
-        for _ in range(rounds):
-            for key, f in list(runnable.items()):
-                try:
-                    times[key] += samples(f, min_run_time / rounds)
-                except Exception as exc:  # noqa: BLE001
-                    del runnable[key]
-                    target = result if key == "" else entries[key]
-                    target.update(status=_status_of(exc), why=_short(exc))
-    for key in runnable:
-        median = statistics.median(times[key])
-        if key == "":
-            result["median_s"] = median
-        else:
-            entries[key]["median_s"] = median
-    for entry in entries.values():
-        if entry.get("median_s") and result["median_s"]:
-            entry["ratio"] = result["median_s"] / entry["median_s"]
+        times = paired_rounds(runnable, min_run_time, rounds, result, entries)
+    for key, ts in times.items():
+        (result if key == "" else entries[key])["median_s"] = statistics.median(ts)
+    for key, entry in entries.items():
+        if key in times and "" in times:
+            entry["ratio"] = statistics.median(a / b for a, b in zip(times[""], times[key]))
     result["baselines"] = entries
     result["target_check"] = {
         b: _check(entries.get(b, {}).get("ratio"), limit) for b, limit in targets.items()}
     return result
+
+
+def paired_rounds(runnable: dict[str, Fn], min_run_time: float, rounds: int | None,
+                   result: dict, entries: dict) -> dict[str, list[float]]:
+    """Per-round seconds per call of every callable (see Note [Paired rounds])."""
+    timers, numbers, per_call = {}, {}, {}
+    block = min_run_time / 5
+    for key, f in list(runnable.items()):
+        timer = Timer(stmt="fn()", globals={"fn": f}, num_threads=1)
+        try:
+            once = max(timer.timeit(1).mean, 1e-9)
+            number = max(1, round(block / once))
+            if number > 1:  # calibrate on a block: one call is too short to trust
+                once = max(timer.timeit(number).mean, 1e-9)
+                number = max(1, round(block / once))
+        except Exception as exc:  # noqa: BLE001
+            del runnable[key]
+            (result if key == "" else entries[key]).update(status=_status_of(exc),
+                                                           why=_short(exc))
+            continue
+        timers[key], numbers[key], per_call[key] = timer, number, once
+    if rounds is None:
+        per_round = sum(max(block, per_call[k]) for k in timers) or block
+        rounds = int(min(15, max(3, 4 * min_run_time * len(timers) / per_round)))
+    times: dict[str, list[float]] = {k: [] for k in timers}
+    for r in range(rounds):
+        for key in (list(timers) if r % 2 == 0 else list(reversed(timers))):
+            times[key].append(timers[key].timeit(numbers[key]).mean)
+    return times
 
 
 def _check(ratio: float | None, limit: float) -> str:

@@ -2,7 +2,8 @@
 
 Two views on a tiny operand (so that the computation itself is negligible):
 
-1. A *ladder* of timings, each rung adding one layer on top of the previous one:
+1. A *ladder* of timings (the fastest of 15 interleaved blocks each: on a shared machine
+   the least disturbed one), each rung adding one layer on top of the previous one:
    the raw op on the values, the same aten overload called from Python (what the kernel
    calls), the core's kernel (``apply_to_values``: align, read plain operands, the op,
    ``_wrap``), the C++ dispatcher down to ``__torch_dispatch__`` (entered with torch
@@ -32,7 +33,7 @@ import torch  # noqa: E402
 from torch._C import DisableTorchFunctionSubclass  # noqa: E402
 
 import masked_sparse as ms  # noqa: E402
-from benchmarks.harness import fmt_time, measure  # noqa: E402
+from benchmarks.harness import fmt_time, paired_rounds  # noqa: E402
 from masked_sparse._tensor import _wrap  # noqa: E402
 
 aten = torch.ops.aten
@@ -84,7 +85,8 @@ def ladder(op: str, a: ms.MaskedTensor, b: ms.MaskedTensor, min_run_time: float
         ("+ C++ dispatch to __torch_dispatch__", below_torch_function),
         ("+ __torch_function__ (the full call)", lambda: torch_fn(*ms_args)),
     ]
-    return [(name, measure(fn, min_run_time)) for name, fn in rungs]
+    times = paired_rounds(dict(rungs), min_run_time, 15, {}, {})
+    return [(name, min(times[name])) for name, _ in rungs]
 
 
 def print_ladder(title: str, rows: list[tuple[str, float]]) -> None:
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
             if args.cprofile:
                 cprofile_groups((lambda a=a: torch.sqrt(a)) if op == "sqrt"
                                 else (lambda a=a, b=b: a + b))
-    print("\n## At nnz = 1e6 (ratio to the raw op on the values)\n")
+    print("\n## At nnz = 1e6 (ratio to the raw op on the values, fastest blocks)\n")
     print("| case | masked_sparse | raw values op | ratio |")
     print("| --- | ---: | ---: | ---: |")
     for layout in ("coo", "csr"):
@@ -161,7 +163,8 @@ def main(argv: list[str] | None = None) -> None:
         for name, fn, raw in (
                 ("sqrt", lambda a=a: torch.sqrt(a), lambda va=va: torch.sqrt(va)),
                 ("mt + mt (shared index)", lambda a=a, b=b: a + b, lambda va=va, vb=vb: va + vb)):
-            t_ms, t_raw = measure(fn, mrt), measure(raw, mrt)
+            times = paired_rounds({"ms": fn, "raw": raw}, mrt, 15, {}, {})
+            t_ms, t_raw = min(times["ms"]), min(times["raw"])
             print(f"| {layout} {name} | {fmt_time(t_ms)} | {fmt_time(t_raw)} | "
                   f"{t_ms / t_raw:.3g}× |")
 

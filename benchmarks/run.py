@@ -6,7 +6,8 @@ and status), ``--plot PATH`` (a PNG bar chart of the ratios; needs matplotlib, t
 
 The suite is the union of the benchmark modules in this folder: ``bench_core`` (pointwise
 ops, conversions, construction), ``bench_reductions`` (reductions and softmax; the
-harness's own ``fallback_reductions`` stands in while that module is absent),
+harness's own ``fallback_reductions`` stands in while that module is absent, and adds the
+layouts, sizes and torch.masked columns it leaves out when it is present),
 ``bench_optim`` (one optimizer step), then any other ``bench_*.py`` module. Each exposes
 ``cases()``; see :mod:`benchmarks.harness` for the case format.
 """
@@ -104,13 +105,14 @@ def plot(sections: list[dict], path: str) -> None:
     fig, ax = plt.subplots(figsize=(10, height))
     bar = 0.8 / max(1, len(cols))
     for j, col in enumerate(cols):
-        ys, xs = [], []
+        ys, lefts, widths = [], [], []
         for i, r in enumerate(rows):
             ratio = r["baselines"].get(col, {}).get("ratio")
-            if ratio:
+            if ratio:  # a bar from 1 to the ratio: left of 1 is faster, right is slower
                 ys.append(i + (j - (len(cols) - 1) / 2) * bar)
-                xs.append(ratio)
-        ax.barh(ys, xs, height=bar, label=f"masked_sparse ÷ {col}")
+                lefts.append(min(ratio, 1.0))
+                widths.append(abs(ratio - 1.0))
+        ax.barh(ys, widths, left=lefts, height=bar, label=f"masked_sparse ÷ {col}")
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_xscale("log")
     ax.set_yticks(range(len(rows)), [r["name"] for r in rows], fontsize=7)
@@ -123,11 +125,37 @@ def plot(sections: list[dict], path: str) -> None:
     plt.close(fig)
 
 
+def _run_module(name: str, module: Any, note: str, args: argparse.Namespace,
+                min_run_time: float, skip: set[str], sections: list[dict],
+                skipped: list[str]) -> set[str] | None:
+    """Time a module's cases (except the names in ``skip``), print its table, record it.
+
+    Returns the names of its cases, or None when ``cases()`` failed.
+    """
+    print(f"[{name}] building cases", file=sys.stderr, flush=True)
+    try:
+        with warnings.catch_warnings():  # torch's sparse / torch.masked warnings
+            warnings.simplefilter("ignore")
+            cases = [c for c in harness.cases_of(module, args.quick) if c[0] not in skip]
+    except Exception as exc:  # noqa: BLE001 -- a module being written must not end the run
+        msg = f"{name}.cases() failed: {harness._short(exc)}"
+        print(f"\n> {msg}")
+        skipped.append(msg)
+        return None
+    title = getattr(module, "TITLE", name)
+    if skip:
+        title += " (harness cases for what the module above leaves out)"
+    results = harness.run_cases(cases, title, min_run_time, not args.no_probe, args.only)
+    sections.append({"module": name, "title": title, "note": note, "results": results})
+    return {c[0] for c in cases}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split(
         "\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help="shorter timing per case (0.05 s instead of 0.3 s); same cases")
+                        help="shorter timing per case (min-run-time 0.05 s instead of 0.3 s); "
+                             "same cases")
     parser.add_argument("--json", metavar="PATH", help="write every result as JSON")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG bar chart of the ratios")
     parser.add_argument("--only", metavar="TEXT", help="run the cases whose name contains TEXT")
@@ -149,9 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(min_run_time)
     print(f"# masked_sparse benchmarks ({'--quick' if args.quick else 'full'})\n")
     print(f"torch {env['torch']}, numpy {env['numpy']}, Python {env['python']}, "
-          f"{env['processor']}, {env['torch_threads']} thread; medians of "
-          f"torch.utils.benchmark blocked_autorange({min_run_time} s). Cells: masked_sparse "
-          f"time ÷ baseline time (below 1: masked_sparse is faster).")
+          f"{env['processor']}, {env['torch_threads']} thread. Medians over interleaved "
+          f"rounds of torch.utils.benchmark Timer blocks of ~{min_run_time / 5 * 1e3:.0f} ms "
+          f"(benchmarks/harness.py, Note [Paired rounds]). Cells: masked_sparse time ÷ "
+          f"baseline time, the median of per-round ratios (below 1: masked_sparse is "
+          f"faster).")
     selected = args.modules.split(",") if args.modules else None
     sections, skipped = [], []
     for name in module_names(selected):
@@ -161,20 +191,16 @@ def main(argv: list[str] | None = None) -> int:
         if module is None:
             skipped.append(note)
             continue
-        print(f"[{name}] building cases", file=sys.stderr, flush=True)
-        try:
-            with warnings.catch_warnings():  # torch's sparse / torch.masked warnings
-                warnings.simplefilter("ignore")
-                cases = harness.cases_of(module, args.quick)
-        except Exception as exc:  # noqa: BLE001
-            msg = f"{name}.cases() failed: {harness._short(exc)}"
-            print(f"\n> {msg}")
-            skipped.append(msg)
-            continue
-        title = getattr(module, "TITLE", name)
-        results = harness.run_cases(cases, title, min_run_time, not args.no_probe, args.only)
-        sections.append({"module": name, "title": title, "note": note, "results": results})
-        del cases
+        ran = _run_module(name, module, note, args, min_run_time, set(), sections, skipped)
+        if name in FALLBACKS and not note and ran is not None:
+            # The module is present; the harness's own cases
+            # still add the layouts, sizes and torch.masked columns it leaves out.
+            extra, _ = load(FALLBACKS[name])
+            if extra is not None:
+                print(f"\n> cases of {FALLBACKS[name]} that {name} does not have "
+                      f"(other layouts, sizes, torch.masked)")
+                _run_module(FALLBACKS[name], extra, "", args, min_run_time, ran, sections,
+                            skipped)
     lines = summary(sections)
     if lines:
         print("\n### Targets\n")
