@@ -4,8 +4,8 @@ A benchmark module exposes ``cases()`` returning a list of cases; a case is a tu
 ``(name, masked_sparse_fn, {baseline_name: fn})`` with an optional fourth element
 ``{baseline_name: max_ratio}`` of targets. Every callable takes no argument. A baseline may
 also be a string: the reason it cannot run (printed in its cell). The ratio printed for a
-baseline is ``median(masked_sparse_fn) / median(baseline)``: below 1 means masked_sparse is
-faster. Conventional baseline names: ``floor`` (the raw torch op on the values / the plain
+baseline is masked_sparse's time over the baseline's (the median of per-round ratios, Note
+[Paired rounds]): below 1 means masked_sparse is faster. Conventional baseline names: ``floor`` (the raw torch op on the values / the plain
 dense expression), ``torch.masked``, ``numpy.ma``; any other name gets its own column.
 
 Note [Crash-safe baselines]
