@@ -15,7 +15,7 @@ from layouts import Storage
 
 from .._autograd import on_values
 from .._registry import implements
-from .._tensor import MaskedTensor, _wrap
+from .._tensor import MaskedTensor, _wrap, requires_grad_of
 
 
 def _grad_as_values(s: Storage, grad: torch.Tensor) -> torch.Tensor:
@@ -44,7 +44,7 @@ class _GetData(torch.autograd.Function):
 
 def get_data(mt: MaskedTensor) -> torch.Tensor:
     """The data of ``mt`` in its layout (see :meth:`MaskedTensor.get_data`)."""
-    if torch.is_grad_enabled() and mt.requires_grad:
+    if torch.is_grad_enabled() and requires_grad_of(mt):
         return _GetData.apply(mt)
     s = mt._storage
     return s.layout.to_torch(s, s.values)
@@ -73,7 +73,7 @@ class _ToTensor(torch.autograd.Function):
 
 def to_tensor(mt: MaskedTensor, value: Any) -> torch.Tensor:
     """``mt`` with masked-out positions filled with ``value`` (:meth:`MaskedTensor.to_tensor`)."""
-    if torch.is_grad_enabled() and mt.requires_grad:
+    if torch.is_grad_enabled() and requires_grad_of(mt):
         return _ToTensor.apply(mt, value)
     return _fill(mt._storage, value)
 
