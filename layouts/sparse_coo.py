@@ -16,6 +16,7 @@ import torch
 
 from ._index import coalesce_coo, linearize, lookup
 from ._segment import coo_group as _reduction_group
+from ._shape_coo import SHAPE_OPS as _SHAPE_OPS
 from .registry import Layout, Storage, register_layout
 
 
@@ -102,5 +103,6 @@ SPARSE_COO = register_layout(Layout(
     from_coo=_identity,
     validate=_validate,
     reduction={"group": _reduction_group},
+    shape_ops=_SHAPE_OPS,
     doc=__doc__ or "",
 ))

@@ -17,6 +17,7 @@ import torch
 
 from ._index import crow_from_rows, linearize, lookup, rows_from_crow
 from ._segment import csr_group as _reduction_group
+from ._shape_csr import SHAPE_OPS as _SHAPE_OPS
 from .registry import Layout, Storage, register_layout
 
 
@@ -136,5 +137,6 @@ SPARSE_CSR = register_layout(Layout(
     from_coo=_from_coo,
     validate=_validate,
     reduction={"group": _reduction_group},
+    shape_ops=_SHAPE_OPS,
     doc=__doc__ or "",
 ))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ._strided_reduce import group as _reduction_group
+from ._shape_strided import SHAPE_OPS as _SHAPE_OPS
 from .registry import Layout, Storage, register_layout
 
 
@@ -65,5 +66,6 @@ STRIDED = register_layout(Layout(
     from_coo=_from_coo,
     validate=_validate,
     reduction={"group": _reduction_group},
+    shape_ops=_SHAPE_OPS,
     doc=__doc__ or "",
 ))

@@ -3,3 +3,4 @@
 from . import basic, conversion, pointwise  # noqa: F401
 from . import where  # noqa: F401
 from . import reductions, softmax  # noqa: F401
+from . import indexing, joining, shape  # noqa: F401

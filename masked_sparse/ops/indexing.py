@@ -1,0 +1,218 @@
+"""Indexing ops on MaskedTensors: ``mt[idx]``, ``index_select``, ``gather``, ``take``,
+``masked_select`` and ``aten.index.Tensor``. The index is applied to data and mask alike.
+
+- A strided masked tensor accepts every index torch accepts (the layout runs ``t[idx]`` on
+  data and mask). ``mt[bool_tensor]`` and ``masked_select`` give a 1-D MaskedTensor of the
+  selected elements, each keeping its own mask value.
+- Other layouts get ``mt[idx]`` rewritten into ``select`` (ints), ``slice`` (slices with a
+  positive step), ``unsqueeze`` (None), ``index_select`` (one 1-D integer tensor or list)
+  and ``masked_select`` (one bool tensor of the full shape, dense or sparse); an index
+  beyond that raises ``NotImplementedError`` with the way out.
+- Index tensors must be plain tensors: an index cannot have unspecified entries.
+
+Note [Item assignment]
+~~~~~~~~~~~~~~~~~~~~~~
+``mt[idx] = value`` runs torch's own ``__setitem__`` (a view of ``mt`` through the shape
+kernels, then ``copy_``/``fill_``; autograd records it as for any tensor) on layouts whose
+``getitem`` kernel returns views of the data -- the strided layout. ``value`` may be a
+scalar or a plain tensor (written to the data; the mask is kept, as ``fill_`` does) or a
+MaskedTensor whose mask matches the indexed part (as ``copy_`` requires). Sparse indexing
+builds new tensors, so a write into them would be silently lost: sparse layouts raise.
+
+>>> import torch, masked_sparse as ms
+>>> mt = ms.masked_tensor(torch.arange(6.).view(2, 3), torch.tensor([[1, 0, 1], [0, 1, 1]]) > 0)
+>>> mt.to_sparse_coo()[1, 1:]
+MaskedTensor(
+  [  4.0000,   5.0000]
+)
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch._C import DisableTorchFunctionSubclass
+
+from layouts import Storage
+
+from .._registry import implements
+from .shape import (
+    REWRITES,
+    Call,
+    apply,
+    check_supported,
+    masked,
+    meta,
+    plain,
+    register,
+    unary,
+    wrap_dim,
+)
+
+
+def _check_no_masked(idx: Any, op: str) -> None:
+    items = idx if isinstance(idx, (tuple, list)) else (idx,)
+    for it in items:
+        if isinstance(it, (tuple, list)):
+            _check_no_masked(it, op)
+        else:
+            plain(it, op, "index")
+
+
+def _getitem(self: Any, idx: Any) -> Call:
+    _check_no_masked(idx, "__getitem__")
+    return Call("getitem", "getitem", [masked(self, "__getitem__")], (idx,))
+
+
+def _index(self: Any, indices: Any) -> Call:
+    _check_no_masked(list(indices), "index")
+    return Call("index", "index", [masked(self, "index")], (list(indices),))
+
+
+def _unsupported_index(s: Storage, why: str) -> NotImplementedError:
+    return NotImplementedError(f"MaskedTensor[{s.layout.name}] getitem: {why} is not supported "
+                               f"for this layout; index mt.to_dense() instead (or use "
+                               f".to_sparse_coo() for more sparse indexing)")
+
+
+def _is_int_scalar(it: Any) -> bool:
+    return isinstance(it, torch.Tensor) and it.dim() == 0 and not it.dtype.is_floating_point \
+        and it.dtype != torch.bool
+
+
+def _getitem_rewrite(s: Storage, idx: Any) -> Storage:
+    """``storage[idx]`` through ``select``/``slice``/``unsqueeze``/``index_select``."""
+    items = idx if isinstance(idx, tuple) else (idx,)
+    items = tuple(torch.tensor(it) if isinstance(it, list) else it for it in items)
+    tensors = [it for it in items if isinstance(it, torch.Tensor) and not _is_int_scalar(it)]
+    ndim = len(s.shape)
+    if len(items) == 1 and tensors and tensors[0].dtype == torch.bool:
+        mask = tensors[0]
+        if tuple(mask.shape) != tuple(s.shape):
+            raise _unsupported_index(s, f"a bool index of shape {tuple(mask.shape)} (not the "
+                                        f"full shape {tuple(s.shape)})")
+        return apply("masked_select", s, mask, op="getitem")
+    if len(tensors) > 1 or any(t.dim() != 1 or t.dtype == torch.bool for t in tensors):
+        raise _unsupported_index(s, "an index with several, multi-dimensional or bool tensors")
+    if any(isinstance(it, bool) for it in items):
+        raise _unsupported_index(s, "a Python bool index")
+    consumed = sum(1 for it in items if it is not None and it is not Ellipsis)
+    if consumed > ndim:
+        raise IndexError(f"too many indices for tensor of dimension {ndim}")
+    if sum(1 for it in items if it is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    expanded: list[Any] = []
+    for it in items:
+        expanded.extend([slice(None)] * (ndim - consumed) if it is Ellipsis else [it])
+    d, out_dim, new_dims = 0, 0, []
+    for it in expanded:
+        if it is None:  # unsqueezed last, so that selecting every dim always ends the same way
+            new_dims.append(out_dim)
+            out_dim += 1
+            continue
+        if isinstance(it, slice) or (isinstance(it, torch.Tensor) and it.dim() == 1):
+            out_dim += 1  # a dim that stays
+        if isinstance(it, slice):
+            size = s.shape[d]
+            start, stop, step = it.indices(size)
+            if step <= 0:
+                raise ValueError("getitem: step must be greater than zero (use .flip() to "
+                                 "reverse)")
+            if (start, max(stop, start), step) != (0, size, 1):
+                s = apply("slice", s, d, start, max(stop, start), step, op="getitem")
+            d += 1
+        elif isinstance(it, torch.Tensor) and it.dim() == 1:
+            index = _checked_index(it.long(), s.shape[d], wrap_negative=True)
+            s = apply("index_select", s, d, index, op="getitem")
+            d += 1
+        else:
+            i, size = operator.index(it), s.shape[d]
+            if not -size <= i < size:
+                raise IndexError(f"index {i} is out of bounds for dimension {d} with size {size}")
+            s = apply("select", s, d, i % size, op="getitem")
+    for dim in new_dims:
+        s = apply("unsqueeze", s, dim, op="getitem")
+    return s
+
+
+def _checked_index(index: torch.Tensor, size: int, wrap_negative: bool) -> torch.Tensor:
+    if index.dtype.is_floating_point or index.dtype in (torch.bool, torch.complex64,
+                                                        torch.complex128):
+        raise TypeError(f"index tensors must be integer tensors, got {index.dtype}")
+    index = index.reshape(-1).long()
+    if wrap_negative:
+        index = torch.where(index < 0, index + size, index)
+    if index.numel() and (bool((index < 0).any()) or bool((index >= size).any())):
+        raise IndexError(f"index out of range for a dimension of size {size}")
+    return index
+
+
+def _index_rewrite(s: Storage, indices: list) -> Storage:
+    idx = tuple(slice(None) if i is None else i for i in indices)
+    return _getitem_rewrite(s, idx)
+
+
+@implements(torch.Tensor.__setitem__)
+def _setitem(self: Any, idx: Any, value: Any) -> None:
+    mt = masked(self, "__setitem__")
+    _check_no_masked(idx, "__setitem__")
+    check_supported("setitem", [mt])
+    layout = mt._storage.layout
+    if "getitem" not in layout.shape_ops:  # Note [Item assignment]
+        raise NotImplementedError(f"MaskedTensor[{layout.name}] setitem: this layout's "
+                                  f"indexing does not return views of its data; assign into "
+                                  f"mt.to_dense() instead")
+    with DisableTorchFunctionSubclass():
+        torch.Tensor.__setitem__(mt, idx, value)
+
+
+REWRITES["getitem"] = _getitem_rewrite
+REWRITES["index"] = _index_rewrite
+
+register(_getitem, [torch.Tensor.__getitem__])
+register(_index, [], [torch.ops.aten.index.Tensor])
+
+
+def _index_select(input: Any, dim: int, index: Any) -> Call:
+    plain(index, "index_select", "index")
+    meta(masked(input, "index_select")).index_select(dim, index.to("meta"))
+    d = wrap_dim(dim, input.dim())
+    size = input.shape[d] if input.dim() else 1
+    return unary("index_select", "index_select", input, d, _checked_index(index, size, False))
+
+
+def _gather(input: Any, dim: int, index: Any, *, sparse_grad: bool = False) -> Call:
+    plain(index, "gather", "index")
+    meta(masked(input, "gather")).gather(dim, index.to("meta"))
+    return unary("gather", "gather", input, wrap_dim(dim, input.dim()), index)
+
+
+def _take(input: Any, index: Any) -> Call:
+    plain(index, "take", "index")
+    return unary("take", "take", input, index)
+
+
+def _masked_select(input: Any, mask: Any) -> Call:
+    plain(mask, "masked_select", "mask")
+    masked(input, "masked_select")
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        raise TypeError(f"masked_select: the mask must be a bool tensor, got "
+                        f"{getattr(mask, 'dtype', type(mask).__name__)}")
+    try:
+        ok = torch.broadcast_shapes(mask.shape, input.shape) == input.shape
+    except RuntimeError:
+        ok = False
+    if not ok or (mask.layout != torch.strided and mask.shape != input.shape):
+        raise ValueError(f"masked_select: the bool mask of shape {tuple(mask.shape)} must "
+                         f"broadcast to the MaskedTensor's shape {tuple(input.shape)}")
+    return unary("masked_select", "masked_select", input, mask)
+
+
+register(_index_select, [torch.index_select, torch.Tensor.index_select],
+         [torch.ops.aten.index_select.default])
+register(_gather, [torch.gather, torch.Tensor.gather], [torch.ops.aten.gather.default])
+register(_take, [torch.take, torch.Tensor.take], [torch.ops.aten.take.default])
+register(_masked_select, [torch.masked_select, torch.Tensor.masked_select],
+         [torch.ops.aten.masked_select.default])

@@ -1,0 +1,182 @@
+"""Joining and splitting MaskedTensors: ``cat``, ``stack``, ``split``, ``chunk``, ``unbind``,
+``tensor_split`` and the composite stackers (``hstack``, ``vstack``, ``dstack``,
+``column_stack``, ``atleast_*d``, ``hsplit``, ...). Masks are joined and split with the data.
+
+Torch implements the composites in C++ on top of ``cat``/``slice``/``view``; they are
+intercepted here so that they run through the layout kernels *and* get the values-level
+gradient of Note [Gradients of shape ops] (the gradient keeps the input's mask and layout).
+``cat`` needs MaskedTensors of one layout; sparse inputs are joined without densifying.
+
+>>> import torch, masked_sparse as ms
+>>> a = ms.masked_tensor(torch.tensor([1., 2.]), torch.tensor([True, False]))
+>>> torch.stack([a, a.flip(0)]).to_sparse_coo().get_mask().to_dense()
+tensor([[ True, False],
+        [False,  True]])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from layouts import Storage
+
+from .._tensor import MaskedTensor
+from .shape import REWRITES, Call, apply, masked, meta, register, unary, wrap_dim
+
+aten = torch.ops.aten
+
+
+def _tensors(tensors: Any, op: str, one_layout: bool = True) -> list[MaskedTensor]:
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError(f"{op}: expected a non-empty list of MaskedTensors")
+    for t in tensors:
+        if not isinstance(t, MaskedTensor):
+            raise TypeError(f"{op}: every input must be a MaskedTensor, got "
+                            f"{type(t).__name__}; wrap plain tensors with masked_tensor(t, "
+                            f"torch.ones_like(t, dtype=torch.bool))")
+    names = {t._storage.layout.name for t in tensors}
+    if one_layout and len(names) > 1:
+        raise ValueError(f"{op}: MaskedTensor inputs must share one layout, got "
+                         f"{sorted(names)}; convert with .to_dense() / .to_sparse_coo() first")
+    return tensors
+
+
+def _cat(tensors: Any, dim: int = 0, *, axis: Any = None) -> Call:
+    ts = _tensors(tensors, "cat")
+    dim = dim if axis is None else axis
+    torch.cat([meta(t) for t in ts], dim)
+    return Call("cat", "cat", ts, (wrap_dim(dim, ts[0].dim()),))
+
+
+def _stack(tensors: Any, dim: int = 0) -> Call:
+    ts = _tensors(tensors, "stack")
+    torch.stack([meta(t) for t in ts], dim)
+    return Call("stack", "stack", ts, (int(dim) % (ts[0].dim() + 1),))
+
+
+def _stack_rewrite(storages: list[Storage], dim: int) -> Storage:
+    return apply("cat", [apply("unsqueeze", s, dim) for s in storages], dim)
+
+
+def _pieces(op: str, x: Any, parts: Sequence[torch.Tensor], dim: int) -> Call:
+    d = wrap_dim(dim, x.dim())
+    lengths = tuple(p.shape[d] for p in parts)
+    return unary(op, "split", x, d, lengths)
+
+
+def _split(tensor: Any, split_size_or_sections: Any, dim: int = 0) -> Call:
+    s = split_size_or_sections
+    s = int(s) if isinstance(s, (int, torch.SymInt)) else list(s)
+    return _pieces("split", tensor, meta(masked(tensor, "split")).split(s, dim), dim)
+
+
+def _chunk(input: Any, chunks: int, dim: int = 0) -> Call:
+    return _pieces("chunk", input, meta(masked(input, "chunk")).chunk(chunks, dim), dim)
+
+
+def _unbind(input: Any, dim: int = 0) -> Call:
+    meta(masked(input, "unbind")).unbind(dim)
+    return unary("unbind", "unbind", input, wrap_dim(dim, input.dim()))
+
+
+def _split_rewrite(s: Storage, dim: int, lengths: tuple[int, ...]) -> tuple[Storage, ...]:
+    out, start = [], 0
+    for n in lengths:
+        out.append(apply("slice", s, dim, start, start + n, 1))
+        start += n
+    return tuple(out)
+
+
+REWRITES["stack"] = _stack_rewrite
+REWRITES["split"] = _split_rewrite
+REWRITES["unbind"] = lambda s, dim: tuple(apply("select", s, dim, i) for i in range(s.shape[dim]))
+
+register(_cat, [torch.cat, torch.concat, torch.concatenate], [aten.cat.default])
+register(_stack, [torch.stack], [aten.stack.default])
+register(_split, [torch.split, torch.Tensor.split],
+         [aten.split.Tensor, aten.split_with_sizes.default])
+register(_chunk, [torch.chunk, torch.Tensor.chunk], [aten.chunk.default])
+register(_unbind, [torch.unbind, torch.Tensor.unbind], [aten.unbind.int])
+
+
+# -- composites ---------------------------------------------------------------------------
+def _tensor_split(input: Any, indices_or_sections: Any, dim: int = 0) -> Call:
+    parts = torch.tensor_split(meta(masked(input, "tensor_split")), indices_or_sections, dim)
+    return _pieces("tensor_split", input, parts, dim)
+
+
+def _hsplit(input: Any, sections: Any) -> Call:
+    parts = torch.hsplit(meta(masked(input, "hsplit")), sections)
+    return _pieces("hsplit", input, parts, 0 if input.dim() == 1 else 1)
+
+
+def _vsplit(input: Any, sections: Any) -> Call:
+    return _pieces("vsplit", input, torch.vsplit(meta(masked(input, "vsplit")), sections), 0)
+
+
+def _dsplit(input: Any, sections: Any) -> Call:
+    return _pieces("dsplit", input, torch.dsplit(meta(masked(input, "dsplit")), sections), 2)
+
+
+def _reshape_cat(storages: list[Storage], shapes: Sequence[tuple[int, ...]],
+                 dim: int) -> Storage:
+    return apply("cat", [apply("reshape", s, shape) for s, shape in zip(storages, shapes)],
+                 dim)
+
+
+def _reshape_each(storages: list[Storage],
+                  shapes: Sequence[tuple[int, ...]]) -> tuple[Storage, ...]:
+    return tuple(apply("reshape", s, shape) for s, shape in zip(storages, shapes))
+
+
+REWRITES["reshape_cat"] = _reshape_cat
+REWRITES["reshape_each"] = _reshape_each
+
+
+def _stacker(op: str, fn: Any, atleast: Any, dim_of: Any) -> Any:
+    def parse(tensors: Any) -> Call:
+        ts = _tensors(tensors, op)
+        fn([meta(t) for t in ts])
+        shapes = tuple(tuple(atleast(meta(t)).shape) for t in ts)
+        return Call(op, "reshape_cat", ts, (shapes, dim_of(len(shapes[0]))))
+
+    return parse
+
+
+def _column(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, 1) if t.dim() < 2 else t
+
+
+register(_stacker("hstack", torch.hstack, torch.atleast_1d, lambda n: 0 if n == 1 else 1),
+         [torch.hstack])
+register(_stacker("vstack", torch.vstack, torch.atleast_2d, lambda n: 0),
+         [torch.vstack, torch.row_stack])
+register(_stacker("dstack", torch.dstack, torch.atleast_3d, lambda n: 2), [torch.dstack])
+register(_stacker("column_stack", torch.column_stack, _column, lambda n: 1),
+         [torch.column_stack])
+
+
+def _atleast(op: str, fn: Any) -> Any:
+    def parse(*tensors: Any) -> Call:
+        single = len(tensors) == 1 and isinstance(tensors[0], torch.Tensor)
+        ts = [masked(tensors[0], op)] if single else _tensors(
+            tensors[0] if len(tensors) == 1 else tensors, op, one_layout=False)
+        shapes = tuple(tuple(fn(meta(t)).shape) for t in ts)
+        if single:
+            return unary(op, "reshape", ts[0], shapes[0])
+        return Call(op, "reshape_each", ts, (shapes,))
+
+    return parse
+
+
+register(_atleast("atleast_1d", torch.atleast_1d), [torch.atleast_1d])
+register(_atleast("atleast_2d", torch.atleast_2d), [torch.atleast_2d])
+register(_atleast("atleast_3d", torch.atleast_3d), [torch.atleast_3d])
+register(_tensor_split, [torch.tensor_split, torch.Tensor.tensor_split])
+register(_hsplit, [torch.hsplit, torch.Tensor.hsplit])
+register(_vsplit, [torch.vsplit, torch.Tensor.vsplit])
+register(_dsplit, [torch.dsplit, torch.Tensor.dsplit])

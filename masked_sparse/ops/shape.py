@@ -1,0 +1,455 @@
+"""Shape and movement ops on MaskedTensors of every layout: the mask follows the data.
+
+Every op here moves elements without changing them, so its masked semantics are simple:
+apply the same op to the data and to the mask. What differs per layout is only how the
+storage is moved; that lives in the layout's ``shape_ops`` table (``layouts/_shape_*.py``).
+
+Note [Shape op signatures]
+~~~~~~~~~~~~~~~~~~~~~~~~~~
+The core parses torch's many calling conventions (``x.view(2, 3)``, ``x.view((2, 3))``,
+``torch.transpose(x, -1, 0)``, ...), checks them the way torch does (by running the op on
+a ``meta`` tensor of the same shape, so errors are torch's own) and calls the layout
+kernel ``shape_ops[name](storage, *args)`` with *normalized* arguments: every dim is in
+``[0, ndim)``, every shape is fully resolved (no ``-1``), every index is in range.
+
+=================  ==============================================================
+name               normalized arguments
+=================  ==============================================================
+``view``           ``shape`` (tuple)
+``reshape``        ``shape`` (tuple)
+``permute``        ``dims`` (tuple, a permutation)
+``transpose``      ``dim0, dim1``
+``select``         ``dim, index`` (``0 <= index < size``)
+``slice``          ``dim, start, end, step`` (``0 <= start <= end <= size``, ``step >= 1``)
+``index_select``   ``dim, index`` (1-D int64 tensor, every entry in ``[0, size)``)
+``unsqueeze``      ``dim`` (in ``[0, ndim]``)
+``squeeze``        ``dims`` (tuple of dims of size 1, not empty)
+``expand``         ``shape`` (resolved) ; ``repeat``: ``repeats`` (tuple)
+``flip``           ``dims`` ; ``roll``: ``shifts, dims`` (tuples; ``dims`` may be empty)
+``unfold``         ``dim, size, step``
+``gather``         ``dim, index`` ; ``take``: ``index``
+``masked_select``  ``index`` (plain bool tensor broadcastable to the shape)
+``index``          ``indices`` (aten.index.Tensor's list of optional tensors)
+``getitem``        ``idx`` (a Python index, already checked to hold no MaskedTensor)
+``cat``/``stack``  a *list* of storages, then ``dim``
+``split``          ``dim, lengths`` (consecutive pieces; a tuple result)
+``unbind``         ``dim`` (a tuple result)
+=================  ==============================================================
+
+A layout without a kernel for a name still gets the op when it can be rewritten with
+other names (``REWRITES``: ``narrow`` -> ``slice``, ``stack`` -> ``unsqueeze`` + ``cat``,
+``getitem`` -> ``select``/``slice``/``unsqueeze``/``index_select``, ...). Otherwise, and for
+every (layout, op) pair declared in :data:`UNSUPPORTED`, it raises ``NotImplementedError``
+naming both and the way out.
+
+Note [Gradients of shape ops]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Python-level calls (``torch.transpose``, ``Tensor.view``, ``Tensor.__getitem__``, ...) are
+intercepted in ``FUNCTIONS`` and computed through :func:`masked_sparse._autograd.on_values`:
+the layout kernels move the *values* with differentiable torch ops, so the gradient is a
+MaskedTensor over the input's own storage (its mask, its layout, its index tensors). The
+same kernels are registered for the aten overloads (forward only), for calls that arrive
+from C++ (autograd formulas, composite ops). Strided results keep torch's view semantics for
+the data; sparse results are new tensors, as torch's sparse ops return.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+
+import layouts
+from layouts import Storage
+
+from .._autograd import on_values
+from .._registry import ATEN, FUNCTIONS
+from .._tensor import MaskedTensor, _wrap
+
+aten = torch.ops.aten
+
+_DENSE = "use .to_dense() first"
+_NEEDS_DENSE = ("expand", "expand_as", "broadcast_to", "repeat", "tile", "unfold", "gather",
+                "take")
+_NO_VIEWS = ("indexing a sparse storage builds new tensors, so a write into them would be "
+             "lost; assign into mt.to_dense() (or build a new masked tensor) instead")
+
+#: (layout name, op) -> why it is unsupported and the way out. The one place that says
+#: which pairs raise NotImplementedError (the tests read it).
+UNSUPPORTED: dict[tuple[str, str], str] = {
+    **{("sparse_coo", op): f"it would store every broadcast/repeated copy; {_DENSE}"
+       for op in _NEEDS_DENSE[:5]},
+    **{("sparse_coo", op): f"no sparse kernel; {_DENSE}" for op in _NEEDS_DENSE[5:]},
+    **{("sparse_csr", op): f"no sparse kernel; {_DENSE}" for op in _NEEDS_DENSE},
+    ("sparse_coo", "setitem"): _NO_VIEWS,
+    ("sparse_csr", "setitem"): _NO_VIEWS,
+}
+
+#: Names computed from other names for layouts without their own kernel.
+REWRITES: dict[str, Callable[..., Any]] = {}
+#: Names whose kernels take a list of storages.
+LIST_OPS = frozenset({"cat", "stack", "reshape_cat", "reshape_each"})
+
+
+def apply(name: str, target: Storage | list[Storage], *args: Any, op: str | None = None) -> Any:
+    """Run shape op ``name`` on a storage (or a list of them, for ``cat``/``stack``).
+
+    Uses the layout's ``shape_ops`` kernel, else a rewrite in terms of other names, else
+    raises ``NotImplementedError``. ``op`` is the user-facing name used in messages.
+    """
+    layout = (target[0] if isinstance(target, list) else target).layout
+    op = op or name
+    for key in (op, name):
+        hint = UNSUPPORTED.get((layout.name, key))
+        if hint is not None:
+            raise NotImplementedError(f"MaskedTensor[{layout.name}] {op}: {hint}")
+    kernel = layout.shape_ops.get(name)
+    if kernel is not None:
+        return kernel(target, *args)
+    rewrite = REWRITES.get(name)
+    if rewrite is not None:
+        out = rewrite(target, *args)
+        return out if isinstance(target, list) else _restore(out, layout)
+    raise NotImplementedError(f"MaskedTensor[{layout.name}] {op}: the {layout.name} layout has "
+                              f"no kernel for it; use .to_dense() (or .to_sparse_coo()) first")
+
+
+def _restore(out: Any, layout: layouts.Layout) -> Any:
+    """A rewrite's sparse result back in the input's layout, when that layout can hold it.
+
+    A composed op on CSR may pass through COO (``mt[:, None, 3]`` unsqueezes to 3-D first);
+    a 2-D result returns to CSR. A layout that cannot hold the shape says so with ValueError
+    (CSR is 2-D only) and the result stays COO.
+    """
+    if not isinstance(out, Storage):
+        return tuple(_restore(o, layout) for o in out)
+    if out.layout is layout or not out.index:
+        return out
+    try:
+        return layouts.convert(out, layout)
+    except ValueError:
+        return out
+
+
+def check_supported(op: str, inputs: Sequence[MaskedTensor]) -> None:
+    """Raise early for a declared-unsupported (layout, op) pair, naming the user's op."""
+    for mt in inputs:
+        name = mt._storage.layout.name
+        hint = UNSUPPORTED.get((name, op))
+        if hint is not None:
+            raise NotImplementedError(f"MaskedTensor[{name}] {op}: {hint}")
+
+
+# -- registration -----------------------------------------------------------------------
+class Call(NamedTuple):
+    """A parsed call: user-facing op, internal name, MaskedTensor inputs, normalized args."""
+
+    op: str
+    name: str
+    inputs: list[MaskedTensor]
+    args: tuple
+
+
+def _run(storages: list[Storage], call: Call) -> Any:
+    target = storages if call.name in LIST_OPS else storages[0]
+    return apply(call.name, target, *call.args, op=call.op)
+
+
+def _wrap_out(out: Any) -> Any:
+    if isinstance(out, Storage):
+        return _wrap(out)
+    return tuple(_wrap(o) for o in out)
+
+
+def register(parse: Callable[..., Call], funcs: Sequence[Any] = (),
+             aten_ops: Sequence[Any] = ()) -> Callable[..., Call]:
+    """Register ``parse`` for Python-level ``funcs`` (with autograd) and ``aten_ops``."""
+
+    def handler(*args: Any, **kwargs: Any) -> Any:
+        call = parse(*args, **kwargs)
+        check_supported(call.op, call.inputs)
+        return on_values(_run, call.inputs, call)
+
+    def kernel(func: Any, args: tuple, kwargs: dict) -> Any:
+        call = parse(*args, **kwargs)
+        check_supported(call.op, call.inputs)
+        return _wrap_out(_run([m._storage for m in call.inputs], call))
+
+    for f in funcs:
+        FUNCTIONS[f] = handler
+    for o in aten_ops:
+        ATEN[o] = kernel
+    return parse
+
+
+# -- argument helpers ---------------------------------------------------------------------
+def masked(x: Any, op: str) -> MaskedTensor:
+    """``x`` if it is a MaskedTensor, else TypeError naming ``op``."""
+    if not isinstance(x, MaskedTensor):
+        raise TypeError(f"{op}: expected a MaskedTensor input, got {type(x).__name__}; a "
+                        f"MaskedTensor can only be an input here, not an index or argument "
+                        f"(use mt.to_tensor(value) or mt.get_mask() to pass a plain tensor)")
+    return x
+
+
+def plain(t: Any, op: str, what: str) -> Any:
+    """``t`` unless it is a MaskedTensor (an index/argument cannot have unspecified entries)."""
+    if isinstance(t, MaskedTensor):
+        raise TypeError(f"{op}: the {what} must be a plain tensor, got a MaskedTensor; pass "
+                        f"mt.to_tensor(value) (or mt.get_mask() for a bool index)")
+    return t
+
+
+def meta(mt: torch.Tensor) -> torch.Tensor:
+    """A meta tensor of ``mt``'s shape: running an op on it checks arguments as torch does."""
+    return torch.empty(mt.shape, dtype=mt.dtype, device="meta")
+
+
+def sizes(size: Sequence[Any]) -> tuple[int, ...]:
+    """``(2, 3)`` from either ``f(2, 3)`` or ``f((2, 3))``."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        size = tuple(size[0])
+    return tuple(int(s) for s in size)
+
+
+def wrap_dim(dim: Any, ndim: int) -> int:
+    """``dim`` in ``[0, ndim)`` (call after a meta check so that it is in range)."""
+    return int(dim) % max(ndim, 1)
+
+
+def dims_of(dims: Any, ndim: int) -> tuple[int, ...]:
+    if dims is None:
+        return ()
+    if isinstance(dims, (int, torch.SymInt)):
+        dims = (dims,)
+    return tuple(wrap_dim(d, ndim) for d in dims)
+
+
+def unary(op: str, name: str, x: Any, *args: Any) -> Call:
+    """The call of a one-input op ``op`` (user-facing) run as layout op ``name``."""
+    return Call(op, name, [masked(x, op)], args)
+
+
+# -- view / reshape family ------------------------------------------------------------
+def _view(self: Any, *size: Any, dtype: Any = None) -> Call:
+    if dtype is not None or (len(size) == 1 and isinstance(size[0], torch.dtype)):
+        return unary("view", "view_dtype", self, dtype if dtype is not None else size[0])
+    shape = meta(self).view(sizes(size)).shape
+    return unary("view", "view", self, tuple(shape))
+
+
+def _unsafe_view(self: Any, size: Any) -> Call:
+    return unary("_unsafe_view", "reshape", self, tuple(meta(self).reshape(sizes((size,))).shape))
+
+
+def _reshape(input: Any, *shape: Any) -> Call:
+    return unary("reshape", "reshape", input, tuple(meta(input).reshape(sizes(shape)).shape))
+
+
+def _view_as(self: Any, other: Any) -> Call:
+    return unary("view_as", "view", self, tuple(meta(self).view(other.shape).shape))
+
+
+def _reshape_as(self: Any, other: Any) -> Call:
+    return unary("reshape_as", "reshape", self, tuple(meta(self).reshape(other.shape).shape))
+
+
+def _flatten(input: Any, start_dim: int = 0, end_dim: int = -1) -> Call:
+    shape = meta(input).flatten(start_dim, end_dim).shape
+    return unary("flatten", "reshape", input, tuple(shape))
+
+
+def _unflatten(input: Any, dim: int, sizes: Any) -> Call:
+    return unary("unflatten", "reshape", input, tuple(meta(input).unflatten(dim, sizes).shape))
+
+
+def _ravel(input: Any) -> Call:
+    return unary("ravel", "reshape", input, (input.numel(),))
+
+
+register(_view, [torch.Tensor.view], [aten.view.default, aten.view.dtype])
+register(_unsafe_view, [], [aten._unsafe_view.default])
+register(_reshape, [torch.reshape, torch.Tensor.reshape])
+register(_view_as, [torch.Tensor.view_as])
+register(_reshape_as, [torch.Tensor.reshape_as])
+register(_flatten, [torch.flatten, torch.Tensor.flatten])
+register(_unflatten, [torch.unflatten, torch.Tensor.unflatten])
+register(_ravel, [torch.ravel, torch.Tensor.ravel])
+
+
+def _view_dtype(s: Storage, dtype: torch.dtype) -> Storage:
+    if dtype.itemsize != s.values.dtype.itemsize:
+        raise NotImplementedError(f"MaskedTensor[{s.layout.name}] view(dtype): only dtypes of "
+                                  f"the same element size keep the mask's shape; use "
+                                  f".to_tensor(value).view({dtype}) instead")
+    return s.with_values(s.values.view(dtype))
+
+
+REWRITES["view_dtype"] = _view_dtype
+REWRITES["alias"] = lambda s: s
+
+
+# -- dim permutations -----------------------------------------------------------------
+def _transpose(input: Any, dim0: int, dim1: int) -> Call:
+    meta(input).transpose(dim0, dim1)
+    n = input.dim()
+    return unary("transpose", "transpose", input, wrap_dim(dim0, n), wrap_dim(dim1, n))
+
+
+def _t(input: Any) -> Call:
+    meta(input).t()
+    if input.dim() < 2:
+        return unary("t", "alias", input)
+    return unary("t", "transpose", input, 0, 1)
+
+
+def _permute(input: Any, *dims: Any) -> Call:
+    meta(input).permute(sizes(dims))
+    return unary("permute", "permute", input, dims_of(sizes(dims), input.dim()))
+
+
+def _movedim(input: Any, source: Any, destination: Any) -> Call:
+    meta(input).movedim(source, destination)
+    n = input.dim()
+    src, dst = dims_of(source, n), dims_of(destination, n)
+    order: list[int | None] = [None] * n
+    for s, d in zip(src, dst):
+        order[d] = s
+    rest = iter(d for d in range(n) if d not in src)
+    return unary("movedim", "permute", input, tuple(next(rest) if o is None else o for o in order))
+
+
+def _T(input: Any) -> Call:
+    return unary("T", "permute", input, tuple(range(input.dim() - 1, -1, -1)))
+
+
+def _mT(input: Any) -> Call:
+    _ = meta(input).mT
+    n = input.dim()
+    return unary("mT", "transpose", input, n - 2, n - 1)
+
+
+REWRITES["transpose"] = lambda s, d0, d1: apply(
+    "permute", s, tuple(d1 if d == d0 else d0 if d == d1 else d for d in range(len(s.shape))))
+
+register(_transpose, [torch.transpose, torch.Tensor.transpose, torch.swapaxes,
+                      torch.Tensor.swapaxes, torch.swapdims, torch.Tensor.swapdims],
+         [aten.transpose.int])
+register(_t, [torch.t, torch.Tensor.t], [aten.t.default])
+register(_permute, [torch.permute, torch.Tensor.permute], [aten.permute.default])
+register(_movedim, [torch.movedim, torch.Tensor.movedim, torch.moveaxis, torch.Tensor.moveaxis])
+register(_T, [torch.Tensor.T.__get__])
+register(_mT, [torch.Tensor.mT.__get__])
+
+
+# -- select / slice / narrow / squeeze / unsqueeze ------------------------------------
+def _select(input: Any, dim: int, index: Any) -> Call:
+    meta(input).select(dim, int(index))
+    n = input.dim()
+    d = wrap_dim(dim, n)
+    return unary("select", "select", input, d, int(index) % input.shape[d])
+
+
+def _slice(self: Any, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Call:
+    d = wrap_dim(dim, self.dim())
+    lo, hi, st = slice(start, end, step).indices(self.shape[d])
+    return unary("slice", "slice", self, d, lo, max(lo, hi), st)
+
+
+def _narrow(input: Any, dim: int, start: Any, length: int) -> Call:
+    meta(input).narrow(dim, int(start), int(length))
+    d = wrap_dim(dim, input.dim())
+    lo = int(start) % input.shape[d] if int(start) < 0 else int(start)
+    return unary("narrow", "slice", input, d, lo, lo + int(length), 1)
+
+
+def _narrow_copy(input: Any, dim: int, start: Any, length: int) -> Call:
+    return _narrow(input, dim, start, length)._replace(op="narrow_copy")
+
+
+def _unsqueeze(input: Any, dim: int) -> Call:
+    meta(input).unsqueeze(dim)
+    return unary("unsqueeze", "unsqueeze", input, int(dim) % (input.dim() + 1))
+
+
+def _squeeze(input: Any, dim: Any = None) -> Call:
+    if dim is not None:
+        meta(input).squeeze(dim)
+    n = input.dim()
+    dims = range(n) if dim is None else dims_of(dim, n)
+    ones = tuple(sorted({d for d in dims if input.shape[d] == 1}))
+    return unary("squeeze", "squeeze" if ones else "alias", input, *((ones,) if ones else ()))
+
+
+register(_select, [torch.select, torch.Tensor.select], [aten.select.int])
+register(_slice, [], [aten.slice.Tensor])
+register(_narrow, [torch.narrow, torch.Tensor.narrow], [aten.narrow.default])
+register(_narrow_copy, [torch.narrow_copy, torch.Tensor.narrow_copy], [aten.narrow_copy.default])
+register(_unsqueeze, [torch.unsqueeze, torch.Tensor.unsqueeze], [aten.unsqueeze.default])
+register(_squeeze, [torch.squeeze, torch.Tensor.squeeze],
+         [aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims])
+
+
+# -- expand / repeat / flip / roll / unfold ---------------------------------------------
+def _expand(self: Any, *size: Any, implicit: bool = False) -> Call:
+    return unary("expand", "expand", self, tuple(meta(self).expand(sizes(size)).shape))
+
+
+def _expand_as(self: Any, other: Any) -> Call:
+    return unary("expand_as", "expand", self, tuple(meta(self).expand(other.shape).shape))
+
+
+def _broadcast_to(input: Any, size: Any) -> Call:
+    return unary("broadcast_to", "expand", input,
+                  tuple(meta(input).broadcast_to(sizes((size,))).shape))
+
+
+def _repeat(self: Any, *repeats: Any) -> Call:
+    meta(self).repeat(sizes(repeats))
+    return unary("repeat", "repeat", self, sizes(repeats))
+
+
+def _tile(input: Any, dims: Any) -> Call:
+    reps = sizes((dims,))
+    reps = (1,) * max(0, input.dim() - len(reps)) + reps
+    meta(input).repeat(reps)
+    return unary("tile", "repeat", input, reps)
+
+
+def _flip(input: Any, *dims: Any) -> Call:
+    meta(input).flip(sizes(dims))
+    return unary("flip", "flip", input, dims_of(sizes(dims), input.dim()))
+
+
+def _fliplr(input: Any) -> Call:
+    meta(input).fliplr()
+    return unary("fliplr", "flip", input, (1,))
+
+
+def _flipud(input: Any) -> Call:
+    meta(input).flipud()
+    return unary("flipud", "flip", input, (0,))
+
+
+def _roll(input: Any, shifts: Any, dims: Any = None) -> Call:
+    meta(input).roll(shifts, dims if dims is not None else ())
+    shifts = sizes((shifts,)) if not isinstance(shifts, (int, torch.SymInt)) else (int(shifts),)
+    return unary("roll", "roll", input, shifts, dims_of(dims, input.dim()))
+
+
+def _unfold(self: Any, dimension: int, size: int, step: int) -> Call:
+    meta(self).unfold(dimension, size, step)
+    return unary("unfold", "unfold", self, wrap_dim(dimension, self.dim()), int(size), int(step))
+
+
+register(_expand, [torch.Tensor.expand], [aten.expand.default])
+register(_expand_as, [torch.Tensor.expand_as])
+register(_broadcast_to, [torch.broadcast_to, torch.Tensor.broadcast_to])
+register(_repeat, [torch.Tensor.repeat], [aten.repeat.default])
+register(_tile, [torch.tile, torch.Tensor.tile])
+register(_flip, [torch.flip, torch.Tensor.flip], [aten.flip.default])
+register(_fliplr, [torch.fliplr, torch.Tensor.fliplr])
+register(_flipud, [torch.flipud, torch.Tensor.flipud])
+register(_roll, [torch.roll, torch.Tensor.roll], [aten.roll.default])
+register(_unfold, [torch.Tensor.unfold], [aten.unfold.default])
