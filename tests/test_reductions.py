@@ -432,6 +432,31 @@ def test_sum_to_from_broadcast_gradient():
     torch.testing.assert_close(dense, torch.tensor([5.0, 2.0, 6.0]))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64])
+@pytest.mark.parametrize("shape", [(300, 250), (20, 70, 60)])
+def test_large_strided_sum_and_mean(dtype, shape):
+    # Large enough for the fused block path (Note [Fused masked sum]); NaN and inf under
+    # the mask must not leak, -0.0 and specified values must come through bit for bit.
+    g = torch.Generator().manual_seed(0)
+    data = (torch.randn(shape, generator=g) * 100).to(dtype)
+    mask = torch.rand(shape, generator=g) < 0.5
+    mask[:, 0] = False
+    if dtype.is_floating_point:
+        data[~mask] = torch.tensor([float("nan"), float("inf"), -float("inf")]).repeat(
+            int((~mask).sum()) // 3 + 1)[: int((~mask).sum())].to(dtype)
+    mt = ms.masked_tensor(data, mask)
+    for dim in [0, 1, -1, (0, 1), None]:
+        dims = tuple(norm_dims(dim, len(shape)))
+        for keepdim in (False, True):
+            count = mask.sum(dims, keepdim=keepdim)
+            total = torch.where(mask, data, torch.zeros((), dtype=dtype)).sum(dims, keepdim)
+            check("strided", torch.sum(mt, dim=dim, keepdim=keepdim), total, count > 0, shape,
+                  dim, keepdim)
+            if dtype.is_floating_point:
+                check("strided", mt.mean(dim=dim, keepdim=keepdim), total / count, count > 0,
+                      shape, dim, keepdim)
+
+
 # -- huge sparse inputs: never densified ----------------------------------------------------
 @pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
 def test_huge_sparse_reductions(layout):

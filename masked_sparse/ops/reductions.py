@@ -126,13 +126,13 @@ def safe_root(s: torch.Tensor, p: float) -> torch.Tensor:
 # -- kernels: (grouping, *params) -> Storage | tuple -------------------------------------
 def k_sum(g: Grouping, dtype: torch.dtype, nan: bool) -> Storage:
     v, m = source(g, dtype, nan)
-    return g.build(g.reduce(fill(v, m, 0), "sum"), g.reduce(m, "any"))
+    return g.build(g.masked_sum(v, m)[0], g.reduce(m, "any"))
 
 
 def k_mean(g: Grouping, dtype: torch.dtype, nan: bool) -> Storage:
     v, m = source(g, dtype, nan)
-    count = g.reduce(m, "sum")
-    return g.build(g.reduce(fill(v, m, 0), "sum") / count.clamp(min=1), count > 0)
+    total, count = g.masked_sum(v, m, with_count=True)
+    return g.build(total / count.clamp(min=1), count > 0)
 
 
 def k_prod(g: Grouping, dtype: torch.dtype) -> Storage:
@@ -185,8 +185,8 @@ def k_norm(g: Grouping, ord: float, dtype: torch.dtype | None, out_dtype: torch.
 
 def k_var(g: Grouping, correction: float, std: bool, with_mean: bool) -> Any:
     v, m = source(g)
-    count = g.reduce(m, "sum")
-    mean = g.reduce(fill(v, m, 0), "sum") / count.clamp(min=1)
+    total, count = g.masked_sum(v, m, with_count=True)
+    mean = total / count.clamp(min=1)
     dev = fill(v - g.expand(mean), m, 0)
     sq = (dev * dev.conj()).real if dev.is_complex() else dev * dev
     dof = count - correction

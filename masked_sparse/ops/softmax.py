@@ -34,15 +34,10 @@ from .reductions import _full, fill, register, run, source
 
 
 def k_softmax(g: Grouping, dtype: torch.dtype | None, log: bool) -> Storage:
+    """Unspecified elements read -inf (they weigh nothing), then the layout's plain softmax;
+    fully masked slices (0/0 there) and every unspecified element end as 0, masked."""
     v, m = source(g, dtype)
-    top = g.reduce(fill(v, m, -math.inf), "amax").detach()
-    top = torch.where(torch.isfinite(top), top, _full(0, top))
-    z = fill(v - g.expand(top), m, -math.inf)
-    e = z.exp()
-    total = g.reduce(e, "sum")
-    # 1 for fully masked slices only: a specified all -inf slice gives torch's 0/0 = NaN
-    total = g.expand(torch.where(g.reduce(m, "any"), total, _full(1, total)))
-    out = z - total.log() if log else e / total
+    out = g.softmax(fill(v, m, -math.inf), log)
     return g.restore(torch.where(m, out, _full(0, out)))
 
 
