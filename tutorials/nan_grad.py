@@ -39,9 +39,10 @@ y.sum().backward()
 print("plain x.grad (10729):", x.grad)
 
 # %% [markdown]
-# With masked tensors each branch is only specified where it is chosen. `exp` never runs
-# on the unchosen elements, and the gradient of each branch is specified exactly where
-# that branch was used.
+# With masked tensors each branch is only specified where it is chosen. Whatever `exp`
+# computes at the unchosen elements (even `inf`) is unspecified, so it never meets the
+# zero that `where` sends back, and the gradient of each branch is specified exactly
+# where that branch was used.
 
 # %%
 x = torch.tensor([-10.0, -5, 0, 5, 10, 50, 60, 70, 80, 90, 100])
