@@ -280,3 +280,12 @@ def test_dense_of_helper_is_independent_of_ops():
 def test_validate_method(layout):
     mt, _, _ = make_masked((3, 4), layout, seed=11)
     assert mt.validate() is mt and mt.validate(full=True) is mt
+
+
+@pytest.mark.parametrize("specified", [True, False])
+def test_zero_dim_coo_round_trip(specified):
+    data, mask = torch.tensor(3.0), torch.tensor(specified)
+    coo = ms.masked_tensor(data, mask).to_sparse_coo()
+    check_invariants(coo, torch.sparse_coo)
+    assert_masked_equal(coo.to_dense(), data, mask)
+    assert repr(coo) == repr(ms.masked_tensor(data, mask))
