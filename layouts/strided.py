@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ._strided_reduce import group as _reduction_group
 from ._shape_strided import SHAPE_OPS as _SHAPE_OPS
+from ._strided_reduce import group as _reduction_group
 from .registry import Layout, Storage, register_layout
 
 
