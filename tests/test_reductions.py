@@ -457,6 +457,14 @@ def test_large_strided_sum_and_mean(dtype, shape):
                       shape, dim, keepdim)
 
 
+def test_hybrid_dense_dim_reduction_keeps_the_index_tensor():
+    mt, data, mask = make("hybrid", torch.float64, seed=14)
+    for out in (mt.sum(-1), torch.amax(mt, 2, keepdim=True), mt.mean(-1)):
+        assert out.layout == torch.sparse_coo
+        assert out._storage.index[0] is mt._storage.index[0]
+    assert torch.sum(mt, (0, 1)).layout == torch.strided  # no sparse dim left: dense
+
+
 # -- huge sparse inputs: never densified ----------------------------------------------------
 @pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
 def test_huge_sparse_reductions(layout):
