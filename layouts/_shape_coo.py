@@ -139,14 +139,22 @@ def index_select(s: Storage, dim: int, index: torch.Tensor) -> Storage:
     if dim >= _sd(s):
         return _on_values(s, torch.index_select, shape, _vdim(s, dim), index)
     indices = s.index[0]
-    # Each stored entry with coordinate c along ``dim`` goes to every j with index[j] == c.
-    sorted_index, order = torch.sort(index, stable=True)
+    # Each stored entry with coordinate c along ``dim`` goes to every j with index[j] == c:
+    # the j's are order[lo[c] : lo[c] + count[c]] in the stably sorted index.
+    order = torch.sort(index, stable=True)[1]
     c = indices[dim]
-    lo = torch.searchsorted(sorted_index, c)
-    counts = torch.searchsorted(sorted_index, c, right=True) - lo
+    size = s.shape[dim]
+    if size <= max(c.numel(), 1 << 16):  # a per-coordinate table: O(size + nnz), no search
+        table = torch.bincount(index, minlength=size)
+        counts, lo = table[c], (table.cumsum(0) - table)[c]
+    else:
+        sorted_index = index[order]
+        lo = torch.searchsorted(sorted_index, c)
+        counts = torch.searchsorted(sorted_index, c, right=True) - lo
+    hit = (counts > 0).nonzero().squeeze(1)
+    counts, lo = counts[hit], lo[hit]
     total = int(counts.sum())
-    entry = torch.repeat_interleave(torch.arange(c.numel(), device=c.device), counts,
-                                    output_size=total)
+    entry = torch.repeat_interleave(hit, counts, output_size=total)
     first = torch.repeat_interleave(lo - (counts.cumsum(0) - counts), counts, output_size=total)
     out = indices[:, entry].clone()
     out[dim] = order[first + torch.arange(total, device=c.device)]

@@ -442,3 +442,20 @@ def test_strided_views_share_data():
     expected = data.clone()
     expected[:, 1:3] = 0
     assert_masked_equal(mt, expected, mask)
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_coo_index_select_long_dim_matches_torch_sparse(dim):
+    """A dim longer than nnz takes the search path (no per-coordinate table)."""
+    g = torch.Generator().manual_seed(15)
+    idx = torch.stack([torch.randint(0, 100_000, (50,), generator=g),
+                       torch.randint(0, 3, (50,), generator=g)])
+    data = torch.sparse_coo_tensor(idx, torch.randn(50, generator=g), (100_000, 3)).coalesce()
+    mask = torch.sparse_coo_tensor(data._indices(), torch.rand(data._nnz(), generator=g) > 0.3,
+                                   data.shape).coalesce()
+    mt = ms.masked_tensor(data, mask)
+    index = torch.cat([idx[dim, :7], idx[dim, :3], torch.tensor([2])]).flip(0)
+    out = mt.index_select(dim, index)
+    check_invariants(out, torch.sparse_coo)
+    assert_masked_equal(out, data.index_select(dim, index).to_dense(),
+                        mask.index_select(dim, index).to_dense())
