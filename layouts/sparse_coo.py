@@ -52,7 +52,7 @@ def _from_strided(data: torch.Tensor, mask: torch.Tensor) -> Storage:
 def _densify(storage: Storage, values: torch.Tensor, fill) -> torch.Tensor:
     out = torch.full(storage.shape, fill, dtype=values.dtype, device=values.device)
     if storage.index[0].shape[0] == 0:  # no sparse dims: at most one stored (dense) block
-        return values.sum(0) if values.shape[0] else out
+        return values[0] if values.shape[0] else out
     return out.index_put(tuple(storage.index[0]), values)
 
 

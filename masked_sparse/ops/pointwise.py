@@ -98,7 +98,9 @@ def read_plain(func: Any, storage: Storage, t: torch.Tensor) -> torch.Tensor:
     if t.dim() == 0:
         return t
     if t.layout != torch.strided:
-        raise TypeError(
+        # NotImplementedError, not TypeError: operators (mt - t) turn a TypeError into
+        # NotImplemented and the message would be lost.
+        raise NotImplementedError(
             f"{_op_name(func)}: a plain {t.layout} tensor cannot be combined with a "
             f"{storage.layout.name} MaskedTensor; wrap it with masked_tensor(t, mask) or pass "
             f"t.to_dense()")

@@ -98,7 +98,8 @@ def one_dim(dim: Any, ndim: int, op: str) -> tuple[int, ...]:
 def result_dtype(fn: Callable[..., torch.Tensor], input_dtype: torch.dtype, *args: Any,
                  **kwargs: Any) -> torch.dtype:
     """The dtype ``fn`` returns for an ``input_dtype`` input (raising torch's dtype errors)."""
-    probe = torch.empty((1,), dtype=input_dtype, device="meta")
+    # A one-element CPU probe: meta tensors would import torch's refs (seconds) on first use.
+    probe = torch.zeros((2,), dtype=input_dtype)
     try:
         return fn(probe, *args, **kwargs).dtype
     except NotImplementedError:
