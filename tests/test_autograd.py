@@ -347,12 +347,12 @@ def test_repeated_forward_backward_keeps_memory_flat():
     gc.disable()
     try:
         objects = len(gc.get_objects())
-        for _ in range(8_700):
+        for _ in range(8_500):
             step()
         # With the cycle collector off, anything kept alive by a cycle would pile up here.
         assert len(gc.get_objects()) - objects < 100
         tracemalloc.start()
-        for _ in range(300):
+        for _ in range(500):
             step()
         before = tracemalloc.get_traced_memory()[0]
         for _ in range(1_000):  # 10_000 iterations in all
@@ -363,7 +363,9 @@ def test_repeated_forward_backward_keeps_memory_flat():
     finally:
         tracemalloc.stop()
         gc.enable()
-    assert grown < 64 * 1024, f"Python memory grew by {grown} bytes over 1000 iterations"
+    # Keeping one iteration's output alive costs ~1.8 KB of Python memory; tracemalloc also
+    # shows a decaying one-off growth (tens of KB) while torch's internal pools turn over.
+    assert grown < 256 * 1024, f"Python memory grew by {grown} bytes over 1000 iterations"
     assert torch.equal(dense_of(x.grad)[1], x.get_mask() & cond)
 
 
