@@ -5,8 +5,9 @@ A benchmark module exposes ``cases()`` returning a list of cases; a case is a tu
 ``{baseline_name: max_ratio}`` of targets. Every callable takes no argument. A baseline may
 also be a string: the reason it cannot run (printed in its cell). The ratio printed for a
 baseline is masked_sparse's time over the baseline's (the median of per-round ratios, Note
-[Paired rounds]): below 1 means masked_sparse is faster. Conventional baseline names: ``floor`` (the raw torch op on the values / the plain
-dense expression), ``torch.masked``, ``numpy.ma``; any other name gets its own column.
+[Paired rounds]): below 1 means masked_sparse is faster. Conventional baseline names:
+``floor`` (the raw torch op on the values / the plain dense expression), ``torch.masked``,
+``numpy.ma``; any other name gets its own column.
 
 Note [Crash-safe baselines]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -126,7 +127,8 @@ def probe(fn: Fn, timeout: float = 300.0) -> tuple[str, str]:
 
 
 def run_case(case: Sequence[Any], min_run_time: float = 0.2, use_probe: bool = True,
-             rounds: int | None = None) -> dict:
+             rounds: int | None = None,
+             probed: dict[str, tuple[str, str]] | None = None) -> dict:
     """Time one case: masked_sparse's median and each baseline's median and ratio.
 
     Note [Paired rounds]
@@ -138,7 +140,9 @@ def run_case(case: Sequence[Any], min_run_time: float = 0.2, use_probe: bool = T
     between rounds). A median is taken over the rounds' blocks, and a ratio is the median
     of the per-round ratios: the two sides of a ratio always ran within milliseconds of
     each other, under the same load. ``rounds`` defaults to as many as fit in about
-    ``4 * min_run_time`` per case, between 3 and 15.
+    ``4 * min_run_time`` per case, between 3 and 15. ``probed`` holds the probe results of
+    baselines already probed (``run_cases`` probes every case before it times any: a fork
+    write-protects the parent's pages, and the faults that follow would land in timings).
     """
     name, fn, baselines = case[0], case[1], case[2]
     targets = dict(case[3]) if len(case) > 3 and case[3] else {}
@@ -157,7 +161,10 @@ def run_case(case: Sequence[Any], min_run_time: float = 0.2, use_probe: bool = T
             if isinstance(bfn, str):
                 entries[bname].update(status="unsupported", why=bfn)
                 continue
-            status, why = probe(bfn) if use_probe else ("ok", "")
+            if probed is not None and bname in probed:
+                status, why = probed[bname]
+            else:
+                status, why = probe(bfn) if use_probe else ("ok", "")
             entries[bname].update(status=status, why=why)
             if status == "ok":
                 runnable[bname] = bfn
@@ -297,11 +304,16 @@ def run_cases(cases: Iterable[Sequence[Any]], title: str = "cases", min_run_time
               ) -> list[dict]:
     """Time every case (those whose name contains ``only``) and print the section's table."""
     results = []
-    for case in cases:
-        if only and only not in case[0]:
-            continue
+    cases = [c for c in cases if not only or only in c[0]]
+    probes: list[dict[str, tuple[str, str]]] = []
+    for case in cases:  # every fork before any timing (see run_case)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            probes.append({b: probe(f) if use_probe else ("ok", "")
+                           for b, f in case[2].items() if not isinstance(f, str)})
+    for case, probed in zip(cases, probes):
         try:
-            results.append(run_case(case, min_run_time, use_probe))
+            results.append(run_case(case, min_run_time, use_probe, probed=probed))
         except Exception:  # noqa: BLE001 -- one broken case must not end the run
             traceback.print_exc()
         if verbose and results and results[-1]["name"] == case[0]:
