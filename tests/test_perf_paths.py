@@ -4,9 +4,12 @@
   with a MaskedTensor sharing its index and mask objects, skips ``align``; the result must
   equal the general path's (values, mask, layout, the same index objects).
 - ``_equal_bool`` compares bool masks 8 bytes at a time; it must agree with ``torch.equal``.
+- ``broadcasts_to`` replaces ``torch.broadcast_shapes`` (slow); it must give its answers.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
@@ -69,3 +72,15 @@ def test_equal_bool_agrees_with_torch_equal(n, offset):
     # non-contiguous operands take the plain comparison
     m = torch.rand(8, 2 * max(n, 1), generator=g) < 0.5
     assert pointwise._equal_bool(m[:, ::2], m[:, ::2].clone()) is True
+
+
+def test_broadcasts_to_agrees_with_torch_broadcast_shapes():
+    sizes = (0, 1, 2)
+    for la, lb in itertools.product(range(4), range(4)):
+        for a in itertools.product(sizes, repeat=la):
+            for b in itertools.product(sizes, repeat=lb):
+                try:
+                    expected = torch.broadcast_shapes(a, b) == torch.Size(b)
+                except RuntimeError:
+                    expected = False
+                assert pointwise.broadcasts_to(a, b) is expected, (a, b)
