@@ -12,8 +12,7 @@ tensor([[0.0000, 1.4142],
         [1.7321, 0.0000]])
 """
 
-from . import ops  # noqa: F401  (registers the op tables)
-from . import optim  # noqa: F401  (ms.optim: optimizers for sparse/masked gradients)
+from . import ops, optim  # noqa: F401  (ops registers the op tables; ms.optim: optimizers)
 from ._construct import as_masked_tensor, masked_tensor
 from ._serialize import _rebuild_masked  # noqa: F401  (allow-listed for torch.load)
 from ._tensor import MaskedTensor, is_masked_tensor, layout_of

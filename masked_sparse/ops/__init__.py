@@ -1,6 +1,18 @@
-"""Op families. Importing a module registers its handlers in ``masked_sparse._registry``."""
+"""Op families. Importing a module registers its handlers in ``masked_sparse._registry``.
 
-from . import basic, conversion, pointwise  # noqa: F401
-from . import where  # noqa: F401
-from . import reductions, softmax  # noqa: F401
-from . import indexing, joining, shape  # noqa: F401
+``basic`` (properties, copies, casts), ``pointwise`` (the generic elementwise kernel),
+``conversion`` (get_data, to_tensor, layouts), ``where``, ``reductions``, ``softmax``,
+``shape`` / ``indexing`` / ``joining`` (ops that move elements).
+"""
+
+from . import (  # noqa: F401
+    basic,
+    conversion,
+    indexing,
+    joining,
+    pointwise,
+    reductions,
+    shape,
+    softmax,
+    where,
+)
