@@ -19,11 +19,22 @@ def _tour_matrix() -> ms.MaskedTensor:
     return ms.masked_tensor(data, mask)
 
 
+def _grad_of_weighted_sum(mt: ms.MaskedTensor) -> ms.MaskedTensor:
+    leaf = mt.detach().requires_grad_()
+    (leaf * leaf).sum().backward()
+    return leaf.grad
+
+
 def _ops(mt: ms.MaskedTensor) -> dict[str, ms.MaskedTensor]:
     return {
         "sqrt(mt)": torch.sqrt(mt),
         "mt * mt.exp()": mt * mt.exp(),
         "mt + dense row": mt + torch.arange(4.0),
+        "mt.sum(1)": mt.sum(1),
+        "mt.amax(0)": mt.amax(0),
+        "mt.mean()": mt.mean(),
+        "softmax(mt, 1)": torch.softmax(mt, 1),
+        "grad of (mt*mt).sum()": _grad_of_weighted_sum(mt),
     }
 
 
@@ -39,14 +50,16 @@ def main() -> None:
         print(f"\n== layout {layout.name}: stores {mt._storage.values.numel()} values, "
               f"index tensors {[tuple(i.shape) for i in mt._storage.index]}")
         for name, out in _ops(mt).items():
-            assert out.layout == mt.layout, (name, out.layout)
-            same_index = all(a is b for a, b in zip(out._storage.index, mt._storage.index))
+            index = out._storage.index
+            same_index = (len(index) == len(mt._storage.index)
+                          and all(a is b for a, b in zip(index, mt._storage.index))) if index \
+                else "-"
             dense = out.to_tensor(float("nan")).to_dense()
             agrees = torch.allclose(dense, reference[name], equal_nan=True)
-            print(f"{name:>16}: layout {out.layout}, same index tensors: {same_index}, "
-                  f"agrees with strided: {agrees}")
+            print(f"{name:>22}: layout {str(out.layout):<18} shares input's index: "
+                  f"{same_index!s:<5}  agrees with strided: {agrees}")
             assert agrees, name
-        print("to_tensor(0) stays", mt.to_tensor(0).layout)
+        print(" " * 12, "to_tensor(0) stays", mt.to_tensor(0).layout)
     print("\nsqrt(mt) in sparse_csr:")
     print(torch.sqrt(base.to_sparse_csr()))
     print("\nAll layouts agree.")
