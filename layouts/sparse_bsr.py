@@ -36,13 +36,13 @@ Invariants
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from ._index import crow_from_rows, linearize, lookup, rows_from_crow
+from ._compressed import check_pattern, silence_beta_warning
+from ._index import crow_from_rows, lookup, rows_from_crow
 from .registry import Layout, Storage, register_layout
 
 
@@ -181,33 +181,15 @@ def _validate(storage: Storage, full: bool = False) -> None:
     if bs0 == 0 or bs1 == 0 or shape[0] % bs0 or shape[1] % bs1:
         raise ValueError(f"sparse_bsr masked tensor: shape {tuple(shape)} is not divisible by "
                          f"blocksize {(bs0, bs1)}")
-    nbr, nbc = shape[0] // bs0, shape[1] // bs1
-    if crow.shape != (nbr + 1,) or col.dim() != 1 or crow.dtype != col.dtype:
-        raise ValueError(f"sparse_bsr masked tensor: crow {tuple(crow.shape)} {crow.dtype} / col "
-                         f"{tuple(col.shape)} {col.dtype} do not fit a {nbr} x {nbc} grid of "
-                         f"blocks")
     if values.shape[0] != col.numel() or mask.shape != values.shape:
         raise ValueError(f"sparse_bsr masked tensor: values {tuple(values.shape)} and mask "
                          f"{tuple(mask.shape)} must have shape {(col.numel(), bs0, bs1)}")
-    if full:
-        if crow[0] != 0 or crow[-1] != col.numel() or bool((crow[1:] < crow[:-1]).any()):
-            raise ValueError("sparse_bsr masked tensor: crow_indices must start at 0, be "
-                             "non-decreasing and end at nnzb")
-        if col.numel() and (bool((col < 0).any()) or bool((col >= nbc).any())):
-            raise ValueError(f"sparse_bsr masked tensor: col_indices out of bounds for "
-                             f"{nbc} block columns")
-        keys = linearize(torch.stack([rows_from_crow(crow, col.numel()).long(), col.long()]),
-                         (nbr, nbc))
-        if bool((keys[1:] <= keys[:-1]).any()):
-            raise ValueError("sparse_bsr masked tensor: col_indices must be sorted and distinct "
-                             "within each block row")
+    check_pattern(crow, col, (shape[0] // bs0, shape[1] // bs1), full, "sparse_bsr",
+                  ("crow_indices", "col_indices"), shape, line="block row",
+                  unit=f" in blocks of {(bs0, bs1)}")
 
 
-with warnings.catch_warnings():
-    # torch warns once per process that BSR is in beta; say it here, silently, not to users.
-    warnings.simplefilter("ignore")
-    torch.sparse_bsr_tensor(torch.tensor([0, 0]), torch.tensor([], dtype=torch.long),
-                            torch.zeros(0, 1, 1), (1, 1), check_invariants=False)
+silence_beta_warning(torch.sparse_bsr_tensor, torch.zeros(0, 1, 1))
 
 SPARSE_BSR = register_layout(Layout(
     name="sparse_bsr",

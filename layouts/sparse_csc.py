@@ -22,19 +22,11 @@ Invariants
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
-from ._index import crow_from_rows, linearize, lookup, rows_from_crow
+from ._compressed import check_pattern, check_plain_2d, silence_beta_warning, values_at_mask
+from ._index import crow_from_rows, rows_from_crow
 from .registry import Layout, Storage, register_layout
-
-
-def _check_2d(t: torch.Tensor, what: str) -> None:
-    if t.dim() != 2 or t.values().dim() != 1:
-        raise ValueError(f"masked_tensor(sparse_csc): the {what} must be a 2-D CSC matrix "
-                         f"without batch or dense dims, got shape {tuple(t.shape)} with values "
-                         f"{tuple(t.values().shape)}; use .to_sparse_coo() for other shapes")
 
 
 def _cols(storage: Storage) -> torch.Tensor:
@@ -42,23 +34,15 @@ def _cols(storage: Storage) -> torch.Tensor:
     return rows_from_crow(ccol, row.numel())
 
 
-def _keys(ccol: torch.Tensor, row: torch.Tensor, nrows: int) -> torch.Tensor:
-    """Column-major linear keys: sorted for a valid CSC matrix."""
-    return rows_from_crow(ccol, row.numel()).long() * nrows + row.long()
+def _pattern(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return t.ccol_indices(), t.row_indices()
 
 
 def _from_torch(data: torch.Tensor, mask: torch.Tensor) -> Storage:
-    _check_2d(data, "data")
-    _check_2d(mask, "mask")
-    ccol, row = mask.ccol_indices(), mask.row_indices()
-    dccol, drow = data.ccol_indices(), data.row_indices()
-    if drow.shape == row.shape and torch.equal(dccol, ccol) and torch.equal(drow, row):
-        values = data.values()
-    else:
-        # The mask's pattern is authoritative: read the data at the mask's indices.
-        nrows = mask.shape[0]
-        values, _ = lookup(_keys(dccol, drow, nrows), data.values(), _keys(ccol, row, nrows))
-    return SPARSE_CSC.build((ccol, row), values, mask.values(), mask.shape)
+    check_plain_2d(data, "data", "sparse_csc")
+    check_plain_2d(mask, "mask", "sparse_csc")
+    values = values_at_mask(data, mask, _pattern, mask.shape[0])
+    return SPARSE_CSC.build(_pattern(mask), values, mask.values(), mask.shape)
 
 
 def _from_strided(data: torch.Tensor, mask: torch.Tensor) -> Storage:
@@ -116,31 +100,14 @@ def _validate(storage: Storage, full: bool = False) -> None:
     if len(shape) != 2:
         raise ValueError(f"sparse_csc masked tensor must be 2-D, got shape {tuple(shape)}; "
                          f"use sparse_coo for other shapes")
-    if ccol.shape != (shape[1] + 1,) or row.dim() != 1 or ccol.dtype != row.dtype:
-        raise ValueError(f"sparse_csc masked tensor: ccol {tuple(ccol.shape)} {ccol.dtype} / row "
-                         f"{tuple(row.shape)} {row.dtype} do not fit shape {tuple(shape)}")
     if values.shape != row.shape or mask.shape != row.shape:
         raise ValueError(f"sparse_csc masked tensor: values {tuple(values.shape)} and mask "
                          f"{tuple(mask.shape)} must have shape {tuple(row.shape)}")
-    if full:
-        if ccol[0] != 0 or ccol[-1] != row.numel() or bool((ccol[1:] < ccol[:-1]).any()):
-            raise ValueError("sparse_csc masked tensor: ccol_indices must start at 0, be "
-                             "non-decreasing and end at nnz")
-        if row.numel() and (bool((row < 0).any()) or bool((row >= shape[0]).any())):
-            raise ValueError(f"sparse_csc masked tensor: row_indices out of bounds for "
-                             f"{tuple(shape)}")
-        keys = linearize(torch.stack([_cols(storage).long(), row.long()]),
-                         (shape[1], shape[0]))
-        if bool((keys[1:] <= keys[:-1]).any()):
-            raise ValueError("sparse_csc masked tensor: row_indices must be sorted and distinct "
-                             "within each column")
+    check_pattern(ccol, row, (shape[1], shape[0]), full, "sparse_csc",
+                  ("ccol_indices", "row_indices"), shape, line="column")
 
 
-with warnings.catch_warnings():
-    # torch warns once per process that CSC is in beta; say it here, silently, not to users.
-    warnings.simplefilter("ignore")
-    torch.sparse_csc_tensor(torch.tensor([0, 0]), torch.tensor([], dtype=torch.long),
-                            torch.tensor([]), (1, 1), check_invariants=False)
+silence_beta_warning(torch.sparse_csc_tensor, torch.tensor([]))
 
 SPARSE_CSC = register_layout(Layout(
     name="sparse_csc",

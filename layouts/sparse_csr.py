@@ -11,39 +11,24 @@ Invariants
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
-from ._index import crow_from_rows, linearize, lookup, rows_from_crow
+from ._compressed import check_pattern, check_plain_2d, silence_beta_warning, values_at_mask
+from ._index import crow_from_rows, rows_from_crow
 from ._segment import csr_group as _reduction_group
 from ._shape_csr import SHAPE_OPS as _SHAPE_OPS
 from .registry import Layout, Storage, register_layout
 
 
-def _check_2d(t: torch.Tensor, what: str) -> None:
-    if t.dim() != 2 or t.values().dim() != 1:
-        raise ValueError(f"masked_tensor(sparse_csr): the {what} must be a 2-D CSR matrix "
-                         f"without batch or dense dims, got shape {tuple(t.shape)} with values "
-                         f"{tuple(t.values().shape)}; use .to_sparse_coo() for other shapes")
-
-
-def _keys(crow: torch.Tensor, col: torch.Tensor, ncols: int) -> torch.Tensor:
-    return rows_from_crow(crow, col.numel()).long() * ncols + col.long()
+def _pattern(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return t.crow_indices(), t.col_indices()
 
 
 def _from_torch(data: torch.Tensor, mask: torch.Tensor) -> Storage:
-    _check_2d(data, "data")
-    _check_2d(mask, "mask")
-    crow, col = mask.crow_indices(), mask.col_indices()
-    dcrow, dcol = data.crow_indices(), data.col_indices()
-    if dcol.shape == col.shape and torch.equal(dcrow, crow) and torch.equal(dcol, col):
-        values = data.values()
-    else:
-        # The mask's pattern is authoritative: read the data at the mask's indices.
-        ncols = mask.shape[1]
-        values, _ = lookup(_keys(dcrow, dcol, ncols), data.values(), _keys(crow, col, ncols))
-    return SPARSE_CSR.build((crow, col), values, mask.values(), mask.shape)
+    check_plain_2d(data, "data", "sparse_csr")
+    check_plain_2d(mask, "mask", "sparse_csr")
+    values = values_at_mask(data, mask, _pattern, mask.shape[1])
+    return SPARSE_CSR.build(_pattern(mask), values, mask.values(), mask.shape)
 
 
 def _from_strided(data: torch.Tensor, mask: torch.Tensor) -> Storage:
@@ -99,30 +84,14 @@ def _validate(storage: Storage, full: bool = False) -> None:
     if len(shape) != 2:
         raise ValueError(f"sparse_csr masked tensor must be 2-D, got shape {tuple(shape)}; "
                          f"use sparse_coo for other shapes")
-    if crow.shape != (shape[0] + 1,) or col.dim() != 1 or crow.dtype != col.dtype:
-        raise ValueError(f"sparse_csr masked tensor: crow {tuple(crow.shape)} {crow.dtype} / col "
-                         f"{tuple(col.shape)} {col.dtype} do not fit shape {tuple(shape)}")
     if values.shape != col.shape or mask.shape != col.shape:
         raise ValueError(f"sparse_csr masked tensor: values {tuple(values.shape)} and mask "
                          f"{tuple(mask.shape)} must have shape {tuple(col.shape)}")
-    if full:
-        if crow[0] != 0 or crow[-1] != col.numel() or bool((crow[1:] < crow[:-1]).any()):
-            raise ValueError("sparse_csr masked tensor: crow_indices must start at 0, be "
-                             "non-decreasing and end at nnz")
-        if col.numel() and (bool((col < 0).any()) or bool((col >= shape[1]).any())):
-            raise ValueError(f"sparse_csr masked tensor: col_indices out of bounds for "
-                             f"{tuple(shape)}")
-        keys = linearize(torch.stack([_rows(storage).long(), col.long()]), tuple(shape))
-        if bool((keys[1:] <= keys[:-1]).any()):
-            raise ValueError("sparse_csr masked tensor: col_indices must be sorted and distinct "
-                             "within each row")
+    check_pattern(crow, col, tuple(shape), full, "sparse_csr", ("crow_indices", "col_indices"),
+                  shape)
 
 
-with warnings.catch_warnings():
-    # torch warns once per process that CSR is in beta; say it here, silently, not to users.
-    warnings.simplefilter("ignore")
-    torch.sparse_csr_tensor(torch.tensor([0, 0]), torch.tensor([], dtype=torch.long),
-                            torch.tensor([]), (1, 1), check_invariants=False)
+silence_beta_warning(torch.sparse_csr_tensor, torch.tensor([]))
 
 SPARSE_CSR = register_layout(Layout(
     name="sparse_csr",
