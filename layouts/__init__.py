@@ -21,7 +21,7 @@ from . import sparse_csc  # noqa: F401
 # isort: split
 from . import sparse_bsr  # noqa: F401
 from ._grouping import Grouping, group_by
-from .convert import convert, drop_unspecified
+from .convert import convert, drop_unspecified, read_at
 from .registry import (
     Layout,
     Storage,
@@ -38,6 +38,7 @@ __all__ = [
     "convert",
     "drop_unspecified",
     "get_layout",
+    "read_at",
     "group_by",
     "register_layout",
     "registered_layouts",

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ._index import linearize, lookup
 from .registry import Layout, Storage, get_layout
 
 
@@ -56,3 +57,40 @@ def drop_unspecified(storage: Storage) -> Storage:
     (indices,) = coo.index
     coo = coo.layout.build((indices[:, keep],), coo.values[keep], coo.mask[keep], coo.shape)
     return storage.layout.from_coo_like(coo, storage)
+
+
+def read_at(source: Storage, like: Storage) -> tuple[torch.Tensor, torch.Tensor]:
+    """``source``'s values and mask at ``like``'s stored positions, shaped like its values.
+
+    Positions ``source`` does not store read as value 0, mask False. Works for any two
+    layouts and patterns (no densification unless ``like`` is strided): free when both
+    share their index tensors, else through COO keys in O(nnz log nnz).
+
+    >>> import torch, layouts
+    >>> coo = layouts.get_layout("sparse_coo")
+    >>> a = coo.from_strided(torch.tensor([1., 2., 3.]), torch.tensor([True, False, True]))
+    >>> b = coo.from_strided(torch.tensor([0., 5., 6.]), torch.tensor([False, True, True]))
+    >>> [t.tolist() for t in read_at(b, a)]
+    [[0.0, 6.0], [False, True]]
+    """
+    if source.same_index(like) and source.values.shape == like.values.shape:
+        return source.values, source.mask
+    if not like.index:  # every position stored: read the dense form of ``source``
+        return (like.layout.gather(like, source.densify(source.values, 0)).expand_as(like.values),
+                like.layout.gather(like, source.densify(source.mask, False)).expand_as(
+                    like.values))
+    src = source.layout.to_coo(source)
+    # The COO form of ``like`` with element ids as values maps COO order back to like's order.
+    ids = torch.arange(like.values.numel(), device=like.values.device).view(like.values.shape)
+    target = like.layout.to_coo(like.with_values(ids))
+    sparse_shape = tuple(like.shape[: target.index[0].shape[0]])
+    keys = linearize(src.index[0], sparse_shape)
+    queries = linearize(target.index[0], sparse_shape)
+    values, _ = lookup(keys, src.values, queries)
+    mask, _ = lookup(keys, src.mask, queries, fill=False)
+    flat_ids = target.values.reshape(-1)
+    out_values = like.values.new_zeros(like.values.numel(), dtype=source.values.dtype)
+    out_mask = torch.zeros(like.values.numel(), dtype=torch.bool, device=flat_ids.device)
+    out_values[flat_ids] = values.expand(target.values.shape).reshape(-1)
+    out_mask[flat_ids] = mask.expand(target.values.shape).reshape(-1)
+    return out_values.view(like.values.shape), out_mask.view(like.values.shape)

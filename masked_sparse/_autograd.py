@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+import layouts
 from layouts import Storage
 
 from ._tensor import MaskedTensor, _wrap
@@ -41,13 +42,8 @@ def _wrap_outputs(outs: Sequence[Any]) -> tuple[Any, ...]:
 def grad_values(grad: Any, out: Storage) -> torch.Tensor:
     """The incoming gradient as a values tensor of ``out``'s storage (0 where unspecified)."""
     if isinstance(grad, MaskedTensor):
-        g = grad._storage
-        if g.values.shape != out.values.shape:
-            import layouts
-
-            g = layouts.convert(g, out.layout)
-        return g.values.masked_fill(~g.mask, 0) if g.mask.shape == g.values.shape else (
-            torch.where(g.mask, g.values, 0))
+        values, mask = layouts.read_at(grad._storage, out)
+        return values.masked_fill(~mask, 0)
     return out.layout.gather(out, grad).expand_as(out.values)
 
 

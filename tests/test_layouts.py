@@ -131,3 +131,26 @@ def test_drop_unspecified():
     assert dropped.values.numel() == int(mask.sum())
     assert bool(dropped.mask.all())
     assert torch.equal(dropped.densify(dropped.mask, False), mask)
+
+
+ALL = ["strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr"]
+
+
+@pytest.mark.parametrize("source", ALL)
+@pytest.mark.parametrize("like", ALL)
+def test_read_at_any_layouts_and_patterns(source, like):
+    g = torch.Generator().manual_seed(5)
+    data = torch.randn(4, 6, generator=g)
+    src_mask, like_mask = torch.rand(4, 6, generator=g) > 0.5, torch.rand(4, 6, generator=g) > 0.4
+    options = {"blocksize": (2, 3)} if like == "sparse_bsr" else {}
+    src = layouts.convert(layouts.get_layout("strided").from_strided(data, src_mask), source)
+    dst = layouts.convert(layouts.get_layout("strided").from_strided(-data, like_mask), like,
+                          **options)
+    values, mask = layouts.read_at(src, dst)
+    assert values.shape == dst.values.shape and mask.shape == dst.values.shape
+    dense_values, dense_mask = dst.densify(values, 0), dst.densify(mask, False)
+    stored = dst.densify(torch.ones_like(mask), False)
+    # At like's stored positions: source's mask, and its value where specified.
+    assert torch.equal(dense_mask, src_mask & stored)
+    assert torch.equal(torch.where(dense_mask, dense_values, 0),
+                       torch.where(src_mask & stored, data, 0))

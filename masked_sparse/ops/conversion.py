@@ -21,7 +21,7 @@ from .._tensor import MaskedTensor, _wrap, requires_grad_of
 def _grad_as_values(s: Storage, grad: torch.Tensor) -> torch.Tensor:
     """A plain gradient (dense, or sparse in ``s``'s layout) read at ``s``'s positions."""
     if isinstance(grad, MaskedTensor):
-        return layouts.convert(grad._storage, s.layout).values
+        return layouts.read_at(grad._storage, s)[0]
     if grad.layout != torch.strided:
         mask = s.layout.to_torch(s, s.mask)
         return s.layout.from_torch(grad, mask).values

@@ -130,10 +130,7 @@ def _result(o: _Operands) -> Storage:
 def _grad_on(out: Storage, grad: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """The incoming gradient's values and mask on ``out``'s stored positions."""
     if isinstance(grad, MaskedTensor):
-        g = grad._storage
-        if g.layout is not out.layout:
-            g = layouts.convert(g, out.layout)
-        return g.values, g.mask
+        return layouts.read_at(grad._storage, out)
     if grad.layout != torch.strided:
         pattern = out.layout.to_torch(out, out.mask)
         return out.layout.from_torch(grad, pattern).values, out.mask
