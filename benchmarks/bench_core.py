@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 import masked_sparse as ms
-from benchmarks.harness import Case
+from benchmarks.harness import Case, sized_cases
 
 TITLE = "Pointwise ops, conversions and construction"
 STRIDED_SIZES = (1000, 4000)
@@ -193,14 +193,8 @@ def sparse_cases(nnz: int, gen: torch.Generator, smallest: bool) -> list[Case]:
 
 
 def cases(quick: bool = False) -> list[Case]:
-    """All core cases (``quick`` changes nothing here: the harness shortens the timing)."""
-    gen = torch.Generator().manual_seed(0)
-    out: list[Case] = []
-    for n in STRIDED_SIZES:
-        out += strided_cases(n, gen, smallest=n == min(STRIDED_SIZES))
-    for nnz in SPARSE_NNZ:
-        out += sparse_cases(nnz, gen, smallest=nnz == min(SPARSE_NNZ))
-    return out
+    """All cases of this module (``quick`` changes nothing: the harness shortens timing)."""
+    return sized_cases(strided_cases, sparse_cases, STRIDED_SIZES, SPARSE_NNZ, seed=0)
 
 
 def main() -> None:

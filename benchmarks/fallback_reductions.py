@@ -30,7 +30,7 @@ import torch
 
 import masked_sparse as ms
 from benchmarks.bench_core import _quiet, _torch_masked, sparse_pattern
-from benchmarks.harness import Case
+from benchmarks.harness import Case, sized_cases
 
 TITLE = "Reductions and softmax"
 STRIDED_SIZES = (1000, 4000)
@@ -147,13 +147,8 @@ def sparse_cases(nnz: int, gen: torch.Generator, smallest: bool) -> list[Case]:
 
 
 def cases(quick: bool = False) -> list[Case]:
-    gen = torch.Generator().manual_seed(1)
-    out: list[Case] = []
-    for n in STRIDED_SIZES:
-        out += strided_cases(n, gen, smallest=n == min(STRIDED_SIZES))
-    for nnz in SPARSE_NNZ:
-        out += sparse_cases(nnz, gen, smallest=nnz == min(SPARSE_NNZ))
-    return out
+    """All cases of this module (``quick`` changes nothing: the harness shortens timing)."""
+    return sized_cases(strided_cases, sparse_cases, STRIDED_SIZES, SPARSE_NNZ, seed=1)
 
 
 def main() -> None:

@@ -326,6 +326,18 @@ def run_cases(cases: Iterable[Sequence[Any]], title: str = "cases", min_run_time
     return results
 
 
+def sized_cases(strided_cases: Any, sparse_cases: Any, strided_sizes: tuple[int, ...],
+                sparse_nnz: tuple[int, ...], seed: int) -> list[Case]:
+    """Every size of a module: ``strided_cases(n, gen, smallest)`` then ``sparse_cases``."""
+    gen = torch.Generator().manual_seed(seed)
+    out: list[Case] = []
+    for n in strided_sizes:
+        out += strided_cases(n, gen, smallest=n == min(strided_sizes))
+    for nnz in sparse_nnz:
+        out += sparse_cases(nnz, gen, smallest=nnz == min(sparse_nnz))
+    return out
+
+
 def module_main(module: Any) -> None:
     """``main()`` for a benchmark module run on its own: its cases, one table."""
     import argparse
