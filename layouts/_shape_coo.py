@@ -129,7 +129,7 @@ def slice_(s: Storage, dim: int, start: int, end: int, step: int) -> Storage:
     if step != 1:
         keep &= (c - start) % step == 0
     pos = keep.nonzero().squeeze(1)
-    out = indices[:, pos].clone()
+    out = indices[:, pos]  # advanced indexing: already a new tensor
     out[dim] = (out[dim] - start) // step
     return _build(s, out, *_take(s, pos), shape)
 
@@ -156,7 +156,7 @@ def index_select(s: Storage, dim: int, index: torch.Tensor) -> Storage:
     total = int(counts.sum())
     entry = torch.repeat_interleave(hit, counts, output_size=total)
     first = torch.repeat_interleave(lo - (counts.cumsum(0) - counts), counts, output_size=total)
-    out = indices[:, entry].clone()
+    out = indices[:, entry]  # advanced indexing: already a new tensor
     out[dim] = order[first + torch.arange(total, device=c.device)]
     return _finish(s, out, shape, entry)
 
@@ -247,7 +247,8 @@ def cat(storages: list[Storage], dim: int) -> Storage:
     size = sum(s.shape[dim] for s in storages)
     shape = first.shape[:dim] + (size,) + first.shape[dim + 1:]
     if dim >= _sd(first):
-        if not all(torch.equal(s.index[0], first.index[0]) for s in storages[1:]):
+        if not all(s.index[0] is first.index[0] or torch.equal(s.index[0], first.index[0])
+                   for s in storages[1:]):
             raise _unsupported("cat", "concatenating along a dense dim needs the same indices "
                                       "in every input")
         v = torch.cat([s.values for s in storages], _vdim(first, dim))
