@@ -59,7 +59,7 @@ def _same_mask(a: Storage, b: Storage) -> bool:
 
 def _same_index(a: Storage, b: Storage) -> bool:
     return a.same_index(b) or all(
-        x.shape == y.shape and torch.equal(x, y) for x, y in zip(a.index, b.index))
+        x is y or (x.shape == y.shape and torch.equal(x, y)) for x, y in zip(a.index, b.index))
 
 
 def align(func: Any, storages: list[Storage]) -> list[Storage]:
