@@ -121,9 +121,11 @@ BITS = {torch.float32: torch.int32, torch.float64: torch.int64, torch.int32: tor
 
 def zero_unspecified(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``torch.where(mask, values, 0)``, exact; without autograd a bitwise AND of the
-    values' bits with 0 / all-ones (``where``'s CPU kernel is ~10x slower)."""
+    values' bits with 0 / all-ones (``where``'s CPU kernel is ~10x slower). Compiled code
+    takes ``where``: Inductor fuses it, and cannot compile the bit view (Note [Fused masked
+    sum] in _strided_reduce.py)."""
     bits = BITS.get(values.dtype)
-    if bits is None or values.shape != mask.shape or (
+    if bits is None or values.shape != mask.shape or torch.compiler.is_compiling() or (
             values.requires_grad and torch.is_grad_enabled()):
         return torch.where(mask, values, torch.zeros((), dtype=values.dtype,
                                                      device=values.device))
@@ -144,8 +146,9 @@ def reduce_dense(values: torch.Tensor, dims: tuple[int, ...], keepdim: bool,
         if op in ("any", "all"):
             return torch.full(shape, op == "all", dtype=torch.bool, device=values.device)
         return torch.zeros(shape, dtype=values.dtype, device=values.device)
-    if op in ("any", "all") and values.dtype == torch.bool:
-        # uint8 amax/amin are vectorized; bool any/all are ~20x slower on CPU
+    if op in ("any", "all") and values.dtype == torch.bool and not torch.compiler.is_compiling():
+        # uint8 amax/amin are vectorized; bool any/all are ~20x slower on CPU. Inductor
+        # compiles the plain any/all well and fails on the uint8 view of a bool tensor.
         small = values.view(torch.uint8)
         out = small.amax(dims, keepdim=keepdim) if op == "any" else small.amin(dims, keepdim)
         return out.view(torch.bool)

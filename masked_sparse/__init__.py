@@ -17,17 +17,20 @@ from ._construct import as_masked_tensor, masked_tensor
 from ._serialize import _rebuild_masked  # noqa: F401  (allow-listed for torch.load)
 from ._tensor import MaskedTensor, is_masked_tensor, layout_of
 from .interop import from_numpy, from_scipy, to_numpy, to_scipy
-from .ops.conversion import to_layout
+from .ops.conversion import get_data, get_mask, to_layout, to_tensor
 
 __all__ = [
     "MaskedTensor",
     "as_masked_tensor",
     "from_numpy",
     "from_scipy",
+    "get_data",
+    "get_mask",
     "is_masked_tensor",
     "layout_of",
     "masked_tensor",
     "to_layout",
     "to_numpy",
     "to_scipy",
+    "to_tensor",
 ]

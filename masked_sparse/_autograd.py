@@ -48,8 +48,10 @@ def grad_values(grad: Any, out: Storage) -> torch.Tensor:
 
 
 class _OnValues(torch.autograd.Function):
+    # Note [Functions for torch.func]: forward takes no ctx and hands its inner graph to
+    # setup_context through ``box`` (a list), which is what torch.func transforms require.
     @staticmethod
-    def forward(ctx, fn: StorageFn, extra: tuple, *inputs: Any) -> Any:
+    def forward(fn: StorageFn, extra: tuple, box: list, *inputs: Any) -> Any:
         storages, leaves = [], []
         for t in inputs:
             s = t._storage
@@ -60,18 +62,19 @@ class _OnValues(torch.autograd.Function):
             storages.append(s)
         with torch.enable_grad():
             outs, is_tuple = _as_outputs(fn(storages, *extra))
-        ctx.inputs = [t._storage if t.requires_grad else None for t in inputs]
-        ctx.leaves = leaves
-        ctx.outs = outs
-        ctx.is_tuple = is_tuple
-        wrapped = []
-        for o in outs:
-            if isinstance(o, Storage):
-                wrapped.append(_wrap(o.with_values(o.values.detach())))
-            else:
-                ctx.mark_non_differentiable(o)
-                wrapped.append(o)
+        box.append((outs, leaves))
+        wrapped = [_wrap(o.with_values(o.values.detach())) if isinstance(o, Storage) else o
+                   for o in outs]
         return tuple(wrapped) if is_tuple else wrapped[0]
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output: Any) -> None:
+        box, tensors = inputs[2], inputs[3:]
+        ctx.outs, ctx.leaves = box.pop()
+        ctx.inputs = [t._storage if t.requires_grad else None for t in tensors]
+        ctx.mark_non_differentiable(*[o for o in (output if isinstance(output, tuple)
+                                                   else (output,))
+                                      if not isinstance(o, MaskedTensor)])
 
     @staticmethod
     def backward(ctx, *grads: Any) -> Any:
@@ -85,7 +88,7 @@ class _OnValues(torch.autograd.Function):
         leaf_grads = torch.autograd.grad(outs, ctx.leaves, gvals, allow_unused=True,
                                          retain_graph=keep) if outs else [None] * len(ctx.leaves)
         it = iter(leaf_grads)
-        result: list[Any] = [None, None]
+        result: list[Any] = [None, None, None]
         for s in ctx.inputs:
             if s is None:
                 result.append(None)
@@ -107,7 +110,7 @@ def on_values(fn: StorageFn, inputs: Sequence[MaskedTensor], *extra: Any) -> Any
     that are plain tensors (indices, counts) are not differentiable.
     """
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-        return _OnValues.apply(fn, extra, *inputs)
+        return _OnValues.apply(fn, extra, [], *inputs)
     outs, is_tuple = _as_outputs(fn([t._storage for t in inputs], *extra))
     wrapped = _wrap_outputs(outs)
     return wrapped if is_tuple else wrapped[0]

@@ -65,9 +65,12 @@ def masked_tensor(data: torch.Tensor, mask: torch.Tensor, *,
 
 class _AsMasked(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:
-        ctx.storage = storage_from_tensors(data.detach(), mask, "as_masked_tensor")
-        return _wrap(ctx.storage)
+    def forward(data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:
+        return _wrap(storage_from_tensors(data.detach(), mask, "as_masked_tensor"))
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output: MaskedTensor) -> None:
+        ctx.storage = output._storage
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -94,3 +97,12 @@ def as_masked_tensor(data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:
     if torch.is_grad_enabled() and isinstance(data, torch.Tensor) and data.requires_grad:
         return _AsMasked.apply(data, mask)
     return _wrap(storage_from_tensors(data, mask, "as_masked_tensor"))
+
+
+# Note [Construction under torch.compile]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Dynamo cannot trace ``_make_wrapper_subclass``. Both constructors are therefore opaque
+# calls in Dynamo's graph (``allow_in_graph``): AOTAutograd then runs them on fake tensors,
+# where building the wrapper is ordinary Python, and traces the ops they do on the data.
+torch.compiler.allow_in_graph(masked_tensor)
+torch.compiler.allow_in_graph(as_masked_tensor)

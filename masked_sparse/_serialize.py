@@ -29,7 +29,7 @@ import torch
 
 import layouts
 
-from ._tensor import MaskedTensor, _wrap
+from ._tensor import MaskedTensor, _wrap, is_storage_attr
 
 
 def _rebuild_masked(layout_name: str, shape: Any, index: Any, values: torch.Tensor,
@@ -47,13 +47,13 @@ def _rebuild_masked(layout_name: str, shape: Any, index: Any, values: torch.Tens
     layout.validate(storage, full=True)
     out = _wrap(storage, bool(requires_grad))
     for name, value in dict(state).items():
-        if isinstance(name, str) and name != "_storage" and not name.startswith("__"):
+        if isinstance(name, str) and not is_storage_attr(name) and not name.startswith("__"):
             setattr(out, name, value)
     return out
 
 
 def _extra_state(mt: MaskedTensor) -> dict[str, Any]:
-    return {k: v for k, v in mt.__dict__.items() if k != "_storage"}
+    return {k: v for k, v in mt.__dict__.items() if not is_storage_attr(k)}
 
 
 def reduce_masked(mt: MaskedTensor, proto: int) -> tuple[Any, tuple[Any, ...]]:

@@ -43,8 +43,6 @@ class MaskedTensor(torch.Tensor):
     tensor([10.,  0.])
     """
 
-    _storage: Storage
-
     @staticmethod
     def __new__(cls, data: torch.Tensor, mask: torch.Tensor, requires_grad: bool = False):
         from ._construct import storage_from_tensors
@@ -99,6 +97,9 @@ class MaskedTensor(torch.Tensor):
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
         s = self._storage
+        if torch.compiler.is_compiling():  # fake / traced values: print no data (no sync)
+            return (f"MaskedTensor(layout={s.layout.name}, shape={tuple(s.shape)}, "
+                    f"dtype={s.values.dtype})")
         if s.index and self.numel() > _SUMMARY_NUMEL:
             return summary_repr(s.layout.name, s.shape, self.dtype, s.values.shape[0],
                                 int(s.mask.sum()))
@@ -110,14 +111,21 @@ class MaskedTensor(torch.Tensor):
     # -- routing -------------------------------------------------------------------------
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        # Note [Export traces the aten level]: torch.export records only tensors made by
+        # dispatched ops, so while exporting every op goes down to ``__torch_dispatch__``
+        # (each Python-level handler has an aten kernel; properties then read the wrapper).
+        if torch._C._get_tracing_state() is not None:
+            _refuse_jit_trace(func)
         handler = _registry.FUNCTIONS.get(func)
-        if handler is not None:
+        if handler is not None and not torch.compiler.is_exporting():
             return handler(*args, **(kwargs or {}))
         with DisableTorchFunctionSubclass():
             return func(*args, **(kwargs or {}))
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if torch._C._get_tracing_state() is not None:
+            _refuse_jit_trace(func)
         kernel = _registry.ATEN.get(func)
         if kernel is None:
             from .ops.pointwise import resolve
@@ -137,9 +145,8 @@ class MaskedTensor(torch.Tensor):
         return deepcopy_masked(self, memo)
 
     def __tensor_flatten__(self) -> tuple[list[str], tuple[str, int]]:
-        n = len(self._storage.index)
-        return ["_values", "_mask"] + [f"_index{i}" for i in range(n)], (
-            self._storage.layout.name, n)
+        n = self._nindex
+        return ["_values", "_mask"] + [f"_index{i}" for i in range(n)], (self._layout.name, n)
 
     @staticmethod
     def __tensor_unflatten__(inner: dict[str, torch.Tensor], meta: tuple[str, int],
@@ -150,18 +157,48 @@ class MaskedTensor(torch.Tensor):
                                                  outer_size)
         return _wrap(storage)
 
-    @property
-    def _values(self) -> torch.Tensor:
-        return self._storage.values
+    def _stable_hash_for_caching(self) -> str:
+        """The AOTAutograd cache key of this input: layout and inner tensors' metadata."""
+        s = self._storage
+        inner = [(tuple(t.shape), t.stride(), str(t.dtype), str(t.device))
+                 for t in (s.values, s.mask, *s.index)]
+        return f"MaskedTensor[{s.layout.name}]{tuple(s.shape)}{inner}"
 
+    # Note [Storage attributes]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~
+    # The storage lives in plain attributes: the inner tensors that ``__tensor_flatten__``
+    # names (``_values``, ``_mask``, ``_index0``, ...) plus the layout and the shape. Eager
+    # code reads one cached :class:`Storage` (``_cached``, no rebuilding per access). Under
+    # torch.compile / torch.export the storage is rebuilt from the flattened attributes
+    # instead, so that Dynamo sees the very tensors it lifted as the subclass's inner
+    # tensors: reading a cached Python object would make Dynamo lift its tensors a second
+    # time, as separate graph inputs (torch.export then bakes them in as constants).
     @property
-    def _mask(self) -> torch.Tensor:
-        return self._storage.mask
+    def _storage(self) -> Storage:
+        if torch.compiler.is_compiling():
+            index = tuple(getattr(self, f"_index{i}") for i in range(self._nindex))
+            return Storage(self._layout, index, self._values, self._mask, self._shape)
+        return self._cached
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_index") and name[6:].isdigit():
-            return self._storage.index[int(name[6:])]
-        raise AttributeError(f"'MaskedTensor' object has no attribute {name!r}")
+    @_storage.setter
+    def _storage(self, storage: Storage) -> None:
+        self._cached = storage
+        self._layout = storage.layout
+        self._shape = storage.shape
+        self._values = storage.values
+        self._mask = storage.mask
+        self._nindex = len(storage.index)
+        for i, t in enumerate(storage.index):
+            setattr(self, f"_index{i}", t)
+
+
+def _refuse_jit_trace(func: Any) -> None:
+    """torch.jit.trace records only the C++ wrapper (no data): say what works instead."""
+    name = getattr(func, "__name__", None) or str(func)
+    raise NotImplementedError(
+        f"MaskedTensor {name}: torch.jit.trace / torch.jit.script cannot trace a MaskedTensor "
+        f"(TorchScript does not know tensor subclasses); use torch.compile(fn) to compile or "
+        f"torch.export.export(module, (mt,)) to export, which trace through the data and mask")
 
 
 def _wrap(storage: Storage, requires_grad: bool = False) -> MaskedTensor:
@@ -173,6 +210,36 @@ def _wrap(storage: Storage, requires_grad: bool = False) -> MaskedTensor:
         requires_grad=requires_grad)
     out._storage = storage
     return out
+
+
+_STORAGE_ATTRS = frozenset({"_storage", "_cached", "_layout", "_shape", "_values", "_mask",
+                            "_nindex"})
+
+
+def is_storage_attr(name: str) -> bool:
+    """True for the attributes that hold the storage (Note [Storage attributes]): they are
+    not user state (pickling and deepcopy rebuild them from the storage)."""
+    return name in _STORAGE_ATTRS or (name.startswith("_index") and name[6:].isdigit())
+
+
+def unwrap_grad_tracking(t: Any) -> Any:
+    """``t`` without the wrappers of ``torch.func.grad`` / ``vjp`` / ``jacrev``.
+
+    Note [Functions for torch.func]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Inside a torch.func transform a MaskedTensor is wrapped in a plain-typed tensor: its
+    methods and ``__torch_function__`` handlers are out of reach, and torch ops reach
+    ``__torch_dispatch__`` below the transform's autograd. The autograd Functions of the
+    core (``as_masked_tensor``, ``get_data`` / ``to_tensor``, ``where``, ``on_values``)
+    therefore take no ``ctx`` in ``forward`` (what the transforms require; state for
+    ``setup_context`` travels in a ``box`` list argument), and their ``setup_context`` /
+    ``backward`` read the storage and the incoming gradient through this function. The
+    gradient they return is then a value of the level below the transform: right for one
+    level of transform, so nested transforms (hessians) raise NotImplementedError.
+    """
+    while isinstance(t, torch.Tensor) and torch._C._functorch.is_gradtrackingtensor(t):
+        t = torch._C._functorch.get_unwrapped(t)
+    return t
 
 
 def requires_grad_of(t: torch.Tensor) -> bool:

@@ -14,19 +14,34 @@ aten = torch.ops.aten
 
 
 # -- properties answered from the storage (Note [Wrapper layout]) --------------------------
+# Note [Layout seen by torch.compile]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# While torch.compile / torch.export trace (``is_compiling()``) and the caller is torch's
+# own machinery rather than traced user code (``not is_dynamo_compiling()``), these
+# properties report the C++ wrapper's true layout, strided. Dynamo refuses to wrap a
+# tensor that says it is sparse, but a sparse MaskedTensor is a strided wrapper over plain
+# dense inner tensors (values, mask, index tensors) that it traces like any other
+# subclass. The price: inside a compiled function ``mt.layout`` reads ``torch.strided``;
+# ``ms.layout_of(mt)`` gives the storage's layout everywhere.
+def _tracing() -> bool:
+    return torch.compiler.is_compiling() and not torch.compiler.is_dynamo_compiling()
+
+
 @implements(torch.Tensor.layout.__get__)
 def _layout(mt: MaskedTensor) -> torch.layout:
+    if _tracing():
+        return torch.strided
     return mt._storage.layout.torch_layout or torch.strided
 
 
 @implements(torch.Tensor.is_sparse.__get__)
 def _is_sparse(mt: MaskedTensor) -> bool:
-    return mt._storage.layout.torch_layout is torch.sparse_coo
+    return mt._storage.layout.torch_layout is torch.sparse_coo and not _tracing()
 
 
 @implements(torch.Tensor.is_sparse_csr.__get__)
 def _is_sparse_csr(mt: MaskedTensor) -> bool:
-    return mt._storage.layout.torch_layout is torch.sparse_csr
+    return mt._storage.layout.torch_layout is torch.sparse_csr and not _tracing()
 
 
 # -- same pattern, new values --------------------------------------------------------------
@@ -104,3 +119,12 @@ def _new_empty_strided(func: Any, args: tuple, kwargs: dict) -> MaskedTensor:
     else:
         values = torch.empty_like(s.values, **kwargs)
     return _wrap(s.with_values(values))
+
+
+@implements_aten(aten.new_zeros.default, aten.new_ones.default, aten.new_empty.default,
+                 aten.new_full.default)
+def _new_factory(func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+    # A new tensor of a given size has no mask to inherit: it is a plain tensor with the
+    # values' dtype and device (what torch.autograd.gradcheck allocates its Jacobians with).
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("layout", "pin_memory")}
+    return func(args[0]._storage.values, *args[1:], **kwargs)

@@ -14,12 +14,13 @@ import layouts
 from layouts import Storage
 
 from .._autograd import on_values
-from .._registry import implements
-from .._tensor import MaskedTensor, _wrap, requires_grad_of
+from .._registry import implements, implements_aten
+from .._tensor import MaskedTensor, _wrap, requires_grad_of, unwrap_grad_tracking
 
 
-def _grad_as_values(s: Storage, grad: torch.Tensor) -> torch.Tensor:
+def grad_as_values(s: Storage, grad: torch.Tensor) -> torch.Tensor:
     """A plain gradient (dense, or sparse in ``s``'s layout) read at ``s``'s positions."""
+    grad = unwrap_grad_tracking(grad)
     if isinstance(grad, MaskedTensor):
         return layouts.read_at(grad._storage, s)[0]
     if grad.layout != torch.strided:
@@ -30,24 +31,74 @@ def _grad_as_values(s: Storage, grad: torch.Tensor) -> torch.Tensor:
 
 class _GetData(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, mt: MaskedTensor) -> torch.Tensor:
-        ctx.storage = s = mt._storage
+    def forward(mt: MaskedTensor) -> torch.Tensor:
+        s = mt._storage
         return s.layout.to_torch(s, s.values.detach())
 
     @staticmethod
+    def setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
+        ctx.storage = unwrap_grad_tracking(inputs[0])._storage
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple, mt: MaskedTensor) -> tuple[torch.Tensor, Any]:
+        return get_data(mt), in_dims[0]  # elementwise: the batch dim stays where it is
+
+    @staticmethod
     def backward(ctx, grad: torch.Tensor) -> MaskedTensor:
+        grad = unwrap_grad_tracking(grad)
         if isinstance(grad, MaskedTensor):
             return grad
         s = ctx.storage
-        return _wrap(s.with_values(_grad_as_values(s, grad)))
+        return _wrap(s.with_values(grad_as_values(s, grad)))
 
 
 def get_data(mt: MaskedTensor) -> torch.Tensor:
-    """The data of ``mt`` in its layout (see :meth:`MaskedTensor.get_data`)."""
-    if torch.is_grad_enabled() and requires_grad_of(mt):
-        return _GetData.apply(mt)
+    """The data of ``mt`` in its layout (see :meth:`MaskedTensor.get_data`).
+
+    The function form also works inside ``torch.func`` transforms, where a MaskedTensor
+    argument is wrapped in a plain-typed tensor that has no MaskedTensor methods.
+    """
+    if not isinstance(mt, MaskedTensor) or (torch.is_grad_enabled() and requires_grad_of(mt)):
+        return _GetData.apply(_checked(mt, "get_data"))
     s = mt._storage
     return s.layout.to_torch(s, s.values)
+
+
+class _GetMask(torch.autograd.Function):
+    @staticmethod
+    def forward(mt: MaskedTensor) -> torch.Tensor:
+        return mt.get_mask()
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
+        ctx.mark_non_differentiable(output)
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple, mt: MaskedTensor) -> tuple[torch.Tensor, Any]:
+        return get_mask(mt), in_dims[0]
+
+
+def get_mask(mt: MaskedTensor) -> torch.Tensor:
+    """The bool mask of ``mt`` in its layout (see :meth:`MaskedTensor.get_mask`).
+
+    >>> import torch, masked_sparse as ms
+    >>> ms.get_mask(ms.masked_tensor(torch.ones(2), torch.tensor([True, False])))
+    tensor([ True, False])
+    """
+    if isinstance(mt, MaskedTensor):
+        return mt.get_mask()
+    return _GetMask.apply(_checked(mt, "get_mask"))
+
+
+def _checked(t: Any, op: str) -> torch.Tensor:
+    """``t`` if it is a MaskedTensor or a torch.func-wrapped one, else a TypeError."""
+    inner = t
+    while isinstance(inner, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(
+            inner):
+        inner = torch._C._functorch.get_unwrapped(inner)
+    if not isinstance(inner, MaskedTensor):
+        raise TypeError(f"ms.{op}: expected a MaskedTensor, got {type(t).__name__}")
+    return t
 
 
 def _fill(s: Storage, value: Any) -> torch.Tensor:
@@ -61,20 +112,59 @@ def _fill(s: Storage, value: Any) -> torch.Tensor:
 
 class _ToTensor(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, mt: MaskedTensor, value: Any) -> torch.Tensor:
-        ctx.storage = s = mt._storage
+    def forward(mt: MaskedTensor, value: Any) -> torch.Tensor:
+        s = mt._storage
         return _fill(s.with_values(s.values.detach()), value)
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
+        ctx.storage = unwrap_grad_tracking(inputs[0])._storage
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple, mt: MaskedTensor, value: Any) -> tuple[torch.Tensor, Any]:
+        return to_tensor(mt, value), in_dims[0]
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[MaskedTensor, None]:
         s = ctx.storage
-        return _wrap(s.with_values(_grad_as_values(s, grad))), None
+        return _wrap(s.with_values(grad_as_values(s, grad))), None
 
 
 def to_tensor(mt: MaskedTensor, value: Any) -> torch.Tensor:
-    """``mt`` with masked-out positions filled with ``value`` (:meth:`MaskedTensor.to_tensor`)."""
-    if torch.is_grad_enabled() and requires_grad_of(mt):
-        return _ToTensor.apply(mt, value)
+    """``mt`` with masked-out positions filled with ``value`` (:meth:`MaskedTensor.to_tensor`).
+
+    The function form also works inside ``torch.func`` transforms (see :func:`get_data`).
+
+    >>> import torch, masked_sparse as ms
+    >>> mt = ms.masked_tensor(torch.tensor([1., 2.]), torch.tensor([True, False]))
+    >>> torch.func.grad(lambda x: ms.to_tensor(x * x, 0).sum())(mt).to_tensor(0)
+    tensor([2., 0.])
+    """
+    if torch.compiler.is_exporting():  # Note [Export traces the aten level]
+        return torch.ops.masked_sparse.to_tensor(mt, float(value))
+    if not isinstance(mt, MaskedTensor) or (torch.is_grad_enabled() and requires_grad_of(mt)):
+        return _ToTensor.apply(_checked(mt, "to_tensor"), value)
+    return _fill(mt._storage, value)
+
+
+# ``to_tensor`` as an operator, for torch.export: it reaches ``__torch_dispatch__`` (the only
+# level export records), where the kernel below fills the values.
+@torch.library.custom_op("masked_sparse::to_tensor", mutates_args=())
+def _to_tensor_op(mt: torch.Tensor, value: float) -> torch.Tensor:
+    raise TypeError(f"masked_sparse::to_tensor: expected a MaskedTensor, got "
+                    f"{type(mt).__name__}")
+
+
+@_to_tensor_op.register_fake
+def _(mt: torch.Tensor, value: float) -> torch.Tensor:
+    return torch.empty_like(mt)
+
+
+@implements_aten(torch.ops.masked_sparse.to_tensor.default)
+def _to_tensor_kernel(func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+    mt, value = args
+    if not mt.dtype.is_floating_point and not mt.dtype.is_complex and value == int(value):
+        value = int(value)
     return _fill(mt._storage, value)
 
 

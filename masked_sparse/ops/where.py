@@ -139,13 +139,18 @@ def _grad_on(out: Storage, grad: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 class _Where(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, cond: Any, a: Any, b: Any) -> MaskedTensor:
+    def forward(cond: Any, a: Any, b: Any, box: list) -> MaskedTensor:
         o = _operands(cond, a, b)
         out = _result(o)
-        ctx.o, ctx.out = o, out
+        box.append((o, out))  # for setup_context (Note [Functions for torch.func])
+        return _wrap(out)
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output: MaskedTensor) -> None:
+        cond, a, b, box = inputs
+        ctx.o, ctx.out = box.pop()
         ctx.targets = [x._storage if isinstance(x, MaskedTensor) else None for x in (a, b)]
         ctx.dtypes = [x.dtype if isinstance(x, torch.Tensor) else None for x in (a, b)]
-        return _wrap(out)
 
     @staticmethod
     @once_differentiable
@@ -165,7 +170,7 @@ class _Where(torch.autograd.Function):
             mask = pick & gmask & own_mask
             base = ctx.targets[i] if ctx.targets[i] is not None else out
             grads.append(_wrap(base.with_values(values, mask)))
-        return tuple(grads)
+        return (*grads, None)
 
 
 def where(condition: Any, input: Any, other: Any, *, out: Any = None) -> MaskedTensor:
@@ -187,7 +192,7 @@ def where(condition: Any, input: Any, other: Any, *, out: Any = None) -> MaskedT
                         f"tensor")
     tensors = [x for x in (input, other) if isinstance(x, torch.Tensor)]
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return _Where.apply(condition, input, other)
+        return _Where.apply(condition, input, other, [])
     return _wrap(_result(_operands(condition, input, other)))
 
 
