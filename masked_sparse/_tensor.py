@@ -118,7 +118,7 @@ class MaskedTensor(torch.Tensor):
             _refuse_jit_trace(func)
         handler = _registry.FUNCTIONS.get(func)
         if handler is not None and not torch.compiler.is_exporting():
-            return handler(*args, **(kwargs or {}))
+            return handler(func, *args, **(kwargs or {}))
         with DisableTorchFunctionSubclass():
             return func(*args, **(kwargs or {}))
 
@@ -126,12 +126,12 @@ class MaskedTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         if torch._C._get_tracing_state() is not None:
             _refuse_jit_trace(func)
-        kernel = _registry.ATEN.get(func)
-        if kernel is None:
+        handler = _registry.ATEN.get(func)
+        if handler is None:
             from .ops.pointwise import resolve
 
-            kernel = resolve(func, args)
-        return kernel(func, args, kwargs or {})
+            handler = resolve(func, args)
+        return handler(func, *args, **(kwargs or {}))
 
     # -- torch.compile / serialization ---------------------------------------------------
     def __reduce_ex__(self, proto: int) -> tuple:  # pickle, torch.save (weights_only=True)
