@@ -74,11 +74,27 @@ class _AsMasked(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
+        if torch.compiler.is_compiling():
+            # Note [as_masked_tensor under torch.compile]: AOTAutograd fixes the type of
+            # every gradient in the graph from the forward, where ``data`` is plain, so the
+            # compiled gradient of ``data`` is a plain tensor: the masked gradient with 0
+            # at unspecified positions (what eager gives after ``.to_tensor(0)``).
+            s = ctx.storage
+            return s.densify(_masked_values(s, grad), 0), None
         # The gradient reaching ``data`` carries the mask, as in torch.masked.
         if not isinstance(grad, MaskedTensor):
             s = ctx.storage
             grad = _wrap(s.with_values(s.layout.gather(s, grad)))
         return grad, None
+
+
+def _masked_values(s: Storage, grad: torch.Tensor) -> torch.Tensor:
+    """The incoming gradient read at ``s``'s stored positions, 0 where unspecified."""
+    from .ops.conversion import grad_as_values
+
+    values = grad_as_values(s, grad)
+    return torch.where(s.mask, values, torch.zeros((), dtype=values.dtype,
+                                                   device=values.device))
 
 
 def as_masked_tensor(data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:

@@ -64,8 +64,9 @@ class MaskedTensor(torch.Tensor):
 
     def get_mask(self) -> torch.Tensor:
         """The bool mask (True = specified), in the same layout and with the same indices."""
-        s = self._storage
-        return s.layout.to_torch(s, s.mask)
+        from .ops.conversion import get_mask
+
+        return get_mask(self)
 
     def to_tensor(self, value: Any) -> torch.Tensor:
         """A plain tensor with masked-out positions filled with ``value``.
@@ -116,6 +117,11 @@ class MaskedTensor(torch.Tensor):
         # (each Python-level handler has an aten kernel; properties then read the wrapper).
         if torch._C._get_tracing_state() is not None:
             _refuse_jit_trace(func)
+        if torch.compiler.is_dynamo_compiling():
+            # Dynamo traces this code only after the op broke its graph (data-dependent
+            # shapes of sparse kernels): run the whole op outside the graph, one clean
+            # break, rather than resuming inside our Python.
+            return _torch_function_outside_graph(func, args, kwargs)
         handler = _registry.FUNCTIONS.get(func)
         if handler is not None and not torch.compiler.is_exporting():
             return handler(func, *args, **(kwargs or {}))
@@ -192,6 +198,11 @@ class MaskedTensor(torch.Tensor):
             setattr(self, f"_index{i}", t)
 
 
+@torch.compiler.disable
+def _torch_function_outside_graph(func: Any, args: tuple, kwargs: dict | None) -> Any:
+    return MaskedTensor.__torch_function__(func, (), args, kwargs)
+
+
 def _refuse_jit_trace(func: Any) -> None:
     """torch.jit.trace records only the C++ wrapper (no data): say what works instead."""
     name = getattr(func, "__name__", None) or str(func)
@@ -203,6 +214,11 @@ def _refuse_jit_trace(func: Any) -> None:
 
 def _wrap(storage: Storage, requires_grad: bool = False) -> MaskedTensor:
     """A MaskedTensor over ``storage`` (no copy, no check)."""
+    if torch.compiler.is_dynamo_compiling():
+        # Dynamo traces a masked op's Python code only after a graph break in it (sparse
+        # kernels with data-dependent shapes); it cannot trace _make_wrapper_subclass, so
+        # the wrapper is built outside the graph, whole (never half-built across a break).
+        return _wrap_outside_graph(storage, requires_grad)
     values = storage.values
     strides = values.stride() if not storage.index else None
     out = torch.Tensor._make_wrapper_subclass(
@@ -210,6 +226,9 @@ def _wrap(storage: Storage, requires_grad: bool = False) -> MaskedTensor:
         requires_grad=requires_grad)
     out._storage = storage
     return out
+
+
+_wrap_outside_graph = torch.compiler.disable(_wrap, recursive=True)
 
 
 _STORAGE_ATTRS = frozenset({"_storage", "_cached", "_layout", "_shape", "_values", "_mask",

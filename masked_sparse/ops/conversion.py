@@ -58,6 +58,8 @@ def get_data(mt: MaskedTensor) -> torch.Tensor:
     The function form also works inside ``torch.func`` transforms, where a MaskedTensor
     argument is wrapped in a plain-typed tensor that has no MaskedTensor methods.
     """
+    if _sparse_under_dynamo(mt):
+        return _get_data_outside_graph(mt)
     if not isinstance(mt, MaskedTensor) or (torch.is_grad_enabled() and requires_grad_of(mt)):
         return _GetData.apply(_checked(mt, "get_data"))
     s = mt._storage
@@ -67,7 +69,8 @@ def get_data(mt: MaskedTensor) -> torch.Tensor:
 class _GetMask(torch.autograd.Function):
     @staticmethod
     def forward(mt: MaskedTensor) -> torch.Tensor:
-        return mt.get_mask()
+        s = mt._storage
+        return s.layout.to_torch(s, s.mask)
 
     @staticmethod
     def setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
@@ -85,9 +88,40 @@ def get_mask(mt: MaskedTensor) -> torch.Tensor:
     >>> ms.get_mask(ms.masked_tensor(torch.ones(2), torch.tensor([True, False])))
     tensor([ True, False])
     """
+    if _sparse_under_dynamo(mt):
+        return _get_mask_outside_graph(mt)
     if isinstance(mt, MaskedTensor):
-        return mt.get_mask()
+        s = mt._storage
+        return s.layout.to_torch(s, s.mask)
     return _GetMask.apply(_checked(mt, "get_mask"))
+
+
+def _sparse_under_dynamo(mt: Any) -> bool:
+    """True while Dynamo traces a call whose result is a torch sparse tensor.
+
+    Note [Sparse results under torch.compile]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A compiled graph cannot hold a torch sparse tensor (Dynamo refuses to wrap one, and
+    fake CSR construction fails outright), so ``get_data`` / ``get_mask`` / ``to_tensor(0)``
+    of a sparse MaskedTensor run outside the graph -- a graph break -- while the ops
+    before and after them are compiled. Dynamo reaches them two ways: tracing our Python
+    (then the call goes to a ``torch.compiler.disable``-d copy), or running a recorded
+    method call on fake tensors (then we raise Dynamo's own graph-break signal).
+    """
+    if not (isinstance(mt, MaskedTensor) and torch.compiler.is_compiling()
+            and mt._storage.index):
+        return False
+    if torch.compiler.is_dynamo_compiling():
+        return True
+    from torch._dynamo.exc import unimplemented
+
+    unimplemented(gb_type="MaskedTensor with a sparse torch result",
+                  context=mt._storage.layout.name,
+                  explanation="get_data / get_mask / to_tensor(0) of a sparse MaskedTensor "
+                              "return a torch sparse tensor, which a graph cannot hold",
+                  hints=["the call runs eagerly; mt.to_tensor(value) with value != 0 or "
+                         "mt.to_dense() stay in the graph"])
+    return True  # unreachable: unimplemented raises
 
 
 def _checked(t: Any, op: str) -> torch.Tensor:
@@ -142,9 +176,16 @@ def to_tensor(mt: MaskedTensor, value: Any) -> torch.Tensor:
     """
     if torch.compiler.is_exporting():  # Note [Export traces the aten level]
         return torch.ops.masked_sparse.to_tensor(mt, float(value))
+    if _sparse_under_dynamo(mt) and isinstance(value, (int, float, bool)) and value == 0:
+        return _to_tensor_outside_graph(mt, value)
     if not isinstance(mt, MaskedTensor) or (torch.is_grad_enabled() and requires_grad_of(mt)):
         return _ToTensor.apply(_checked(mt, "to_tensor"), value)
     return _fill(mt._storage, value)
+
+
+_get_data_outside_graph = torch.compiler.disable(get_data)
+_get_mask_outside_graph = torch.compiler.disable(get_mask)
+_to_tensor_outside_graph = torch.compiler.disable(to_tensor)
 
 
 # ``to_tensor`` as an operator, for torch.export: it reaches ``__torch_dispatch__`` (the only

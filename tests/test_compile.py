@@ -1,0 +1,229 @@
+"""torch.compile, torch.export, torch.func and torch.jit on MaskedTensors.
+
+Every compiled result is compared with the eager result of the same function (itself
+tested against dense references elsewhere). Kept small: few shapes, ``dynamic=False``, the
+``aot_eager`` backend except where Inductor itself is under test, and a Dynamo reset
+around every test. Speed is measured in ``benchmarks/bench_compile.py``, never here.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from conftest import dense_of, make_masked
+
+import masked_sparse as ms
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+SPARSE = ["sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr"]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return request.param
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Dynamo / AOT cache chatter
+        yield
+    torch._dynamo.reset()
+
+
+def compiled(fn, fullgraph=True, backend="aot_eager"):
+    return torch.compile(fn, fullgraph=fullgraph, dynamic=False, backend=backend)
+
+
+def in_layout(mt, layout):
+    if layout == "sparse_bsr":
+        return mt.to_sparse_bsr((2, 2))
+    return ms.to_layout(mt, layout)
+
+
+def masked(shape, device, layout="strided", seed=0, dtype=torch.float32):
+    mt, _, _ = make_masked(shape, dtype=dtype, seed=seed)
+    mt = mt.to(device)
+    return mt if layout == "strided" else in_layout(mt, layout)
+
+
+def assert_same(got, ref):
+    """``got`` equals ``ref``: the same type, layout, mask and specified values."""
+    if isinstance(ref, (tuple, list)):
+        assert len(got) == len(ref)
+        for g, r in zip(got, ref):
+            assert_same(g, r)
+        return
+    if isinstance(ref, ms.MaskedTensor):
+        assert isinstance(got, ms.MaskedTensor), type(got)
+        assert ms.layout_of(got) is ms.layout_of(ref)
+        gd, gm = dense_of(got)
+        rd, rm = dense_of(ref)
+        assert torch.equal(gm, rm)
+        zero = torch.zeros((), dtype=rd.dtype, device=rd.device)
+        torch.testing.assert_close(torch.where(gm, gd, zero), torch.where(rm, rd, zero),
+                                   equal_nan=True)
+        return
+    assert type(got) is type(ref) and got.layout == ref.layout
+    torch.testing.assert_close(got.to_dense(), ref.to_dense(), equal_nan=True)
+
+
+def graph_breaks(fn, *args):
+    return torch._dynamo.explain(fn)(*args).graph_break_count
+
+
+# -- strided: one graph, equal to eager -------------------------------------------------
+FAMILIES = {
+    "unary": lambda x: (x.exp() - x.abs().sqrt(), torch.sin(x), -x, x.sigmoid()),
+    "binary": lambda x: (x * x + x / 3, x - 1.5, x * torch.arange(6.0, device=x.device),
+                         x > 0, torch.maximum(x, x * 2)),
+    "where": lambda x: torch.where(x > 0, x, x * 2),
+    "reductions": lambda x: (x.sum(), x.sum(1), x.mean(0), x.amax(1), x.amin(0), x.prod(1),
+                             (x > 0).any(1), (x > 0).all(0), x.var(1), x.std(0),
+                             x.logsumexp(1), x.norm(dim=1), x.argmax(1), x.nansum(1),
+                             x.count_nonzero(1)),
+    "softmax": lambda x: (x.softmax(1), x.log_softmax(0), torch.softmax(x, -1)),
+    "to_tensor": lambda x: (x.to_tensor(0), x.to_tensor(-math.inf), x.get_mask(),
+                            x.get_data()),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_strided_fullgraph_equals_eager(family, device):
+    mt = masked((4, 6), device)
+    fn = FAMILIES[family]
+    assert_same(compiled(fn)(mt), fn(mt))
+
+
+def test_strided_inductor_reductions_and_softmax(device):
+    # The ops whose eager kernels use bit tricks Inductor cannot compile (uint8 views of
+    # the mask, Python block loops): the compiled path takes plain torch formulations.
+    mt = masked((64, 40), device)
+
+    def fn(x):
+        return x.sum(1), x.amax(1), (x > 0).any(1), x.mean(0), x.softmax(1)
+
+    assert_same(compiled(fn, backend="inductor")(mt), fn(mt))
+
+
+def test_construction_and_autograd_inside_compiled_function(device):
+    gen = torch.Generator().manual_seed(3)
+    lin = torch.nn.Linear(6, 6).to(device)
+    x = torch.randn(4, 6, generator=gen).to(device)
+    mask = (torch.rand(4, 6, generator=gen) > 0.3).to(device)
+    mask[1] = False  # a fully masked row: unspecified in the result, no NaN gradient
+
+    def fn(x, mask):
+        mt = ms.as_masked_tensor(lin(x), mask)
+        built = ms.masked_tensor(x, mask)
+        return (mt.softmax(1) * 2).sum(1).to_tensor(0).sum() + built.sum().to_tensor(0)
+
+    ref = fn(x, mask)
+    ref.backward()
+    ref_grads = [p.grad.clone() for p in lin.parameters()]
+    lin.zero_grad()
+    got = compiled(fn)(x, mask)
+    got.backward()
+    torch.testing.assert_close(got, ref)
+    for p, g in zip(lin.parameters(), ref_grads):
+        torch.testing.assert_close(p.grad, g)
+        assert not p.grad.isnan().any()
+
+
+def test_masked_leaf_gradient_through_compiled_function(device):
+    mt = masked((4, 6), device).requires_grad_()
+    ref_mt = masked((4, 6), device).requires_grad_()
+
+    def fn(x):
+        return x.exp().softmax(1).amax(1).sum()
+
+    fn(ref_mt).backward()
+    compiled(fn)(mt).backward()
+    assert_same(mt.grad, ref_mt.grad)
+
+
+# -- sparse layouts: compile, equal to eager, graph breaks only where torch needs them ----
+SPARSE_FAMILIES = {  # family -> (function, compiles in one graph)
+    "pointwise": (lambda x: (x.exp() * 2 - x.abs()).sin() + x * x, True),
+    "where": (lambda x: torch.where(x > 0, x, x * 2), True),
+    "full reduction": (lambda x: (x.sum(), x.amax()), True),
+    "reduction along a dim": (lambda x: (x.sum(1), x.amax(0)), False),
+    "softmax": (lambda x: x.softmax(1), False),
+    "to_tensor": (lambda x: (x.to_tensor(0), x.get_mask(), x.to_tensor(1.5)), False),
+}
+
+
+# Every family on COO and CSR; CSC and BSR share those kernels (through COO / the
+# compressed code), so they run the families that compile differently: kept short for CI.
+SPARSE_CASES = [(lay, fam) for lay in ("sparse_coo", "sparse_csr") for fam in SPARSE_FAMILIES]
+SPARSE_CASES += [(lay, fam) for lay in ("sparse_csc", "sparse_bsr")
+                 for fam in ("pointwise", "full reduction", "to_tensor")]
+
+
+@pytest.mark.parametrize(("layout", "family"), SPARSE_CASES)
+def test_sparse_compiles_and_equals_eager(layout, family, device):
+    mt = masked((4, 6), device, layout)
+    fn, one_graph = SPARSE_FAMILIES[family]
+    assert_same(compiled(fn, fullgraph=one_graph)(mt), fn(mt))
+    if one_graph:
+        assert graph_breaks(fn, mt) == 0
+
+
+def test_as_masked_tensor_of_a_linear_inside_compiled_forward(device):
+    layout = "sparse_coo"
+    lin = torch.nn.Linear(6, 6).to(device)
+    mt = masked((4, 6), device, layout)
+
+    def forward(x):
+        y = ms.as_masked_tensor(lin(x.to_tensor(0).to_dense()), x.to_dense().get_mask())
+        return ms.to_layout(y, layout).exp().sum(1)
+
+    assert_same(compiled(forward, fullgraph=False)(mt), forward(mt))
+
+
+# -- torch.export -------------------------------------------------------------------------
+class Block(torch.nn.Module):
+    def forward(self, x):
+        y = (x * 2 + 1).exp()
+        return y.softmax(1).sum(1), y.amax(0), x.mean(), y.log_softmax(1).to_tensor(0)
+
+
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "non-strict"])
+def test_export_runs_on_new_data_and_mask(strict, device):
+    ep = torch.export.export(Block(), (masked((4, 6), device, seed=0),), strict=strict)
+    assert "_tensor_constant" not in ep.graph_module.code  # computes from its input
+    new = masked((4, 6), device, seed=7)
+    assert_same(ep.module()(new), Block()(new))
+
+
+# -- torch.func ---------------------------------------------------------------------------
+@pytest.mark.parametrize("layout", ["strided"] + SPARSE)
+def test_vmap_over_masked_tensors(layout, device):
+    mt = masked((4, 6), device, layout)
+
+    def fn(x):  # one row at a time
+        return ms.to_tensor(x.sin() * 2, 0.5), ms.to_tensor(x.exp().sum(0), 0)
+
+    got = torch.func.vmap(fn)(mt)
+    ref = fn(mt)[0], ms.to_tensor(mt.exp().sum(1), 0)
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g.to_dense(), r.to_dense())
+
+
+@pytest.mark.parametrize("layout", ["strided"] + SPARSE)
+def test_vjp_of_pointwise_ops(layout, device):
+    mt = masked((4, 6), device, layout, dtype=torch.float64)
+    out, pullback = torch.func.vjp(lambda x: x.sin() * 3, mt)
+    (got,) = pullback(torch.ones_like(out))
+    assert_same(got, mt.cos() * 3)
+
+
+# -- torch.jit ----------------------------------------------------------------------------
+def test_jit_trace_says_what_to_use_instead():
+    mt = masked((2, 3), "cpu")
+    with pytest.raises(NotImplementedError, match="torch.compile"):
+        torch.jit.trace(lambda x: x * 2, (mt,))
