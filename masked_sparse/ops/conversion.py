@@ -171,8 +171,8 @@ def to_tensor(mt: MaskedTensor, value: Any) -> torch.Tensor:
 
     >>> import torch, masked_sparse as ms
     >>> mt = ms.masked_tensor(torch.tensor([1., 2.]), torch.tensor([True, False]))
-    >>> torch.func.grad(lambda x: ms.to_tensor(x * x, 0).sum())(mt).to_tensor(0)
-    tensor([2., 0.])
+    >>> torch.func.vmap(lambda x: ms.to_tensor(x * 10, 0))(mt)
+    tensor([10.,  0.])
     """
     if torch.compiler.is_exporting():  # Note [Export traces the aten level]
         return torch.ops.masked_sparse.to_tensor(mt, float(value))
