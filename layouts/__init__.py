@@ -21,7 +21,7 @@ from . import sparse_csc  # noqa: F401
 # isort: split
 from . import sparse_bsr  # noqa: F401
 from ._grouping import Grouping, group_by
-from .convert import convert, drop_unspecified, read_at
+from .convert import convert, drop_unspecified, expand_specified, read_at, read_broadcast
 from .registry import (
     Layout,
     Storage,
@@ -37,8 +37,10 @@ __all__ = [
     "Storage",
     "convert",
     "drop_unspecified",
+    "expand_specified",
     "get_layout",
     "read_at",
+    "read_broadcast",
     "group_by",
     "register_layout",
     "registered_layouts",
