@@ -21,6 +21,7 @@ from . import sparse_csc  # noqa: F401
 # isort: split
 from . import sparse_bsr  # noqa: F401
 from ._grouping import Grouping, group_by
+from ._lines import Lines, lines_along
 from .convert import convert, drop_unspecified, expand_specified, read_at, read_broadcast
 from .registry import (
     Layout,
@@ -34,6 +35,7 @@ from .registry import (
 __all__ = [
     "Grouping",
     "Layout",
+    "Lines",
     "Storage",
     "convert",
     "drop_unspecified",
@@ -42,6 +44,7 @@ __all__ = [
     "read_at",
     "read_broadcast",
     "group_by",
+    "lines_along",
     "register_layout",
     "registered_layouts",
     "unregister_layout",

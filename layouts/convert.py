@@ -108,7 +108,7 @@ def element_coords(coo: Storage) -> torch.Tensor:
         return indices
     inner = torch.arange(coo.values[0].numel(), device=indices.device)
     rows = [indices[d].repeat_interleave(inner.numel()) for d in range(indices.shape[0])]
-    for d, n in reversed(list(enumerate(dense))):
+    for n in reversed(dense):
         rows.insert(indices.shape[0], (inner % n).repeat(indices.shape[1]))
         inner = inner // n
     return torch.stack(rows)

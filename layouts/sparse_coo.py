@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ._index import coalesce_coo, linearize, lookup
+from ._lines import sparse_lines as _lines
 from ._segment import coo_group as _reduction_group
 from ._shape_coo import SHAPE_OPS as _SHAPE_OPS
 from .registry import Layout, Storage, register_layout
@@ -104,7 +105,7 @@ SPARSE_COO = register_layout(Layout(
     to_coo=_identity,
     from_coo=_identity,
     validate=_validate,
-    reduction={"group": _reduction_group},
+    reduction={"group": _reduction_group, "lines": _lines},
     shape_ops=_SHAPE_OPS,
     doc=__doc__ or "",
 ))

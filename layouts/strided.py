@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ._lines import dense_lines as _lines
 from ._shape_strided import SHAPE_OPS as _SHAPE_OPS
 from ._strided_reduce import group as _reduction_group
 from .registry import Layout, Storage, register_layout
@@ -65,7 +66,7 @@ STRIDED = register_layout(Layout(
     to_coo=_to_coo,
     from_coo=_from_coo,
     validate=_validate,
-    reduction={"group": _reduction_group},
+    reduction={"group": _reduction_group, "lines": _lines},
     shape_ops=_SHAPE_OPS,
     doc=__doc__ or "",
 ))
