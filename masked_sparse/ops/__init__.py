@@ -14,6 +14,7 @@ from . import (  # noqa: F401
     joining,
     pointwise,
     reductions,
+    scans,
     shape,
     softmax,
     where,
