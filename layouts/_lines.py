@@ -233,14 +233,14 @@ class SparseLines(Lines):
 
     # -- sorts -------------------------------------------------------------------------
     def sort(self, values, mask, descending, k):
+        if not self.same_order:
+            c = self.source.layout.to_coo(self.source.with_values(values, mask))
+            values, mask = c.values, c.mask
         if values.dim() != 1:
             raise NotImplementedError(
                 f"MaskedTensor[{self.source.layout.name}] sort along sparse dim {self.dim} of "
                 f"a hybrid tensor (dense dims {tuple(values.shape[1:])}): sort it along a dense "
                 f"dim, or convert with .to_dense() first")
-        if not self.same_order:
-            c = self.source.layout.to_coo(self.source.with_values(values, mask))
-            values, mask = c.values, c.mask
         v, m = self.to_lines(values), self.to_lines(mask)
         by_value = torch.argsort(v.detach(), descending=descending, stable=True)
         line = torch.repeat_interleave(torch.arange(self.lengths.numel(), device=v.device),

@@ -12,6 +12,7 @@ from . import (  # noqa: F401
     foreach,
     indexing,
     joining,
+    order,
     pointwise,
     reductions,
     scans,
