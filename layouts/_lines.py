@@ -173,12 +173,16 @@ class SparseLines(Lines):
             values = self.source.layout.to_coo(self.source.with_values(values)).values
         v = self.to_lines(values)
         extra = None
-        if op == "cumsum" and self._running_sum_ok(v):
+        if self.nnz == 0:
+            out = v
+            if op in ("cummax", "cummin"):
+                extra = torch.zeros(v.shape, dtype=torch.long, device=v.device)
+        elif op == "cumsum" and self._running_sum_ok(v):
             out = self._running_sum(v)
         else:
             out, extra = self._padded_scan(v, op)
         out = self._restore(out)
-        if extra is not None:  # element (line order) -> its coordinate along dim
+        if extra is not None and self.nnz:  # element (line order) -> coordinate along dim
             extra = self._restore(self.coord[extra])
         return out, extra
 
