@@ -15,42 +15,34 @@ MaskedTensor(  5.0000, True)
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .._registry import ATEN
+from .._registry import implements
 
 aten = torch.ops.aten
 
-
-def _each(op: Callable[..., Any], inplace: bool) -> Callable[[Any, tuple, dict], Any]:
-    def kernel(func: Any, args: tuple, kwargs: dict) -> Any:
-        tensors, rest = args[0], args[1:]
-        outs = [op(t, *rest, **kwargs) for t in tensors]
-        return None if inplace else outs
-
-    return kernel
-
-
-def _norm(t: torch.Tensor, ord: Any = 2, dtype: Any = None) -> torch.Tensor:
-    return aten.linalg_vector_norm.default(t, ord, dtype=dtype)
+#: Each foreach overload and the per-tensor op it applies (in place: returns None).
+PER_TENSOR: dict[Any, Any] = {
+    aten._foreach_norm.Scalar: aten.linalg_vector_norm.default,
+    aten._foreach_mul_.Tensor: aten.mul_.Tensor,
+    aten._foreach_mul_.Scalar: aten.mul_.Scalar,
+    aten._foreach_div_.Tensor: aten.div_.Tensor,
+    aten._foreach_div_.Scalar: aten.div_.Scalar,
+    aten._foreach_clamp_min_.Scalar: aten.clamp_min_.default,
+    aten._foreach_clamp_max_.Scalar: aten.clamp_max_.default,
+}
 
 
-def _each_list(op: Callable[..., Any]) -> Callable[[Any, tuple, dict], Any]:
-    def kernel(func: Any, args: tuple, kwargs: dict) -> Any:
-        for t, other in zip(args[0], args[1]):
-            op(t, other, *args[2:], **kwargs)
+@implements(*PER_TENSOR)
+def _foreach(op: Any, tensors: list[torch.Tensor], *args: Any, **kwargs: Any) -> Any:
+    each = PER_TENSOR[op]
+    outs = [each(t, *args, **kwargs) for t in tensors]
+    return None if op._opname.endswith("_") else outs
 
-    return kernel
 
-
-ATEN[aten._foreach_norm.Scalar] = _each(_norm, False)
-ATEN[aten._foreach_mul_.Tensor] = _each(aten.mul_.Tensor, True)
-ATEN[aten._foreach_mul_.Scalar] = _each(aten.mul_.Scalar, True)
-ATEN[aten._foreach_mul_.List] = _each_list(aten.mul_.Tensor)
-ATEN[aten._foreach_div_.Tensor] = _each(aten.div_.Tensor, True)
-ATEN[aten._foreach_div_.Scalar] = _each(aten.div_.Scalar, True)
-ATEN[aten._foreach_clamp_min_.Scalar] = _each(aten.clamp_min_.default, True)
-ATEN[aten._foreach_clamp_max_.Scalar] = _each(aten.clamp_max_.default, True)
+@implements(aten._foreach_mul_.List)
+def _foreach_mul_list(op: Any, tensors: list[torch.Tensor], others: list[torch.Tensor]) -> None:
+    for t, other in zip(tensors, others):
+        aten.mul_.Tensor(t, other)

@@ -41,9 +41,10 @@ import layouts
 from layouts import Grouping, Storage
 
 from .._autograd import on_values
+from .._registry import implements, is_aten
 from .._tensor import MaskedTensor, _wrap
 from . import reductions_args as A
-from .reductions import register, run, zero_unspecified
+from .reductions import run, zero_unspecified
 from .reductions_args import bind
 
 
@@ -107,7 +108,12 @@ def sig_kthvalue(input, k, dim=-1, keepdim=False, *, out=None): ...
 def sig_msort(input, *, out=None): ...
 
 
-def _sort(args: tuple, kwargs: dict, autograd: bool) -> Any:
+aten = torch.ops.aten
+
+
+@implements(torch.sort, torch.Tensor.sort, aten.sort.default, aten.sort.stable)
+def _sort(op: Any, *args: Any, **kwargs: Any) -> Any:
+    autograd = not is_aten(op)
     a = bind(sig_sort, args, kwargs, "sort")
     mt = a["input"]
     _check(mt, "sort")
@@ -117,7 +123,9 @@ def _sort(args: tuple, kwargs: dict, autograd: bool) -> Any:
     return torch.return_types.sort((values, indices)) if autograd else (values, indices)
 
 
-def _argsort(args: tuple, kwargs: dict, autograd: bool) -> Any:
+@implements(torch.argsort, torch.Tensor.argsort, aten.argsort.default, aten.argsort.stable)
+def _argsort(op: Any, *args: Any, **kwargs: Any) -> Any:
+    autograd = not is_aten(op)
     a = bind(sig_sort, args, kwargs, "argsort")
     mt = a["input"]
     _check(mt, "argsort")
@@ -125,14 +133,18 @@ def _argsort(args: tuple, kwargs: dict, autograd: bool) -> Any:
                    A.check_bool(a["descending"], "descending", "argsort"), None, autograd)[1]
 
 
-def _msort(args: tuple, kwargs: dict, autograd: bool) -> Any:
+@implements(torch.msort, torch.Tensor.msort, aten.msort.default)
+def _msort(op: Any, *args: Any, **kwargs: Any) -> Any:
+    autograd = not is_aten(op)
     a = bind(sig_msort, args, kwargs, "msort")
     mt = a["input"]
     _check(mt, "msort")
     return _sorted(mt, _dim(mt, 0, "msort"), False, None, autograd)[0]
 
 
-def _topk(args: tuple, kwargs: dict, autograd: bool) -> Any:
+@implements(torch.topk, torch.Tensor.topk, aten.topk.default)
+def _topk(op: Any, *args: Any, **kwargs: Any) -> Any:
+    autograd = not is_aten(op)
     a = bind(sig_topk, args, kwargs, "topk")
     mt = a["input"]
     _check(mt, "topk")
@@ -143,7 +155,9 @@ def _topk(args: tuple, kwargs: dict, autograd: bool) -> Any:
     return torch.return_types.topk((values, indices)) if autograd else (values, indices)
 
 
-def _kthvalue(args: tuple, kwargs: dict, autograd: bool) -> Any:
+@implements(torch.kthvalue, torch.Tensor.kthvalue, aten.kthvalue.default)
+def _kthvalue(op: Any, *args: Any, **kwargs: Any) -> Any:
+    autograd = not is_aten(op)
     a = bind(sig_kthvalue, args, kwargs, "kthvalue")
     mt = a["input"]
     _check(mt, "kthvalue")
@@ -154,11 +168,3 @@ def _kthvalue(args: tuple, kwargs: dict, autograd: bool) -> Any:
                           autograd=autograd)
     return torch.return_types.kthvalue((values, indices)) if autograd else (values, indices)
 
-
-aten = torch.ops.aten
-register(_sort, [torch.sort, torch.Tensor.sort], [aten.sort.default, aten.sort.stable])
-register(_argsort, [torch.argsort, torch.Tensor.argsort],
-         [aten.argsort.default, aten.argsort.stable])
-register(_msort, [torch.msort, torch.Tensor.msort], [aten.msort.default])
-register(_topk, [torch.topk, torch.Tensor.topk], [aten.topk.default])
-register(_kthvalue, [torch.kthvalue, torch.Tensor.kthvalue], [aten.kthvalue.default])

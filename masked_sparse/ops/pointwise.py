@@ -91,7 +91,7 @@ def _broadcast_shape(func: Any, storages: list[Storage]) -> torch.Size:
         return torch.Size(torch.broadcast_shapes(*(s.shape for s in storages)))
     except RuntimeError:
         shapes = ", ".join(str(tuple(s.shape)) for s in storages)
-        raise ValueError(f"{_op_name(func)}: MaskedTensor operands of shapes {shapes} do not "
+        raise ValueError(f"{op_name(func)}: MaskedTensor operands of shapes {shapes} do not "
                          f"broadcast to one shape") from None
 
 
@@ -137,7 +137,7 @@ def broadcast(func: Any, storages: list[Storage]) -> list[Storage]:
         lost = ref.mask & ~mask
         if not backward_masks.in_backward() and bool(lost.any()):
             raise ValueError(
-                f"{_op_name(func)}: broadcasting MaskedTensor operands of shapes "
+                f"{op_name(func)}: broadcasting MaskedTensor operands of shapes "
                 f"{', '.join(str(tuple(s.shape)) for s in storages)} would lose "
                 f"{int(lost.sum())} specified element(s) of the operand of shape "
                 f"{tuple(shape)} (the smaller operand's mask is False there); fill it first, "
@@ -250,7 +250,7 @@ def apply_to_values(func: Any, args: tuple, kwargs: dict, inplace: bool) -> Any:
     else:
         aligned = broadcast(func, storages)
         if inplace and isinstance(args[0], MaskedTensor) and args[0].shape != aligned[0].shape:
-            raise ValueError(f"{_op_name(func)}: in-place result of shape {tuple(args[0].shape)} "
+            raise ValueError(f"{op_name(func)}: in-place result of shape {tuple(args[0].shape)} "
                              f"cannot hold the broadcast shape {tuple(aligned[0].shape)}")
     by_id = {id(m): s for m, s in zip(masked, aligned)}
     ref = aligned[0]

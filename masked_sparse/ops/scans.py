@@ -40,9 +40,10 @@ import layouts
 from layouts import Storage
 
 from .._autograd import on_values
+from .._registry import implements, is_aten, op_name
 from .._tensor import _wrap
 from . import reductions_args as A
-from .reductions import fill, identity, register, zero_unspecified
+from .reductions import fill, identity, zero_unspecified
 from .reductions_args import bind
 
 
@@ -78,37 +79,33 @@ def sig_scan(input, dim, *, dtype=None, out=None): ...
 def sig_scan_nodtype(input, dim, *, out=None): ...
 
 
-def _scan(op: str, with_dtype: bool) -> Any:
-    result_type = getattr(torch.return_types, op, None)
-    fn = getattr(torch, op)
-
-    def impl(args: tuple, kwargs: dict, autograd: bool) -> Any:
-        a = bind(sig_scan if with_dtype else sig_scan_nodtype, args, kwargs, op)
-        mt = a["input"]
-        if mt.dtype.is_complex and op != "cumsum":
-            raise TypeError(f"{op}(): complex MaskedTensors have no order here; scan .real "
-                            f"or .abs() instead")
-        dims = A.one_dim(a["dim"], mt.dim(), op)
-        dtype = A.check_dtype(a.get("dtype"), op)
-        out_dtype = None
-        if result_type is None:  # torch's dtype rules and errors (int cumsum -> int64, ...)
-            out_dtype = A.result_dtype(fn, mt.dtype, 0, **({"dtype": dtype} if dtype else {}))
-        dim = dims[0] if dims else 0
-        if autograd:
-            out = on_values(k_scan, [mt], op, dim, out_dtype)
-            return result_type(out) if result_type is not None else out
-        with torch.no_grad():
-            res = k_scan([mt._storage], op, dim, out_dtype)
-        return tuple(_wrap(r) for r in res) if isinstance(res, tuple) else _wrap(res)
-
-    return impl
-
-
 _aten = torch.ops.aten
-register(_scan("cumsum", True), [torch.cumsum, torch.Tensor.cumsum], [_aten.cumsum.default])
-register(_scan("cumprod", True), [torch.cumprod, torch.Tensor.cumprod],
-         [_aten.cumprod.default])
-register(_scan("cummax", False), [torch.cummax, torch.Tensor.cummax], [_aten.cummax.default])
-register(_scan("cummin", False), [torch.cummin, torch.Tensor.cummin], [_aten.cummin.default])
-register(_scan("logcumsumexp", False), [torch.logcumsumexp, torch.Tensor.logcumsumexp],
-         [_aten.logcumsumexp.default])
+
+
+@implements(torch.cumsum, torch.Tensor.cumsum, _aten.cumsum.default,
+            torch.cumprod, torch.Tensor.cumprod, _aten.cumprod.default,
+            torch.cummax, torch.Tensor.cummax, _aten.cummax.default,
+            torch.cummin, torch.Tensor.cummin, _aten.cummin.default,
+            torch.logcumsumexp, torch.Tensor.logcumsumexp, _aten.logcumsumexp.default)
+def _scan(op: Any, *args: Any, **kwargs: Any) -> Any:
+    name = op_name(op)
+    with_indices = name in ("cummax", "cummin")
+    a = bind(sig_scan if name in ("cumsum", "cumprod") else sig_scan_nodtype, args, kwargs,
+             name)
+    mt = a["input"]
+    if mt.dtype.is_complex and name != "cumsum":
+        raise TypeError(f"{name}(): complex MaskedTensors have no order here; scan .real or "
+                        f".abs() instead")
+    dims = A.one_dim(a["dim"], mt.dim(), name)
+    dtype = A.check_dtype(a.get("dtype"), name)
+    out_dtype = None
+    if not with_indices:  # torch's dtype rules and errors (int cumsum -> int64, ...)
+        out_dtype = A.result_dtype(getattr(torch, name), mt.dtype, 0,
+                                   **({"dtype": dtype} if dtype else {}))
+    dim = dims[0] if dims else 0
+    if not is_aten(op):
+        out = on_values(k_scan, [mt], name, dim, out_dtype)
+        return getattr(torch.return_types, name)(out) if with_indices else out
+    with torch.no_grad():  # an aten call, below autograd: forward only
+        res = k_scan([mt._storage], name, dim, out_dtype)
+    return tuple(_wrap(r) for r in res) if with_indices else _wrap(res)
