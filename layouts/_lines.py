@@ -34,6 +34,8 @@ differentiable with respect to the values; nothing is densified.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ._index import linearize
@@ -43,12 +45,15 @@ SCANS = ("cumsum", "cumprod", "cummax", "cummin", "logcumsumexp")
 
 
 def stable_order(values: torch.Tensor, mask: torch.Tensor, dim: int,
-                 descending: bool) -> torch.Tensor:
+                 descending: bool, tier: torch.Tensor | None = None) -> torch.Tensor:
     """Indices along ``dim`` putting the ``mask``-ed elements first, in ascending
-    (descending) stable order of value, then the others in their order."""
+    (descending) stable order of value, then the others.
+
+    ``tier`` (uint8, default ``~mask``) orders the groups: every tier-0 element, then
+    tier 1, ... (padding gets its own last tier)."""
     order = torch.argsort(values.detach(), dim=dim, descending=descending, stable=True)
-    unmasked = (~mask).gather(dim, order).to(torch.uint8)
-    return order.gather(dim, torch.argsort(unmasked, dim=dim, stable=True))
+    tier = (~mask).to(torch.uint8) if tier is None else tier
+    return order.gather(dim, torch.argsort(tier.gather(dim, order), dim=dim, stable=True))
 
 
 class Lines:
@@ -102,50 +107,82 @@ def _ranges(starts: torch.Tensor, lengths: torch.Tensor, total: int) -> torch.Te
 
 
 class SparseLines(Lines):
-    """Lines of a COO storage along a sparse dim (CSR and others arrive as their COO form).
+    """Lines of a sparse storage along a sparse dim, through its COO form.
 
     ``order`` (None: the identity) lists the stored elements line by line, each line in
     increasing coordinate along ``dim``; ``lengths`` are the line lengths (all >= 1).
+    ``coo`` is the COO form of the storage (or a function building it: CSR along its rows
+    needs none for a scan), whose values are in the storage's order when ``same_order``.
 
     Note [Padded lines]
     ~~~~~~~~~~~~~~~~~~~
-    torch has no segmented scan, so lines are copied into blocks ``(lines, width)`` padded
-    at the end and the torch op runs along dim 1: exact (inf, NaN, ties and cummax's
-    last-index rule are torch's own) and the padding never reaches a real slot, since it
-    comes after it. To bound the padding, lines are bucketed by ``ceil(log2(length))``:
-    each bucket's width is at most twice its shortest line, so the blocks hold < 2 nnz
-    slots, at one torch call per bucket (a single block when that already holds).
-    ``cumsum`` of float32 (and narrower) or integer values whose values are all finite
-    takes a faster path: one running sum over every line in float64 (int64), minus each
-    line's starting total -- exact for integers (modular), within float32 rounding for
-    float32 (float64 values always pad: their running total would lose digits).
+    torch has no segmented scan or sort, so lines are copied into blocks ``(lines,
+    width)`` padded at the end and the torch op runs along dim 1: exact (inf, NaN, ties,
+    stability and cummax's last-index rule are torch's own) and the padding never reaches a
+    real slot -- it comes after it, and sorts flag it after every stored element. To bound
+    the padding, lines are bucketed by ``ceil(log2(length))`` when one block would waste
+    more than half of it: each bucket's width is at most twice its shortest line, so the
+    blocks hold < 2 nnz slots, at one torch call per bucket. Short rows also sort faster
+    than one long array (n log(width) instead of n log(nnz)).
+
+    ``cumsum`` of finite float32 (or narrower) values and of integers takes a faster path
+    with no padding: the values are widened to float64 (int64), each line's first value
+    has the sum of the previous line subtracted (``segment_reduce``), and one running sum
+    then restarts at every line -- exact for integers (modular arithmetic), well within
+    float32 rounding otherwise. float64 values always pad (their running total would carry
+    rounding from earlier lines); a non-finite value pads (inf - inf would leak NaN).
     """
 
-    def __init__(self, original: Storage, coo: Storage, dim: int,
-                 order: torch.Tensor | None) -> None:
-        (indices,) = coo.index
-        self.source, self.coo, self.dim = original, coo, dim
-        # CSR's COO form keeps its values in place: nothing to convert back and forth.
-        self.same_order = coo.values is original.values
-        nnz = indices.shape[1]
-        sd = indices.shape[0]
-        others = [d for d in range(sd) if d != dim]
-        shape = tuple(coo.shape)
-        device = indices.device
-        key = linearize(indices[others], tuple(shape[d] for d in others)) if others else \
-            torch.zeros(nnz, dtype=torch.long, device=device)
-        if order is None and dim != sd - 1:
-            order = torch.argsort(key * shape[dim] + indices[dim])
-        self.order = order
-        self.indices = indices if order is None else indices[:, order]
-        key = key if order is None else key[order]
-        self.coord = self.indices[dim]
-        _, self.lengths = torch.unique_consecutive(key, return_counts=True)
+    def __init__(self, original: Storage, coo: Any, dim: int,
+                 lengths: torch.Tensor | None = None, coord: torch.Tensor | None = None) -> None:
+        self.source, self.dim = original, dim
+        self._coo, self._indices, self._rank, self._inverse = coo, None, None, None
+        self.order: torch.Tensor | None = None
+        if lengths is not None:  # given by the layout (CSR rows): storage order, no COO
+            self.same_order, self.coord, self.lengths = True, coord, lengths
+        else:
+            coo = self.coo
+            (indices,) = coo.index
+            self.same_order = coo.values is original.values  # CSR's COO keeps the order
+            sd = indices.shape[0]
+            others = [d for d in range(sd) if d != dim]
+            shape = tuple(coo.shape)
+            if len(others) == 1:
+                key = indices[others[0]]
+            elif others:
+                key = linearize(indices[others], tuple(shape[d] for d in others))
+            else:
+                key = torch.zeros(indices.shape[1], dtype=torch.long, device=indices.device)
+            if dim != sd - 1:
+                self.order = torch.argsort(key * shape[dim] + indices[dim])
+                indices, key = indices[:, self.order], key[self.order]
+            self._indices = indices
+            self.coord = indices[dim]
+            self.lengths = torch.unique_consecutive(key, return_counts=True)[1]
+        self.nnz = int(self.coord.numel())
         self.starts = self.lengths.cumsum(0) - self.lengths
-        self.nnz = nnz
-        self.rank = torch.arange(nnz, device=device) - torch.repeat_interleave(
-            self.starts, self.lengths, output_size=nnz)
-        self._inverse: torch.Tensor | None = None
+
+    @property
+    def coo(self) -> Storage:
+        if callable(self._coo):
+            self._coo = self._coo()
+        return self._coo
+
+    @property
+    def indices(self) -> torch.Tensor:
+        """The COO indices in line order."""
+        if self._indices is None:
+            (indices,) = self.coo.index
+            self._indices = indices if self.order is None else indices[:, self.order]
+        return self._indices
+
+    @property
+    def rank(self) -> torch.Tensor:
+        """Each element's slot in its line (line order)."""
+        if self._rank is None:
+            self._rank = torch.arange(self.nnz, device=self.coord.device) - \
+                torch.repeat_interleave(self.starts, self.lengths, output_size=self.nnz)
+        return self._rank
 
     # -- moving between the source order and the line order ----------------------------
     def to_lines(self, t: torch.Tensor) -> torch.Tensor:
@@ -159,6 +196,11 @@ class SparseLines(Lines):
             self._inverse[self.order] = torch.arange(self.nnz, device=self.order.device)
         return t.index_select(0, self._inverse)
 
+    def _in_lines(self, values: torch.Tensor) -> torch.Tensor:
+        if not self.same_order:
+            values = self.source.layout.to_coo(self.source.with_values(values)).values
+        return self.to_lines(values)
+
     def _restore(self, values: torch.Tensor) -> torch.Tensor:
         """Line-order values of the COO form as values of the original storage."""
         values = self.from_lines(values)
@@ -167,18 +209,50 @@ class SparseLines(Lines):
         return self.source.layout.from_coo_like(self.coo.with_values(values),
                                                 self.source).values
 
+    # -- padded blocks (Note [Padded lines]) -------------------------------------------
+    def _buckets(self) -> list[torch.Tensor | None]:
+        """Line ids of each block (None: every line, in one block)."""
+        n = self.lengths.numel()
+        width = int(self.lengths.max()) if n else 0
+        if n * width <= 2 * self.nnz + 4096:
+            return [None]
+        bucket = torch.ceil(torch.log2(self.lengths.double())).long()
+        return [(bucket == b).nonzero().squeeze(1) for b in torch.unique(bucket).tolist()]
+
+    def _blocks(self) -> list[tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, int]]:
+        """Per block: its elements (line order; None = all), their (row, slot), its width."""
+        out = []
+        for lines in self._buckets():
+            if lines is None:
+                lengths, elems, total = self.lengths, None, self.nnz
+            else:
+                lengths = self.lengths[lines]
+                total = int(lengths.sum())
+                elems = _ranges(self.starts[lines], lengths, total)
+            row = torch.repeat_interleave(torch.arange(lengths.numel(),
+                                                       device=lengths.device),
+                                          lengths, output_size=total)
+            slot = self.rank if elems is None else self.rank[elems]
+            out.append((elems, row, slot, int(lengths.max()) if lengths.numel() else 0))
+        return out
+
+    @staticmethod
+    def _pad(v: torch.Tensor, row: torch.Tensor, slot: torch.Tensor, width: int,
+             fill: Any) -> torch.Tensor:
+        rows = int(row[-1]) + 1 if row.numel() else 0
+        block = v.new_full((rows, width) + tuple(v.shape[1:]), fill)
+        return block.index_put((row, slot), v)
+
     # -- scans -------------------------------------------------------------------------
     def scan(self, values, op):
-        if not self.same_order:
-            values = self.source.layout.to_coo(self.source.with_values(values)).values
-        v = self.to_lines(values)
+        v = self._in_lines(values)
         extra = None
         if self.nnz == 0:
             out = v
             if op in ("cummax", "cummin"):
                 extra = torch.zeros(v.shape, dtype=torch.long, device=v.device)
-        elif op == "cumsum" and self._running_sum_ok(v):
-            out = self._running_sum(v)
+        elif op == "cumsum" and self._restarting_sum_ok(v):
+            out = self._restarting_sum(v)
         else:
             out, extra = self._padded_scan(v, op)
         out = self._restore(out)
@@ -186,46 +260,37 @@ class SparseLines(Lines):
             extra = self._restore(self.coord[extra])
         return out, extra
 
-    def _running_sum_ok(self, v: torch.Tensor) -> bool:
+    def _restarting_sum_ok(self, v: torch.Tensor) -> bool:
         if v.dtype in (torch.float32, torch.float16, torch.bfloat16):
             return bool(torch.isfinite(v).all())
         return not v.is_floating_point() and not v.is_complex()
 
-    def _running_sum(self, v: torch.Tensor) -> torch.Tensor:
+    def _restarting_sum(self, v: torch.Tensor) -> torch.Tensor:
         wide = v.to(torch.float64 if v.is_floating_point() else torch.int64)
-        total = wide.cumsum(0)
-        before = total - wide  # running total before each element
-        return (total - before.index_select(0, self.starts).repeat_interleave(
-            self.lengths, dim=0, output_size=self.nnz)).to(v.dtype)
-
-    def _buckets(self) -> list[torch.Tensor]:
-        """Groups of line ids whose padded block wastes less than half of it."""
-        n = self.lengths.numel()
-        width = int(self.lengths.max()) if n else 0
-        if n * width <= 2 * self.nnz + 4096:
-            return [torch.arange(n, device=self.lengths.device)]
-        bucket = torch.ceil(torch.log2(self.lengths.double())).long()
-        return [(bucket == b).nonzero().squeeze(1) for b in torch.unique(bucket).tolist()]
+        if self.lengths.numel() > 1:
+            if wide.is_floating_point() and wide.dim() == 1:
+                sums = torch.segment_reduce(wide, "sum", lengths=self.lengths)
+            else:
+                line = torch.repeat_interleave(torch.arange(self.lengths.numel(),
+                                                            device=v.device), self.lengths,
+                                               output_size=self.nnz)
+                sums = wide.new_zeros((self.lengths.numel(),) + tuple(wide.shape[1:]))
+                sums = sums.index_add(0, line, wide)
+            wide = wide.index_add(0, self.starts[1:], -sums[:-1])
+        return wide.cumsum(0).to(v.dtype)
 
     def _padded_scan(self, v: torch.Tensor, op: str) -> tuple[torch.Tensor,
                                                                 torch.Tensor | None]:
         outs, idxs, elems_all = [], [], []
-        for lines in self._buckets():
-            lengths = self.lengths[lines]
-            total = int(lengths.sum())
-            elems = _ranges(self.starts[lines], lengths, total)
-            row = torch.repeat_interleave(torch.arange(lines.numel(), device=v.device),
-                                          lengths, output_size=total)
-            col = self.rank[elems]
-            block = v.new_zeros((lines.numel(), int(lengths.max())) + tuple(v.shape[1:]))
-            block = block.index_put((row, col), v.index_select(0, elems))
-            out, idx = _torch_scan(block, op, 1)
-            outs.append(out[row, col])
+        for elems, row, slot, width in self._blocks():
+            part = v if elems is None else v.index_select(0, elems)
+            out, idx = _torch_scan(self._pad(part, row, slot, width, 0), op, 1)
+            outs.append(out[row, slot])
             if idx is not None:  # slot -> element (line order)
-                idxs.append(idx[row, col] + self.starts[lines][row].view(
-                    (-1,) + (1,) * (v.dim() - 1)))
+                first = self.starts[row] if elems is None else elems - slot
+                idxs.append(idx[row, slot] + first.view((-1,) + (1,) * (v.dim() - 1)))
             elems_all.append(elems)
-        if len(outs) == 1 and outs[0].shape[0] == self.nnz:
+        if elems_all[0] is None:
             return outs[0], (idxs[0] if idxs else None)
         elems = torch.cat(elems_all)
         out = v.new_empty(v.shape).index_put((elems,), torch.cat(outs))
@@ -246,11 +311,19 @@ class SparseLines(Lines):
                 f"a hybrid tensor (dense dims {tuple(values.shape[1:])}): sort it along a dense "
                 f"dim, or convert with .to_dense() first")
         v, m = self.to_lines(values), self.to_lines(mask)
-        by_value = torch.argsort(v.detach(), descending=descending, stable=True)
-        line = torch.repeat_interleave(torch.arange(self.lengths.numel(), device=v.device),
-                                       self.lengths, output_size=self.nnz)
-        key = line[by_value] * 2 + (~m[by_value]).long()
-        perm = by_value[torch.argsort(key, stable=True)]  # slot -> element (line order)
+        perm = torch.empty(self.nnz, dtype=torch.long, device=v.device)  # slot -> element
+        for elems, row, slot, width in self._blocks():
+            part_v = v if elems is None else v[elems]
+            part_m = m if elems is None else m[elems]
+            block_v = self._pad(part_v.detach(), row, slot, width, 0)
+            tier = self._pad((~part_m).to(torch.uint8), row, slot, width, 2)  # padding last
+            order = stable_order(block_v, tier == 0, 1, descending, tier)
+            first = self.starts[row] if elems is None else elems - slot
+            at = order[row, slot] + first  # the element that lands in slot ``slot``
+            if elems is None:
+                perm = at
+            else:
+                perm[elems] = at
         indices = self.indices.clone()
         indices[self.dim] = self.rank
         keep = None if k is None else self.rank < k
@@ -274,6 +347,20 @@ class SparseLines(Lines):
                 positions[out.values])
 
 
+def csr_lines(storage: Storage, dim: int) -> Lines:
+    """The CSR layout's ``reduction["lines"]`` kernel: its rows are lines already."""
+    if dim != 1:
+        return sparse_lines(storage, dim)
+    crow, col = storage.index
+    counts = crow.diff().long()
+    lengths = counts[counts > 0]
+
+    def coo() -> Storage:
+        return storage.layout.to_coo(storage)
+
+    return SparseLines(storage, coo, dim, lengths=lengths, coord=col.long())
+
+
 def dense_lines(storage: Storage, dim: int) -> Lines:
     """The strided layout's ``reduction["lines"]`` kernel."""
     return DenseLines(storage, dim, dim)
@@ -289,7 +376,7 @@ def sparse_lines(storage: Storage, dim: int) -> Lines:
             raise NotImplementedError(f"MaskedTensor[{storage.layout.name}]: no lines along "
                                       f"dense dim {dim}; convert with .to_sparse_coo()")
         return DenseLines(storage, dim, dim - sd + 1)
-    return SparseLines(storage, coo, dim, None)
+    return SparseLines(storage, coo, dim)
 
 
 def lines_along(storage: Storage, dim: int) -> Lines:

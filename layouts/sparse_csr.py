@@ -15,7 +15,7 @@ import torch
 
 from ._compressed import check_pattern, check_plain_2d, silence_beta_warning, values_at_mask
 from ._index import crow_from_rows, rows_from_crow
-from ._lines import sparse_lines as _lines
+from ._lines import csr_lines as _lines
 from ._segment import csr_group as _reduction_group
 from ._shape_csr import SHAPE_OPS as _SHAPE_OPS
 from .registry import Layout, Storage, register_layout

@@ -185,3 +185,17 @@ def test_random_shapes_and_masks(case, dtype):
     mt, data, mask = masked(shape, layout, dtype, seed=seed, density=density)
     check_sort(mt, data, mask, dim, descending)
     check_sort(mt, data, mask, dim, descending, k)
+
+
+@pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr"])
+def test_lines_of_very_different_lengths(layout):
+    # one long line and many short ones: the padded blocks are bucketed by length
+    mask = torch.zeros(60, 1200, dtype=torch.bool)
+    g = torch.Generator().manual_seed(7)
+    mask[0] = torch.rand(1200, generator=g) < 0.9
+    mask[1:, :6] = torch.rand(59, 6, generator=g) < 0.6
+    mt, data, mask = masked(mask.shape, layout, torch.float32, seed=7, mask=mask,
+                            stored_masked=0.001)
+    for descending in (False, True):
+        check_sort(mt, data, mask, 1, descending)
+        check_sort(mt, data, mask, 1, descending, 4)
