@@ -106,6 +106,43 @@ def _ranges(starts: torch.Tensor, lengths: torch.Tensor, total: int) -> torch.Te
     return shift + torch.arange(total, device=starts.device)
 
 
+_MONO_BITS = {torch.float32: torch.int32, torch.float16: torch.int16,
+              torch.bfloat16: torch.int16}
+
+
+def _top_order(block: torch.Tensor, tier: torch.Tensor, descending: bool,
+               k: int) -> torch.Tensor | None:
+    """The first ``min(k, width)`` slots of ``stable_order`` along dim 1, by one ``topk``
+    on unique int64 keys (tier, value, slot), or None for dtypes wider than 32 bits.
+
+    Note [Top-k keys]
+    ~~~~~~~~~~~~~~~~~
+    ``topk`` is not stable, so ties would be picked arbitrarily. Packing (tier: 2 bits,
+    the value's order-preserving 32-bit image, the slot: 29 bits) into one int64 makes
+    every key distinct and its order exactly the stable sort's: floats map through their
+    bits (sign-flipped so that unsigned order is numeric order; -0.0 is +0.0 and every NaN
+    one NaN above +inf, as torch sorts), integers by an offset; descending flips the value
+    bits only, so NaN leads and the tier and slot order stay.
+    """
+    width = block.shape[1]
+    if width >= 1 << 29 or block.dim() != 2:
+        return None
+    if block.dtype in _MONO_BITS:
+        x = block.float() + 0.0  # -0.0 -> +0.0
+        x = torch.where(torch.isnan(x), torch.full((), float("nan")), x)
+        bits = x.view(torch.int32).long() & 0xFFFFFFFF
+        mono = torch.where(bits >= 1 << 31, 0xFFFFFFFF - bits, bits + (1 << 31))
+    elif block.dtype in (torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool):
+        mono = block.long() + (1 << 31)
+    else:
+        return None
+    if descending:
+        mono = 0xFFFFFFFF - mono
+    slot = torch.arange(width, device=block.device)
+    key = (tier.long() << 61) | (mono << 29) | slot
+    return torch.topk(key, min(k, width), dim=1, largest=False, sorted=True).indices
+
+
 class SparseLines(Lines):
     """Lines of a sparse storage along a sparse dim, through its COO form.
 
@@ -251,21 +288,20 @@ class SparseLines(Lines):
             out = v
             if op in ("cummax", "cummin"):
                 extra = torch.zeros(v.shape, dtype=torch.long, device=v.device)
-        elif op == "cumsum" and self._restarting_sum_ok(v):
-            out = self._restarting_sum(v)
         else:
-            out, extra = self._padded_scan(v, op)
+            out = self._restarting_sum(v) if op == "cumsum" else None
+            if out is None:
+                out, extra = self._padded_scan(v, op)
         out = self._restore(out)
         if extra is not None and self.nnz:  # element (line order) -> coordinate along dim
             extra = self._restore(self.coord[extra])
         return out, extra
 
-    def _restarting_sum_ok(self, v: torch.Tensor) -> bool:
-        if v.dtype in (torch.float32, torch.float16, torch.bfloat16):
-            return bool(torch.isfinite(v).all())
-        return not v.is_floating_point() and not v.is_complex()
-
-    def _restarting_sum(self, v: torch.Tensor) -> torch.Tensor:
+    def _restarting_sum(self, v: torch.Tensor) -> torch.Tensor | None:
+        """The cumsum of each line by one running sum (Note [Padded lines]), or None."""
+        if v.dtype not in (torch.float32, torch.float16, torch.bfloat16) and (
+                v.is_floating_point() or v.is_complex()):
+            return None
         wide = v.to(torch.float64 if v.is_floating_point() else torch.int64)
         if self.lengths.numel() > 1:
             if wide.is_floating_point() and wide.dim() == 1:
@@ -276,7 +312,12 @@ class SparseLines(Lines):
                                                output_size=self.nnz)
                 sums = wide.new_zeros((self.lengths.numel(),) + tuple(wide.shape[1:]))
                 sums = sums.index_add(0, line, wide)
+            # A line holding inf or NaN has a non-finite sum: subtracting it would leak.
+            if wide.is_floating_point() and not bool(torch.isfinite(sums.detach()).all()):
+                return None
             wide = wide.index_add(0, self.starts[1:], -sums[:-1])
+        elif wide.is_floating_point() and not bool(torch.isfinite(wide.detach()).all()):
+            return None
         return wide.cumsum(0).to(v.dtype)
 
     def _padded_scan(self, v: torch.Tensor, op: str) -> tuple[torch.Tensor,
@@ -317,13 +358,17 @@ class SparseLines(Lines):
             part_m = m if elems is None else m[elems]
             block_v = self._pad(part_v.detach(), row, slot, width, 0)
             tier = self._pad((~part_m).to(torch.uint8), row, slot, width, 2)  # padding last
-            order = stable_order(block_v, tier == 0, 1, descending, tier)
+            order = None if k is None else _top_order(block_v, tier, descending, k)
+            if order is None:
+                order = stable_order(block_v, tier == 0, 1, descending, tier)
+            kept = slot < order.shape[1]
             first = self.starts[row] if elems is None else elems - slot
-            at = order[row, slot] + first  # the element that lands in slot ``slot``
-            if elems is None:
+            at = order[row[kept], slot[kept]] + first[kept]  # the element landing in a slot
+            if elems is None and order.shape[1] == width:
                 perm = at
             else:
-                perm[elems] = at
+                perm[torch.arange(self.nnz, device=v.device)[kept] if elems is None
+                     else elems[kept]] = at
         indices = self.indices.clone()
         indices[self.dim] = self.rank
         keep = None if k is None else self.rank < k

@@ -79,19 +79,23 @@ def test_sort_and_topk(layout, dtype, descending, dim):
 
 @pytest.mark.parametrize("layout", ALL)
 @pytest.mark.parametrize("descending", [False, True])
-def test_ties_nan_inf_and_fully_masked_lines(layout, descending):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_ties_nan_inf_and_fully_masked_lines(layout, descending, dtype):
     data = torch.tensor([[1., math.inf, 2., 2., -math.inf, math.nan],
                          [math.nan, 1., 3., 1., 3., 1.],
                          [-math.inf, math.nan, 5., -math.inf, 1., 1.],
-                         [7., 7., 7., 7., 7., 7.]], dtype=torch.float64)
+                         [-0.0, 0.0, 7., 0.0, -0.0, 7.]], dtype=dtype)
     mask = torch.tensor([[True, False, True, True, True, True],
                          [True, True, False, True, True, False],
                          [True, False, True, True, False, True],
-                         [False] * 6])
-    mt, _, _ = masked(data.shape, layout, data=data, mask=mask)
+                         [True] * 6])
+    mt, _, _ = masked(data.shape, layout, dtype, data=data, mask=mask)
     for dim in (0, 1):
         check_sort(mt, data, mask, dim, descending)
-        check_sort(mt, data, mask, dim, descending, 2)
+        for k in (1, 2, 3):
+            check_sort(mt, data, mask, dim, descending, k)
+    mt, _, _ = masked(data.shape, layout, dtype, data=data, mask=mask & False)
+    check_sort(mt, data, mask & False, 1, descending, 2)  # every line fully masked
 
 
 @pytest.mark.parametrize("layout", ALL)
