@@ -143,6 +143,14 @@ def _top_order(block: torch.Tensor, tier: torch.Tensor, descending: bool,
     return torch.topk(key, min(k, width), dim=1, largest=False, sorted=True).indices
 
 
+def _slots(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(row, slot)`` of ``counts[i]`` consecutive slots in each row ``i``."""
+    total = int(counts.sum())
+    row = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts,
+                                  output_size=total)
+    return row, torch.arange(total, device=counts.device) - (counts.cumsum(0) - counts)[row]
+
+
 class SparseLines(Lines):
     """Lines of a sparse storage along a sparse dim, through its COO form.
 
@@ -352,28 +360,37 @@ class SparseLines(Lines):
                 f"a hybrid tensor (dense dims {tuple(values.shape[1:])}): sort it along a dense "
                 f"dim, or convert with .to_dense() first")
         v, m = self.to_lines(values), self.to_lines(mask)
-        perm = torch.empty(self.nnz, dtype=torch.long, device=v.device)  # slot -> element
-        for elems, row, slot, width in self._blocks():
+        device = v.device
+        perm = torch.empty(self.nnz, dtype=torch.long, device=device)  # slot -> element
+        for (elems, row, slot, width), lines in zip(self._blocks(), self._buckets()):
             part_v = v if elems is None else v[elems]
             part_m = m if elems is None else m[elems]
             block_v = self._pad(part_v.detach(), row, slot, width, 0)
             tier = self._pad((~part_m).to(torch.uint8), row, slot, width, 2)  # padding last
-            order = None if k is None else _top_order(block_v, tier, descending, k)
-            if order is None:
+            if k is None:
                 order = stable_order(block_v, tier == 0, 1, descending, tier)
-            kept = slot < order.shape[1]
-            first = self.starts[row] if elems is None else elems - slot
-            at = order[row[kept], slot[kept]] + first[kept]  # the element landing in a slot
-            if elems is None and order.shape[1] == width:
-                perm = at
-            else:
-                perm[torch.arange(self.nnz, device=v.device)[kept] if elems is None
-                     else elems[kept]] = at
-        indices = self.indices.clone()
-        indices[self.dim] = self.rank
-        keep = None if k is None else self.rank < k
-        if keep is not None:
-            perm, indices = perm[keep], indices[:, keep]
+                first = self.starts[row] if elems is None else elems - slot
+                at = order[row, slot] + first  # the element that lands in each slot
+                if elems is None:
+                    perm = at
+                else:
+                    perm[elems] = at
+                continue
+            order = _top_order(block_v, tier, descending, k)
+            if order is None:
+                order = stable_order(block_v, tier == 0, 1, descending, tier)[:, :k]
+            starts = self.starts if lines is None else self.starts[lines]
+            lengths = self.lengths if lines is None else self.lengths[lines]
+            row, slot = _slots(lengths.clamp(max=k))  # only the kept slots of each line
+            perm[starts[row] + slot] = order[row, slot] + starts[row]
+        if k is None:
+            indices = self.indices.clone()
+            indices[self.dim] = self.rank
+        else:
+            row, slot = _slots(self.lengths.clamp(max=k))
+            kept = self.starts[row] + slot
+            perm, indices = perm[kept], self.indices[:, kept]
+            indices[self.dim] = slot
         shape = list(self.coo.shape)
         shape[self.dim] = shape[self.dim] if k is None else k
         if self.dim != indices.shape[0] - 1:  # back to row-major (coalesced) order
