@@ -44,16 +44,15 @@ def matrix(n: int, nnz: int, gen: torch.Generator) -> ms.MaskedTensor:
     return ms.masked_tensor(data, mvals)
 
 
-def cases(quick: bool = False) -> list[Case]:
-    """Every case of this module (``quick`` changes nothing: the sizes are the targets')."""
-    gen = torch.Generator().manual_seed(0)
-    coo = matrix(N, NNZ, gen)
+def sparse_cases(n: int, nnz: int, gen: torch.Generator) -> list[Case]:
+    """The cases on one ``n x n`` matrix with ``nnz`` stored entries, COO and CSR."""
+    coo = matrix(n, nnz, gen)
     csr = coo.to_sparse_csr()
     v = coo._storage.values
     goal = {"floor": 2.0}
     out: list[Case] = []
     for name, mt in (("coo", coo), ("csr", csr)):
-        label = f"{name} nnz=1e6"
+        label = f"{name} nnz=1e{len(str(nnz)) - 1}"
         out += [
             (f"{label} cumsum(dim=1)", lambda mt=mt: torch.cumsum(mt, 1),
              {"floor": lambda: torch.cumsum(v, 0)}, goal),
@@ -67,6 +66,11 @@ def cases(quick: bool = False) -> list[Case]:
              {"floor": lambda: torch.sort(v)}, {}),
         ]
     return out
+
+
+def cases(quick: bool = False) -> list[Case]:
+    """Every case of this module (``quick`` changes nothing: the sizes are the targets')."""
+    return sparse_cases(N, NNZ, torch.Generator().manual_seed(0))
 
 
 def main() -> None:
