@@ -5,21 +5,28 @@ All functions are vectorized (no Python loop over elements) and O(nnz log nnz) a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
-def linearize(indices: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """Row-major linear position of each column of a ``(ndim, nnz)`` index tensor.
+def linearize(coords: torch.Tensor | Sequence[torch.Tensor],
+              shape: Sequence[int]) -> torch.Tensor:
+    """Row-major linear position of each element, from its coordinates along ``shape``.
+
+    ``coords`` is a ``(ndim, nnz)`` index tensor or a sequence of ``ndim`` broadcastable
+    coordinate tensors. The one row-major key of the package: every sort, lookup and
+    grouping by position goes through it.
 
     >>> linearize(torch.tensor([[0, 1], [2, 0]]), (2, 4)).tolist()
     [2, 4]
     """
-    if indices.shape[0] == 0:
-        return torch.zeros(indices.shape[1], dtype=torch.long, device=indices.device)
-    strides = torch.ones(len(shape), dtype=torch.long)
-    for d in range(len(shape) - 2, -1, -1):
-        strides[d] = strides[d + 1] * shape[d + 1]
-    return (indices * strides.to(indices.device)[:, None]).sum(0)
+    if len(coords) == 0:
+        return torch.zeros(coords.shape[1], dtype=torch.long, device=coords.device)
+    key = coords[0].long()
+    for c, n in zip(coords[1:], shape[1:]):
+        key = key * n + c
+    return key
 
 
 def lookup(keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor,

@@ -90,11 +90,6 @@ class StridedGrouping(Grouping):
         return self.source.with_values(values)
 
 
-def group(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> StridedGrouping:
-    """The strided layout's ``reduction["group"]`` kernel."""
-    return StridedGrouping(storage, dims, keepdim)
-
-
 _BLOCK = 1 << 18  # elements per row block (1-2 MB: stays in cache)
 _FUSE_MIN = 1 << 16
 
