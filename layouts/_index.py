@@ -21,8 +21,10 @@ def linearize(coords: torch.Tensor | Sequence[torch.Tensor],
     >>> linearize(torch.tensor([[0, 1], [2, 0]]), (2, 4)).tolist()
     [2, 4]
     """
-    if len(coords) == 0:
-        return torch.zeros(coords.shape[1], dtype=torch.long, device=coords.device)
+    if len(coords) == 0:  # no dim: every element is at position 0
+        if isinstance(coords, torch.Tensor):
+            return torch.zeros(coords.shape[1], dtype=torch.long, device=coords.device)
+        return torch.zeros((), dtype=torch.long)
     key = coords[0].long()
     for c, n in zip(coords[1:], shape[1:]):
         key = key * n + c

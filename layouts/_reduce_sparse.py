@@ -144,18 +144,15 @@ class CooGrouping(Grouping):
         vdim = self.source.values.dim()
         nsparse = len(self.coords)
         device = self.source.values.device
-        pos = torch.zeros((), dtype=torch.long, device=device)
-        stride = 1
-        for d in reversed(self.dims):
+        coords = []
+        for d in self.dims:
             if d < nsparse:
-                coord = self.coords[d].long().view((-1,) + (1,) * (vdim - 1))
+                coords.append(self.coords[d].view((-1,) + (1,) * (vdim - 1)))
             else:
                 view = [1] * vdim
                 view[d - nsparse + 1] = shape[d]
-                coord = torch.arange(shape[d], device=device).view(view)
-            pos = pos + coord * stride
-            stride *= shape[d]
-        return pos
+                coords.append(torch.arange(shape[d], device=device).view(view))
+        return linearize(coords, [shape[d] for d in self.dims])
 
     def _element_groups(self) -> tuple[torch.Tensor, int]:
         """The flat output-element id of every element of the values, and their count."""

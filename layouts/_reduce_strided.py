@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from ._grouping import BITS, Grouping, reduce_dense, reduced_shape, sort_order
+from ._index import linearize
 from .registry import Storage
 
 
@@ -56,14 +57,12 @@ class StridedGrouping(Grouping):
     def positions(self) -> torch.Tensor:
         shape = self.source.shape
         device = self.source.values.device
-        pos = torch.zeros((), dtype=torch.long, device=device)
-        stride = 1
-        for d in reversed(self.dims):
+        coords = []
+        for d in self.dims:
             view = [1] * len(shape)
             view[d] = shape[d]
-            pos = pos + torch.arange(shape[d], device=device).view(view) * stride
-            stride *= shape[d]
-        return pos
+            coords.append(torch.arange(shape[d], device=device).view(view))
+        return linearize(coords, [shape[d] for d in self.dims])
 
     def select(self, values: torch.Tensor, mask: torch.Tensor,
                rank: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
