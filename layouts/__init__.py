@@ -22,7 +22,7 @@ from . import sparse_csc  # noqa: F401
 
 # isort: split
 from . import sparse_bsr  # noqa: F401
-from ._grouping import Grouping
+from ._grouping import Grouping, zero_unspecified
 from ._reduce_sparse import group_by
 from .convert import convert, drop_unspecified, read_at
 from .registry import (
@@ -48,4 +48,5 @@ __all__ = [
     "registered_layouts",
     "takes_layout",
     "unregister_layout",
+    "zero_unspecified",
 ]

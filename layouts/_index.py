@@ -5,6 +5,7 @@ All functions are vectorized (no Python loop over elements) and O(nnz log nnz) a
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -55,10 +56,24 @@ def coalesce_coo(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def rows_from_crow(crow: torch.Tensor, nnz: int | None = None) -> torch.Tensor:
-    """The row of every stored element of a CSR matrix, from its ``crow_indices``."""
+    """The row of every stored element of a CSR matrix, from its ``crow_indices``.
+
+    Cached per ``crow`` object while it lives (index tensors are never written in place):
+    a matrix's rows are expanded once, not by every op that needs them.
+    """
+    entry = _ROWS.get(id(crow))
+    if entry is not None and entry[0]() is crow:
+        return entry[1]
     counts = crow[1:] - crow[:-1]
     rows = torch.arange(counts.numel(), device=crow.device, dtype=crow.dtype)
-    return torch.repeat_interleave(rows, counts, output_size=nnz)
+    rows = torch.repeat_interleave(rows, counts, output_size=nnz)
+    if not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled()):
+        key = id(crow)
+        _ROWS[key] = (weakref.ref(crow, lambda _, key=key: _ROWS.pop(key, None)), rows)
+    return rows
+
+
+_ROWS: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
 
 
 def crow_from_rows(rows: torch.Tensor, nrows: int) -> torch.Tensor:

@@ -79,18 +79,19 @@ class CooGrouping(Grouping):
             rows = []
         else:
             kept_shape = [shape[d] for d in kept]
-            keys = coords[kept[0]].long() if len(kept) == 1 else linearize(
-                torch.stack([coords[d].long() for d in kept]), tuple(kept_shape))
+            keys = linearize([coords[d] for d in kept], kept_shape)
             space = math.prod(kept_shape)
             if row_major and kept == list(range(len(kept))):  # sorted by the leading dims
                 uniq, self.gid = torch.unique_consecutive(keys, return_inverse=True)
             elif space <= _SLOTS_PER_NNZ * nnz + 4096:
-                present = torch.bincount(keys, minlength=space) > 0
-                uniq = present.nonzero().squeeze(1)
-                self.gid = (present.cumsum(0) - 1)[keys]
+                # Note [Reducing into key slots]
+                self._present = torch.bincount(keys, minlength=space) > 0
+                self._keys = keys
+                uniq = self._present.nonzero().squeeze(1)
             else:
                 uniq, self.gid = torch.unique(keys, sorted=True, return_inverse=True)
             self.ngroups = uniq.numel()
+            self._uniq = uniq
             rows = list(torch.unravel_index(uniq, kept_shape)) if len(kept) > 1 else [uniq]
         if keepdim:
             zeros = torch.zeros(self.ngroups, dtype=torch.long, device=device)
@@ -99,31 +100,69 @@ class CooGrouping(Grouping):
         else:
             self.out_coords = rows
 
+    # Note [Reducing into key slots]
+    # When the kept key space is small (at most a few slots per stored element, e.g. the
+    # columns of a matrix), values reduce straight into one slot per key and the present
+    # slots are picked after: one scatter pass, no per-element group id. The group ids
+    # (``gid``) are built only when a second pass needs them (``expand``, ``select``).
+    _present: torch.Tensor | None = None
+    _keys: torch.Tensor | None = None
+    _gid: torch.Tensor | None = None
+
+    @property
+    def gid(self) -> torch.Tensor | None:
+        """The group of every stored element, or None when each is its own group."""
+        if self._gid is None and self._present is not None:
+            self._gid = (self._present.cumsum(0) - 1)[self._keys]
+        return self._gid
+
+    @gid.setter
+    def gid(self, value: torch.Tensor | None) -> None:
+        self._gid = value
+
+    _counted: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _count(self, mask: torch.Tensor) -> torch.Tensor:
+        """Per group, the number of True elements of a bool ``mask`` (int64); computed once
+        per mask object, so sum, mean, var and their result masks share one pass."""
+        if self._counted is None or self._counted[0] is not mask:
+            self._counted = (mask, self._count_pass(mask))
+        return self._counted[1]
+
+    def _count_pass(self, mask: torch.Tensor) -> torch.Tensor:
+        return self.reduce(mask.long(), "sum")
+
     # -- primitives --------------------------------------------------------------------
     def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
         v = values
+        if v.dtype == torch.bool and op in ("sum", "any") and not self.value_dims:
+            counts = self._count(v)
+            return counts if op == "sum" else counts > 0
         if op == "sum" and v.dtype == torch.bool:
             v = v.long()
         if self.value_dims:
             v = reduce_dense(v, self.value_dims, True, op)
         if self.single:
             v = reduce_dense(v, (0,), True, op) if v.shape[0] else v
+        elif self._present is not None:
+            slots = self._scatter(v, op, self._keys, self._present.numel())
+            v = slots.index_select(0, self._uniq)
         elif self.gid is not None:
-            v = self._scatter(v, op)
+            v = self._scatter(v, op, self.gid, self.ngroups)
         if self.value_dims and not self.keepdim:
             v = v.squeeze(self.value_dims)
         return v
 
-    def _scatter(self, v: torch.Tensor, op: str) -> torch.Tensor:
-        shape = (self.ngroups,) + tuple(v.shape[1:])
+    def _scatter(self, v: torch.Tensor, op: str, index: torch.Tensor, n: int) -> torch.Tensor:
+        shape = (n,) + tuple(v.shape[1:])
         if op == "sum":
-            return v.new_zeros(shape).index_add(0, self.gid, v)
+            return v.new_zeros(shape).index_add(0, index, v)
         if op in ("any", "all"):  # counting is several times faster than a bool scatter
             hits = (v if op == "any" else ~v.bool()).to(torch.int32)
             counts = torch.zeros(shape, dtype=torch.int32, device=v.device).index_add_(
-                0, self.gid, hits)
+                0, index, hits)
             return counts > 0 if op == "any" else counts == 0
-        index = self.gid.view((-1,) + (1,) * (v.dim() - 1)).expand_as(v)
+        index = index.view((-1,) + (1,) * (v.dim() - 1)).expand_as(v)
         # Note: scatter_reduce's backward shares the gradient of amax/amin with the initial
         # ``self`` value when it ties with the result, even with include_self=False; NaN
         # never ties.
@@ -263,12 +302,17 @@ class CompressedGrouping(CooGrouping):
             seg = torch.segment_reduce(values, self._SEGMENT_OPS[op], offsets=self.offsets)
             return seg.index_select(0, self.lines)
         if values.dtype == torch.bool and op in ("sum", "any", "all"):
-            hits = (values if op != "all" else ~values).to(torch.float64)
-            counts = torch.segment_reduce(hits, "sum", offsets=self.offsets)[self.lines]
-            return counts.long() if op == "sum" else (counts > 0 if op == "any" else
-                                                      counts == 0)
+            counts = self._count(values)
+            return counts if op == "sum" else (counts > 0 if op == "any" else
+                                               counts == self.lengths)
         self._with_gid()
         return super().reduce(values, op)
+
+    def _count_pass(self, mask: torch.Tensor) -> torch.Tensor:
+        if not self.by_lines:
+            return super()._count_pass(mask)
+        hits = torch.segment_reduce(mask.to(torch.float64), "sum", offsets=self.offsets)
+        return hits[self.lines].long()
 
     def expand(self, out: torch.Tensor) -> torch.Tensor:
         if not self.by_lines:

@@ -21,9 +21,13 @@ from __future__ import annotations
 
 import torch
 
-from ._grouping import BITS, Grouping, reduce_dense, reduced_shape, sort_order
+from ._grouping import Grouping, reduce_dense, reduced_shape, sort_order
 from ._index import linearize
 from .registry import Storage
+
+# Same-size integer views for a bitwise "where(mask, x, 0)" (Note [Fused masked sum]).
+BITS = {torch.float32: torch.int32, torch.float64: torch.int64, torch.int32: torch.int32,
+        torch.int64: torch.int64}
 
 
 class StridedGrouping(Grouping):

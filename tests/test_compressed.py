@@ -149,3 +149,63 @@ def test_a_copy_of_each_layout_is_a_working_layout(name):
         assert_masked_equal(torch.sum(got, 1), *dense_of(torch.sum(mt, 1)))
     finally:
         layouts.unregister_layout(copy)
+
+
+# -- issue 19's reduction paths: every grouping strategy against the strided reference -----
+def _wide(shape, seed):
+    """A sparse COO masked tensor with ±inf, NaN, empty and all-masked rows."""
+    g = torch.Generator().manual_seed(seed)
+    data = torch.randn(shape, generator=g, dtype=torch.float64)
+    stored = torch.rand(shape, generator=g) < 0.3
+    mask = stored & (torch.rand(shape, generator=g) < 0.7)
+    stored[1] = False
+    mask[1] = mask[2] = False
+    flat = data.view(-1)
+    flat[:3] = torch.tensor([math.inf, -math.inf, math.nan])
+    stored.view(-1)[:3] = mask.view(-1)[:3] = True
+    idx = stored.nonzero().t()
+    mt = ms.masked_tensor(torch.sparse_coo_tensor(idx, data[stored], shape).coalesce(),
+                          torch.sparse_coo_tensor(idx, mask[stored], shape).coalesce())
+    return mt, ms.masked_tensor(data, mask)
+
+
+@pytest.mark.parametrize("shape, dim", [
+    ((5, 7, 3), (0, 2)),     # kept dim 1 not leading, small key space: one scatter into slots
+    ((4, 3000, 2), (0, 2)),  # kept key space >> nnz: sorted unique
+    ((5, 7, 3), (2,)),       # kept dims lead: ordered storage, no sort
+    ((5, 7, 3), (1,)),       # two kept dims, linearized keys
+])
+@pytest.mark.parametrize("name", ["sum", "mean", "amax", "var", "argmax", "any"])
+def test_coo_grouping_strategies_match_strided(shape, dim, name):
+    mt, ref = _wide(shape, seed=len(shape) + dim[0])
+    fn = REDUCTIONS[name]
+    d = dim if name != "argmax" else dim[0]
+    for keepdim in (False, True):
+        _same(fn(mt, d, keepdim), fn(ref, d, keepdim))
+    if name in ("sum", "amax"):
+        _same(torch.softmax(mt, dim[0]), torch.softmax(ref, dim[0]))
+
+
+def test_expanded_rows_are_computed_once_per_crow_object():
+    from layouts._index import rows_from_crow
+
+    csr, _ = _pair(torch.sparse_csr)
+    crow, col = csr._storage.index
+    first = rows_from_crow(crow, col.numel())
+    assert rows_from_crow(crow, col.numel()) is first
+    assert rows_from_crow(crow.clone(), col.numel()) is not first
+    with torch.inference_mode():  # inference tensors are never cached
+        fresh = torch.tensor([0, 2, 3])
+        rows_from_crow(fresh)
+    x = torch.ones(3, requires_grad=True)
+    (x[rows_from_crow(fresh)] * 2).sum().backward()  # usable with autograd afterwards
+    assert x.grad.tolist() == [4.0, 2.0, 0.0]  # rows [0, 0, 1]
+
+
+def test_counts_are_shared_between_sum_and_its_result_mask():
+    csr, ref = _pair(torch.sparse_csr)
+    g = layouts.group_by(csr._storage, (1,), False)
+    m = csr._storage.mask
+    assert g.reduce(m, "sum") is g.reduce(m, "sum")
+    assert torch.equal(g.reduce(m, "any"), g.reduce(m, "sum") > 0)
+    assert torch.equal(g.reduce(m, "all"), g.reduce(m, "sum") == g.lengths)
