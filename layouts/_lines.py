@@ -38,8 +38,8 @@ from typing import Any
 
 import torch
 
-from ._index import linearize
-from .registry import Storage
+from ._index import linearize, rows_from_crow
+from .registry import Storage, get_layout
 
 SCANS = ("cumsum", "cumprod", "cummax", "cummin", "logcumsumexp")
 
@@ -179,9 +179,11 @@ class SparseLines(Lines):
     """
 
     def __init__(self, original: Storage, coo: Any, dim: int,
-                 lengths: torch.Tensor | None = None, coord: torch.Tensor | None = None) -> None:
+                 lengths: torch.Tensor | None = None, coord: torch.Tensor | None = None,
+                 indices: Any = None) -> None:
         self.source, self.dim = original, dim
         self._coo, self._indices, self._rank, self._inverse = coo, None, None, None
+        self._indices_fn = indices
         self.order: torch.Tensor | None = None
         if lengths is not None:  # given by the layout (CSR rows): storage order, no COO
             self.same_order, self.coord, self.lengths = True, coord, lengths
@@ -216,6 +218,8 @@ class SparseLines(Lines):
     @property
     def indices(self) -> torch.Tensor:
         """The COO indices in line order."""
+        if self._indices is None and self._indices_fn is not None:
+            self._indices = self._indices_fn()
         if self._indices is None:
             (indices,) = self.coo.index
             self._indices = indices if self.order is None else indices[:, self.order]
@@ -290,18 +294,16 @@ class SparseLines(Lines):
 
     # -- scans -------------------------------------------------------------------------
     def scan(self, values, op):
-        v = self._in_lines(values)
-        extra = None
         if self.nnz == 0:
-            out = v
-            if op in ("cummax", "cummin"):
-                extra = torch.zeros(v.shape, dtype=torch.long, device=v.device)
-        else:
-            out = self._restarting_sum(v) if op == "cumsum" else None
-            if out is None:
-                out, extra = self._padded_scan(v, op)
+            return values, (torch.zeros_like(values, dtype=torch.long)
+                            if op in ("cummax", "cummin") else None)
+        v = self._in_lines(values)
+        out = self._restarting_sum(v) if op == "cumsum" else None
+        extra = None
+        if out is None:
+            out, extra = self._padded_scan(v, op)
         out = self._restore(out)
-        if extra is not None and self.nnz:  # element (line order) -> coordinate along dim
+        if extra is not None:  # element (line order) -> its coordinate along dim
             extra = self._restore(self.coord[extra])
         return out, extra
 
@@ -391,14 +393,14 @@ class SparseLines(Lines):
             kept = self.starts[row] + slot
             perm, indices = perm[kept], self.indices[:, kept]
             indices[self.dim] = slot
-        shape = list(self.coo.shape)
+        shape = list(self.source.shape)
         shape[self.dim] = shape[self.dim] if k is None else k
         if self.dim != indices.shape[0] - 1:  # back to row-major (coalesced) order
             row_major = torch.argsort(linearize(indices, tuple(shape[: indices.shape[0]])))
             perm, indices = perm[row_major], indices[:, row_major]
-        coo = self.coo.layout.build((indices,), v[perm], m[perm], shape)
+        coo = get_layout("sparse_coo").build((indices,), v[perm], m[perm], shape)
         positions = self.coord[perm]
-        if self.source.layout is self.coo.layout:
+        if self.source.layout is coo.layout:
             return coo, positions
         try:  # the input's layout when it can hold the result (Note [Sorted layout])
             ids = torch.arange(perm.numel(), device=perm.device)
@@ -409,18 +411,24 @@ class SparseLines(Lines):
                 positions[out.values])
 
 
-def csr_lines(storage: Storage, dim: int) -> Lines:
-    """The CSR layout's ``reduction["lines"]`` kernel: its rows are lines already."""
-    if dim != 1:
+def compressed_lines(storage: Storage, dim: int, axis: int) -> Lines:
+    """The ``reduction["lines"]`` kernel of CSR (``axis=0``) and CSC (``axis=1``): along
+    the uncompressed dim, the stored lines are the lines, in storage order (no COO copy)."""
+    if dim != 1 - axis:
         return sparse_lines(storage, dim)
-    crow, col = storage.index
-    counts = crow.diff().long()
-    lengths = counts[counts > 0]
+    ptr, idx = storage.index
+    counts = ptr.diff().long()
 
     def coo() -> Storage:
         return storage.layout.to_coo(storage)
 
-    return SparseLines(storage, coo, dim, lengths=lengths, coord=col.long())
+    def indices() -> torch.Tensor:  # (row, col) of the stored elements, storage order
+        outer = rows_from_crow(ptr, idx.numel()).long()
+        pair = (outer, idx.long()) if axis == 0 else (idx.long(), outer)
+        return torch.stack(pair)
+
+    return SparseLines(storage, coo, dim, lengths=counts[counts > 0], coord=idx.long(),
+                       indices=indices)
 
 
 def dense_lines(storage: Storage, dim: int) -> Lines:
