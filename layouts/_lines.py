@@ -18,11 +18,13 @@ the masked semantics once in terms of its two primitives, and the layouts only c
 Strided storages (and the dense dims of a hybrid COO tensor) are lines already: the torch
 op runs along the dim. Sparse storages are arranged through their COO form: a line is a
 run of the element order sorted by (other coordinates, coordinate along ``dim``) -- the
-coalesced order itself when ``dim`` is the last sparse dim, CSR's own order along its
-rows. Scans then run on padded blocks ``(lines, width)``, lines bucketed by length in
-powers of two so padding at most doubles the work (Note [Padded lines]); sorts are two
-stable sorts over all stored values. Everything is O(nnz) memory, O(nnz log nnz) time, and
-differentiable with respect to the values; nothing is densified.
+coalesced order itself when ``dim`` is the last sparse dim, CSR's (CSC's) own order along
+its rows (columns). Scans and sorts then run as the torch op on padded blocks ``(lines,
+width)``, lines bucketed by length in powers of two so padding at most doubles the work
+(Note [Padded lines]); ``topk`` takes one ``topk`` of unique keys (Note [Top-k keys]).
+Everything is O(nnz) memory, O(nnz log nnz) time, and differentiable with respect to the
+values; nothing is densified. Layouts register the builder as ``reduction["lines"]``;
+one without it is arranged through its COO form.
 
 >>> import torch, layouts
 >>> coo = layouts.get_layout("sparse_coo")
