@@ -47,8 +47,9 @@ class MaskedTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, data: torch.Tensor, mask: torch.Tensor, requires_grad: bool = False):
-        from ._construct import storage_from_tensors
+        from ._construct import storage_from_tensors, warn_if_requires_grad
 
+        warn_if_requires_grad(data)
         return _wrap(storage_from_tensors(data, mask, "MaskedTensor"), requires_grad)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -91,6 +92,10 @@ class MaskedTensor(torch.Tensor):
                              f"of the values {tuple(s.values.shape)}, got {s.mask.dtype} "
                              f"{tuple(s.mask.shape)}")
         return self
+
+    def is_sparse_coo(self) -> bool:
+        """True if stored sparse COO (``torch.masked``'s method; see also ``mt.layout``)."""
+        return self._storage.layout.torch_layout is torch.sparse_coo
 
     @property
     def masked_data(self) -> torch.Tensor:
