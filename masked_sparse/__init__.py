@@ -12,14 +12,34 @@ tensor([[0.0000, 1.4142],
         [1.7321, 0.0000]])
 """
 
-from . import ops, optim  # noqa: F401  (ops registers the op tables; ms.optim: optimizers)
+from . import functional, ops, optim  # noqa: F401  (ops registers the op tables)
 from ._construct import as_masked_tensor, masked_tensor
 from ._serialize import _rebuild_masked  # noqa: F401  (allow-listed for torch.load)
 from ._tensor import MaskedTensor, is_masked_tensor, layout_of
+from .functional import (
+    amax,
+    amin,
+    argmax,
+    argmin,
+    cumprod,
+    cumsum,
+    log_softmax,
+    logsumexp,
+    mean,
+    median,
+    norm,
+    normalize,
+    prod,
+    softmax,
+    softmin,
+    std,
+    sum,
+    var,
+)
 from .interop import from_numpy, from_scipy, to_numpy, to_scipy
 from .ops.conversion import to_layout
 
-__all__ = [
+__all__ = functional.__all__ + [
     "MaskedTensor",
     "as_masked_tensor",
     "from_numpy",

@@ -163,6 +163,13 @@ def k_count_nonzero(g: Grouping) -> Storage:
 
 def k_norm(g: Grouping, ord: float, dtype: torch.dtype | None, out_dtype: torch.dtype) -> Storage:
     v, m = source(g, dtype)
+    out, specified = group_norm(g, v, m, ord)
+    return g.build(zero_unspecified(out, specified).to(out_dtype), specified)
+
+
+def group_norm(g: Grouping, v: torch.Tensor, m: torch.Tensor,
+               ord: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``ord``-norm of the specified elements of each group, and which groups have one."""
     a = fill(v, m, 0).abs()
     specified = g.reduce(m, "any")
     if ord == math.inf:
@@ -180,7 +187,7 @@ def k_norm(g: Grouping, ord: float, dtype: torch.dtype | None, out_dtype: torch.
         if ord < 0:
             powered = fill(powered, m, 0)
         out = safe_root(g.reduce(powered, "sum"), ord)
-    return g.build(zero_unspecified(out, specified).to(out_dtype), specified)
+    return out, specified
 
 
 def k_var(g: Grouping, correction: float, std: bool, with_mean: bool) -> Any:
