@@ -12,7 +12,7 @@ tensor([[0.0000, 1.4142],
         [1.7321, 0.0000]])
 """
 
-from . import functional, ops, optim  # noqa: F401  (ops registers the op tables)
+from . import _collate, functional, ops, optim  # noqa: F401  (ops registers the op tables)
 from ._construct import as_masked_tensor, masked_tensor
 from ._serialize import _rebuild_masked  # noqa: F401  (allow-listed for torch.load)
 from ._tensor import MaskedTensor, is_masked_tensor, layout_of

@@ -45,14 +45,22 @@ def _tensors(tensors: Any, op: str, one_layout: bool = True) -> list[MaskedTenso
     return tensors
 
 
-def _cat(tensors: Any, dim: int = 0, *, axis: Any = None) -> Call:
+def _no_out(out: Any, op: str) -> None:
+    if out is not None:
+        raise TypeError(f"{op}: out= is not supported for MaskedTensors (the result's mask "
+                        f"and storage come from the inputs); use out = torch.{op}(tensors)")
+
+
+def _cat(tensors: Any, dim: int = 0, *, axis: Any = None, out: Any = None) -> Call:
+    _no_out(out, "cat")
     ts = _tensors(tensors, "cat")
     dim = dim if axis is None else axis
     torch.cat([meta(t) for t in ts], dim)
     return Call("cat", "cat", ts, (wrap_dim(dim, ts[0].dim()),))
 
 
-def _stack(tensors: Any, dim: int = 0) -> Call:
+def _stack(tensors: Any, dim: int = 0, *, out: Any = None) -> Call:
+    _no_out(out, "stack")
     ts = _tensors(tensors, "stack")
     torch.stack([meta(t) for t in ts], dim)
     return Call("stack", "stack", ts, (int(dim) % (ts[0].dim() + 1),))
