@@ -50,6 +50,8 @@ Primitives (all on plain tensors, differentiable with respect to ``values``)
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Sequence
 
 import torch
@@ -78,10 +80,12 @@ class Grouping:
         raise NotImplementedError
 
     def softmax(self, values: torch.Tensor, log: bool) -> torch.Tensor:
-        # The shift cancels in value and gradient; detaching it saves a backward pass.
+        # The shift cancels in value and gradient; detaching it saves a backward pass. Only
+        # an all -inf group is shifted by 0 instead (its 0/0 gives NaN, as torch's softmax);
+        # a +inf or NaN maximum stays, so that inf - inf makes the group NaN, as in torch.
         top = self.reduce(values, "amax").detach()
-        top = torch.where(torch.isfinite(top), top, torch.zeros((), dtype=top.dtype,
-                                                                device=top.device))
+        top = torch.where(top == -math.inf, torch.zeros((), dtype=top.dtype,
+                                                        device=top.device), top)
         shifted = values - self.expand(top)
         e = shifted.exp()
         total = self.expand(self.reduce(e, "sum"))

@@ -116,11 +116,12 @@ def source(g: Grouping, dtype: torch.dtype | None = None,
 
 
 def safe_root(s: torch.Tensor, p: float) -> torch.Tensor:
-    """``s ** (1/p)`` with value and gradient 0 where ``s == 0``."""
-    pos = s > 0
-    safe = torch.where(pos, s, _full(1, s))
+    """``s ** (1/p)`` with value and gradient 0 where ``s == 0`` (NaN and inf pass through,
+    as in torch's norms)."""
+    zero = s == 0
+    safe = torch.where(zero, _full(1, s), s)
     root = safe.sqrt() if p == 2 else safe.pow(1.0 / p)
-    return torch.where(pos, root, _full(0, root))
+    return torch.where(zero, _full(0, root), root)
 
 
 # -- kernels: (grouping, *params) -> Storage | tuple -------------------------------------
