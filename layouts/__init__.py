@@ -21,6 +21,7 @@ from . import sparse_csc  # noqa: F401
 # isort: split
 from . import sparse_bsr  # noqa: F401
 from ._grouping import Grouping, group_by
+from ._validate import check_sparse_input
 from .convert import convert, drop_unspecified, read_at
 from .registry import (
     Layout,
@@ -35,6 +36,7 @@ __all__ = [
     "Grouping",
     "Layout",
     "Storage",
+    "check_sparse_input",
     "convert",
     "drop_unspecified",
     "get_layout",

@@ -51,7 +51,6 @@ Primitives (all on plain tensors, differentiable with respect to ``values``)
 from __future__ import annotations
 
 import math
-
 from collections.abc import Sequence
 
 import torch

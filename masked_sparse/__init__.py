@@ -39,7 +39,7 @@ from .functional import (
 from .interop import from_numpy, from_scipy, to_numpy, to_scipy
 from .ops.conversion import to_layout
 
-__all__ = functional.__all__ + [
+__all__ = [  # the functional reductions (ms.sum, ...) are masked_sparse.functional's
     "MaskedTensor",
     "as_masked_tensor",
     "from_numpy",
@@ -50,4 +50,22 @@ __all__ = functional.__all__ + [
     "to_layout",
     "to_numpy",
     "to_scipy",
+    "amax",
+    "amin",
+    "argmax",
+    "argmin",
+    "cumprod",
+    "cumsum",
+    "log_softmax",
+    "logsumexp",
+    "mean",
+    "median",
+    "norm",
+    "normalize",
+    "prod",
+    "softmax",
+    "softmin",
+    "std",
+    "sum",
+    "var",
 ]

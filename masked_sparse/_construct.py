@@ -37,6 +37,8 @@ def storage_from_tensors(data: torch.Tensor, mask: torch.Tensor, op: str) -> Sto
     if data.device != mask.device:
         raise ValueError(f"{op}: data is on {data.device} but mask is on {mask.device}; "
                          f"move them to one device")
+    if not torch.compiler.is_compiling():  # O(nnz) index checks (data-dependent: eager only)
+        layouts.check_sparse_input(op, data=data, mask=mask)
     layout = layouts.get_layout(data.layout)
     storage = layout.from_torch(data, mask)
     layout.validate(storage)
