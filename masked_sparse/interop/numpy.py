@@ -21,6 +21,7 @@ import torch
 
 import layouts
 
+from .._memory import check_fits
 from .._tensor import MaskedTensor, _wrap
 
 # numpy's (kind, itemsize) -> torch dtype: independent of byte order and of C type aliases.
@@ -172,6 +173,10 @@ def to_numpy(mt: MaskedTensor, fill_value: Any = None) -> np.ma.MaskedArray:
                         f"t.numpy() for plain tensors")
     s = mt._storage
     numpy_dtype(s.values.dtype, "to_numpy")
+    check_fits(f"to_numpy of a {s.layout.name} MaskedTensor", "strided", s.shape,
+               s.values.numel(), s.values.dtype, s.values.device,
+               "numpy.ma is dense: keep it sparse (ms.to_scipy for scipy.sparse), or reduce or "
+               "slice it first")
     with torch.no_grad():
         data = tensor_to_array(s.densify(s.values, 0), "to_numpy")
         valid = tensor_to_array(s.densify(s.mask, False), "to_numpy")
