@@ -27,7 +27,7 @@ import layouts
 from layouts import Storage
 
 from . import _registry
-from ._repr import _SUMMARY_NUMEL, masked_repr, summary_repr
+from ._repr import storage_repr
 
 
 class MaskedTensor(torch.Tensor):
@@ -103,12 +103,8 @@ class MaskedTensor(torch.Tensor):
         return self.get_data()
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
-        s = self._storage
-        if s.index and self.numel() > _SUMMARY_NUMEL:
-            return summary_repr(s.layout.name, s.shape, self.dtype, s.values.shape[0],
-                                int(s.mask.sum()))
         with torch.no_grad():
-            return masked_repr(s.densify(s.values, 0), s.densify(s.mask, False))
+            return storage_repr(self._storage, self.dtype)
 
     __str__ = __repr__
 
