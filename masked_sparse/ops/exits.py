@@ -23,7 +23,7 @@ from .._tensor import MaskedTensor
 
 
 def _no_plain_exit(what: str, filled: str) -> Any:
-    def handler(mt: MaskedTensor, *args: Any, **kwargs: Any) -> Any:
+    def handler(op: Any, mt: MaskedTensor, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"{what} on a MaskedTensor: its unspecified elements have no value; "
                         f"fill them with {filled}, or use ms.to_numpy(mt) for a "
                         f"numpy.ma.MaskedArray")
@@ -38,7 +38,7 @@ implements(torch.Tensor.__array__)(
 
 
 @implements(torch.Tensor.__format__)
-def _format(mt: MaskedTensor, format_spec: str) -> str:
+def _format(op: Any, mt: MaskedTensor, format_spec: str) -> str:
     if mt.dim() != 0 or not format_spec:
         return str(mt)
     s = mt._storage
