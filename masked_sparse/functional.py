@@ -71,12 +71,14 @@ def _mask_for(input: torch.Tensor, mask: Any, op: str) -> torch.Tensor:
         return layout.to_torch(s, torch.ones(s.values.shape, dtype=torch.bool,
                                              device=input.device))
     if mask.layout == torch.strided:
-        mask = _stored_at(mask.expand(input.shape), input.layout)
+        return _stored_at(mask.expand(input.shape), input.layout)
+    if mask.layout != input.layout:  # sparse to sparse: O(nnz)
+        return _stored_at(mask, input.layout)
     return mask
 
 
 def _stored_at(mask: torch.Tensor, layout: torch.layout) -> torch.Tensor:
-    """A strided bool mask as a sparse mask of ``layout`` storing exactly its True elements."""
+    """``mask`` in the sparse ``layout`` (a strided mask: storing exactly its True elements)."""
     if layout == torch.sparse_coo:
         return mask.to_sparse_coo()
     return mask.to_sparse(layout=layout)

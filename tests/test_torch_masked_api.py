@@ -90,7 +90,8 @@ def test_functional_sparse_input_agrees_with_strided(name, layout):
         pytest.skip("sparse scans come with the core's scan kernels")
     dense = getattr(MF, name)(x, *args, mask=mask)
     sparse_x = x.to_sparse(layout=layout)
-    for m in (mask, mask.to_sparse(layout=layout)):  # strided or sparse mask
+    masks = (mask, mask.to_sparse(layout=layout), mask.to_sparse_coo())
+    for m in masks:  # strided, same-layout or COO mask
         out = getattr(MF, name)(sparse_x, *args, mask=m)
         assert out.layout != torch.strided or out.dim() == 0 or name in ("argmax", "argmin")
         got = out.to_dense()
@@ -177,6 +178,8 @@ def test_format_of_0d():
     assert f"{x[1]:>6.2f}" == "    --"
     assert f"{x.sum():+.1e}" == "+1.2e+00"
     assert format(x) == str(x)
+    with pytest.raises(TypeError, match="0-d"):
+        f"{x:.3f}"
 
 
 def test_torch_load_without_import_readme_fix(tmp_path):

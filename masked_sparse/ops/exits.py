@@ -39,8 +39,12 @@ implements(torch.Tensor.__array__)(
 
 @implements(torch.Tensor.__format__)
 def _format(op: Any, mt: MaskedTensor, format_spec: str) -> str:
-    if mt.dim() != 0 or not format_spec:
+    if not format_spec:
         return str(mt)
+    if mt.dim() != 0:
+        raise TypeError(f"unsupported format string {format_spec!r} passed to a MaskedTensor "
+                        f"of shape {tuple(mt.shape)}: only a 0-d MaskedTensor formats as a "
+                        f"number, as for torch.Tensor")
     s = mt._storage
     if not bool(s.mask.reshape(-1)[0]):
         return format("--", format_spec.split(".")[0].lstrip("+- "))
