@@ -21,6 +21,7 @@ from . import sparse_csc  # noqa: F401
 # isort: split
 from . import sparse_bsr  # noqa: F401
 from ._grouping import Grouping, group_by
+from ._size import storage_nbytes
 from ._validate import check_sparse_input
 from .convert import convert, drop_unspecified, read_at
 from .registry import (
@@ -44,5 +45,6 @@ __all__ = [
     "group_by",
     "register_layout",
     "registered_layouts",
+    "storage_nbytes",
     "unregister_layout",
 ]

@@ -9,22 +9,23 @@ allocator for terabytes, and either fail after a long time or make the machine s
 Note [Memory rule]
 ~~~~~~~~~~~~~~~~~~
 The size of the result is computed from the shape, the number of stored elements and the
-dtype (values + bool mask + index tensors) *before* allocating. A conversion raises
-``MemoryError`` naming itself, the bytes and the way out when that size exceeds the memory
-available to new allocations: ``MemAvailable`` of ``/proc/meminfo`` (or ``psutil``) for the
-CPU, ``torch.cuda.mem_get_info`` for a GPU. Sizes under 64 MiB are never checked (no system
-call on the hot path); where the available memory cannot be read, nothing is refused.
+dtype (values + bool mask + index tensors, ``layouts.storage_nbytes``) *before* allocating.
+A conversion raises ``MemoryError`` naming itself, the bytes and the way out when that size
+exceeds the memory available to new allocations: ``MemAvailable`` of ``/proc/meminfo``
+(or ``psutil``) for the CPU, ``torch.cuda.mem_get_info`` for a GPU. Sizes under 64 MiB are
+never checked (no system call on the hot path); where the available memory cannot be read,
+nothing is refused.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
+import layouts
+
 _CHECK_ABOVE = 64 << 20
-_INDEX_BYTES = 8
 
 
 def available_bytes(device: torch.device) -> int | None:
@@ -49,29 +50,12 @@ def available_bytes(device: torch.device) -> int | None:
     return None
 
 
-def result_bytes(layout: str, shape: tuple[int, ...], nnz: int, dtype: torch.dtype,
-                 options: dict[str, Any] | None = None) -> int | None:
-    """Bytes of a masked storage of ``layout`` (values, mask and indices), or None if the
-    layout is not one of the built-in ones. ``nnz`` counts stored elements."""
-    item = torch.empty((), dtype=dtype).element_size() + 1  # a value and its mask byte
-    if layout == "strided":
-        return math.prod(shape) * item
-    if layout == "sparse_coo":
-        return nnz * (len(shape) * _INDEX_BYTES + item)
-    if layout in ("sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc") and len(shape) == 2:
-        block = tuple((options or {}).get("blocksize") or (1, 1))
-        outer = 1 if layout in ("sparse_csc", "sparse_bsc") else 0
-        lines = shape[outer] // max(block[outer], 1)
-        return (lines + 1) * _INDEX_BYTES + nnz * (_INDEX_BYTES + item)
-    return None
-
-
 def check_fits(what: str, layout: str, shape: Any, nnz: int, dtype: torch.dtype,
                device: torch.device, alternative: str,
                options: dict[str, Any] | None = None) -> None:
     """Raise ``MemoryError`` if ``what`` would build more than the memory available."""
     shape = tuple(int(n) for n in shape)
-    need = result_bytes(layout, shape, nnz, dtype, options)
+    need = layouts.storage_nbytes(layout, shape, nnz, dtype, options)
     if need is None or need < _CHECK_ABOVE:
         return
     have = available_bytes(device)
