@@ -145,7 +145,7 @@ def sparse_summary(s: Storage, dtype: torch.dtype) -> str:
         else:
             text = _nested(v.tolist(), m.tolist(), v.dim(), fmt, (None,) * v.dim())
         lines.append(f"  {tuple(where)}: {text}")
-    nnz = s.values.shape[0]
+    nnz = coo.values.shape[0]  # stored elements (a block layout's blocks, element by element)
     if nnz > count:
         lines.append(f"  ... ({nnz - count} more stored)")
     head = (f"MaskedTensor(layout={s.layout.name}, shape={tuple(s.shape)}, dtype={dtype}, "
