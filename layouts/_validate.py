@@ -94,7 +94,7 @@ def _check_coo(t: torch.Tensor, op: str, what: str) -> None:
 
 
 def _first_unsorted(indices: torch.Tensor, shape: tuple[int, ...],
-                    chunk: int = 1 << 16) -> int | None:
+                    chunk: int = 1 << 18) -> int | None:
     """The first column whose row-major key is not above the previous one, or None.
 
     Keys are built a chunk at a time: small temporaries stay in the allocator's cache
