@@ -16,7 +16,9 @@ from . import _collate, functional, ops, optim  # noqa: F401  (ops registers the
 from ._construct import as_masked_tensor, masked_tensor
 from ._serialize import _rebuild_masked  # noqa: F401  (allow-listed for torch.load)
 from ._tensor import MaskedTensor, is_masked_tensor, layout_of
-from .functional import (
+# torch.masked's functional API at ms.sum, ms.softmax, ...: attributes, not in __all__, so that
+# ``from masked_sparse import *`` never shadows the builtins sum / min / max.
+from .functional import (  # noqa: F401
     amax,
     amin,
     argmax,
@@ -39,7 +41,7 @@ from .functional import (
 from .interop import from_numpy, from_scipy, to_numpy, to_scipy
 from .ops.conversion import to_layout
 
-__all__ = [  # the functional reductions (ms.sum, ...) are masked_sparse.functional's
+__all__ = [
     "MaskedTensor",
     "as_masked_tensor",
     "from_numpy",
@@ -50,22 +52,4 @@ __all__ = [  # the functional reductions (ms.sum, ...) are masked_sparse.functio
     "to_layout",
     "to_numpy",
     "to_scipy",
-    "amax",
-    "amin",
-    "argmax",
-    "argmin",
-    "cumprod",
-    "cumsum",
-    "log_softmax",
-    "logsumexp",
-    "mean",
-    "median",
-    "norm",
-    "normalize",
-    "prod",
-    "softmax",
-    "softmin",
-    "std",
-    "sum",
-    "var",
 ]
