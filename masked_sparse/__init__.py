@@ -16,6 +16,7 @@ from . import _collate, functional, ops, optim  # noqa: F401  (ops registers the
 from ._construct import as_masked_tensor, masked_tensor
 from ._serialize import _rebuild_masked  # noqa: F401  (allow-listed for torch.load)
 from ._tensor import MaskedTensor, is_masked_tensor, layout_of
+
 # torch.masked's functional API at ms.sum, ms.softmax, ...: attributes, not in __all__, so that
 # ``from masked_sparse import *`` never shadows the builtins sum / min / max.
 from .functional import (  # noqa: F401
