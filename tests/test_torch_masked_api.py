@@ -86,13 +86,16 @@ def test_functional_full_and_keepdim_against_dense(name, keepdim):
 def test_functional_sparse_input_agrees_with_strided(name, layout):
     x, mask = _inputs(2)
     args = ARGS.get(name, (1,))
-    if name in ("cumsum", "cumprod"):
-        pytest.skip("sparse scans come with the core's scan kernels")
     dense = getattr(MF, name)(x, *args, mask=mask)
     sparse_x = x.to_sparse(layout=layout)
     masks = (mask, mask.to_sparse(layout=layout), mask.to_sparse_coo())
     for m in masks:  # strided, same-layout or COO mask
-        out = getattr(MF, name)(sparse_x, *args, mask=m)
+        try:
+            out = getattr(MF, name)(sparse_x, *args, mask=m)
+        except NotImplementedError:
+            if name not in ("cumsum", "cumprod"):
+                raise
+            pytest.skip("sparse scans need the core's scan kernels (issue 15)")
         assert out.layout != torch.strided or out.dim() == 0 or name in ("argmax", "argmin")
         got = out.to_dense()
         assert torch.equal(got.get_mask(), dense.get_mask())
