@@ -32,16 +32,27 @@ def is_dense_pair(param: torch.Tensor, grad: Any) -> bool:
             and grad.shape == param.shape)
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def split(params: Sequence[torch.Tensor], grads: Sequence[Any]) -> tuple[list[int], list[int]]:
     """``(dense, lazy)``: the positions of the dense pairs and of all the others."""
     dense: list[int] = []
     lazy: list[int] = []
     for i, (p, g) in enumerate(zip(params, grads, strict=True)):
-        (dense if is_dense_pair(p, g) else lazy).append(i)
+        # The first test is a shortcut for the usual case (a model's plain parameters).
+        if (type(g) is torch.Tensor and type(p) in _PLAIN and g.layout == torch.strided
+                and g.shape == p.shape) or is_dense_pair(p, g):
+            dense.append(i)
+        else:
+            lazy.append(i)
     return dense, lazy
 
 
 def pick(items: Sequence[Any], positions: list[int]) -> list[Any]:
+    """``items`` at ``positions`` (``items`` itself when that is all of them)."""
+    if len(positions) == len(items):
+        return list(items) if not isinstance(items, list) else items
     return [items[i] for i in positions]
 
 

@@ -52,14 +52,17 @@ class SGD(MaskedOptimizer):
         """Perform one optimization step (``closure`` re-evaluates the loss)."""
         loss = self.run_closure(closure)
         for group in self.param_groups:
-            pairs = list(self._with_grads(group))
-            buffers = [state.get("momentum_buffer") for _, state in pairs]
-            F.sgd([p for p, _ in pairs], [p.grad for p, _ in pairs], buffers,
-                  weight_decay=group["weight_decay"], momentum=group["momentum"],
-                  lr=group["lr"], dampening=group["dampening"],
-                  foreach=group["foreach"], fused=group["fused"],
-                  nesterov=group["nesterov"], maximize=group["maximize"])
-            if group["momentum"] != 0:
-                for (_, state), buf in zip(pairs, buffers):
-                    state["momentum_buffer"] = buf
+            params = [p for p in group["params"] if p.grad is not None]
+            grads = [p.grad for p in params]
+            momentum = group["momentum"]
+            # As torch: the state is only looked at when there is a momentum buffer.
+            buffers = ([self.state[p].get("momentum_buffer") for p in params] if momentum != 0
+                       else [None] * len(params))
+            F.sgd(params, grads, buffers, group["foreach"], group["fused"],
+                  weight_decay=group["weight_decay"], momentum=momentum, lr=group["lr"],
+                  dampening=group["dampening"], nesterov=group["nesterov"],
+                  maximize=group["maximize"])
+            if momentum != 0:
+                for p, buf in zip(params, buffers):
+                    self.state[p]["momentum_buffer"] = buf
         return loss
