@@ -33,9 +33,6 @@ from ._scatter import as_masked_grad
 
 __all__ = ["clip_grad_norm_", "clip_grad_value_"]
 
-_COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
-
-
 def _parameters(parameters: torch.Tensor | Iterable[torch.Tensor]) -> list[torch.Tensor]:
     if isinstance(parameters, torch.Tensor):
         return [parameters]
@@ -58,11 +55,12 @@ def _stored_values(grad: torch.Tensor, where: str) -> torch.Tensor:
     if grad.layout == torch.strided:
         return grad
     if grad.layout == torch.sparse_coo:
-        return grad._values()
-    if grad.layout in _COMPRESSED:
-        return grad.values()
-    raise TypeError(f"ms.optim.{where}: unsupported gradient layout {grad.layout}; pass a "
-                    f"dense, torch sparse (COO, CSR, CSC, BSR, BSC) or MaskedTensor gradient")
+        return grad._values()  # uncoalesced too: scaling is linear
+    try:
+        return grad.values()  # the compressed layouts
+    except (RuntimeError, NotImplementedError):
+        raise TypeError(f"ms.optim.{where}: unsupported gradient layout {grad.layout}; pass "
+                        f"a dense, torch sparse or MaskedTensor gradient") from None
 
 
 def _specified_values(grad: torch.Tensor, where: str) -> torch.Tensor:
