@@ -256,6 +256,11 @@ def test_sparse_adam_every_gradient_form_equals_torch_on_coo():
         else:
             mine, _ = run(ms.optim.SparseAdam, dict(lr=0.01), [f[form] for f in steps])
         torch.testing.assert_close(mine, ref, rtol=1e-6, atol=0, msg=form)
+    # A torch BSR gradient specifies its whole stored blocks (zeros included): the
+    # reference is torch on the COO form of the same blocks.
+    bsr = [f["torch coo"].to_dense().to_sparse_bsr((2, 3)) for f in steps]
+    ref, _ = run(torch.optim.SparseAdam, dict(lr=0.01), [b.to_sparse_coo() for b in bsr])
+    torch.testing.assert_close(run_functional(bsr, lr=0.01), ref, rtol=1e-6, atol=0)
     # A dense gradient is specified everywhere (torch.optim.SparseAdam raises on it).
     dense = [torch.randn(ROWS, DIM, generator=torch.Generator().manual_seed(s)) for s in range(3)]
     mine, _ = run(ms.optim.SparseAdam, dict(lr=0.01), dense)
