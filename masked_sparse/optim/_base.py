@@ -56,7 +56,10 @@ class MaskedOptimizer(torch.optim.Optimizer):
         return torch.full_like(target_of(p), value, memory_format=torch.preserve_format)
 
     @staticmethod
-    def new_step() -> torch.Tensor:
+    def new_step(p: torch.Tensor, fused: bool | None) -> torch.Tensor:
+        """``state["step"]`` as torch.optim makes it (float32 on the device when fused)."""
+        if fused:
+            return torch.zeros((), dtype=torch.float32, device=p.device)
         return torch.tensor(0.0, dtype=scalar_dtype())
 
     @staticmethod

@@ -52,7 +52,7 @@ class Adagrad(MaskedOptimizer):
 
     def _init_state(self, p: torch.Tensor, group: dict[str, Any]) -> None:
         state = self.state[p]
-        state["step"] = self.new_step()
+        state["step"] = self.new_step(p, group["fused"])
         state["sum"] = self.zeros(p, group["initial_accumulator_value"])
 
     @torch.no_grad()

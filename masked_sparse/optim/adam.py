@@ -60,7 +60,7 @@ class Adam(MaskedOptimizer):
             params, grads, avgs, avg_sqs, max_sqs, steps = [], [], [], [], [], []
             for p, state in self._with_grads(group):
                 if not state:
-                    state["step"] = self.new_step()
+                    state["step"] = self.new_step(p, group["fused"])
                     state["exp_avg"] = self.zeros(p)
                     state["exp_avg_sq"] = self.zeros(p)
                     if group["amsgrad"]:
