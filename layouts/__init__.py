@@ -25,6 +25,8 @@ from . import sparse_bsr  # noqa: F401
 from ._grouping import Grouping, zero_unspecified
 from ._lines import Lines, lines_along
 from ._reduce_sparse import group_by
+from ._size import storage_nbytes
+from ._validate import check_sparse_input
 from .convert import convert, drop_unspecified, expand_specified, read_at, read_broadcast
 from .registry import (
     Layout,
@@ -41,6 +43,7 @@ __all__ = [
     "Layout",
     "Lines",
     "Storage",
+    "check_sparse_input",
     "convert",
     "drop_unspecified",
     "expand_specified",
@@ -51,6 +54,7 @@ __all__ = [
     "lines_along",
     "register_layout",
     "registered_layouts",
+    "storage_nbytes",
     "takes_layout",
     "unregister_layout",
     "zero_unspecified",
