@@ -12,35 +12,50 @@ and tested alone. ``masked_sparse`` routes every op to the table of its operand'
 from . import strided  # noqa: F401  (registered first: the default layout)
 
 # isort: split
-from . import sparse_coo, sparse_csr  # noqa: F401  (registers the built-in sparse layouts)
+from . import sparse_coo  # noqa: F401  (the hub of conversions)
 
 # isort: split
-# Written against the layout protocol alone (the core has no line about them).
+from . import sparse_csr  # noqa: F401
+
+# isort: split
 from . import sparse_csc  # noqa: F401
 
 # isort: split
 from . import sparse_bsr  # noqa: F401
-from ._grouping import Grouping, group_by
-from .convert import convert, drop_unspecified, read_at
+from ._grouping import Grouping, zero_unspecified
+from ._lines import Lines, lines_along
+from ._reduce_sparse import group_by
+from ._size import storage_nbytes
+from ._validate import check_sparse_input
+from .convert import convert, drop_unspecified, expand_specified, read_at, read_broadcast
 from .registry import (
     Layout,
     Storage,
     get_layout,
     register_layout,
     registered_layouts,
+    takes_layout,
     unregister_layout,
 )
 
 __all__ = [
     "Grouping",
     "Layout",
+    "Lines",
     "Storage",
+    "check_sparse_input",
     "convert",
     "drop_unspecified",
+    "expand_specified",
     "get_layout",
     "read_at",
+    "read_broadcast",
     "group_by",
+    "lines_along",
     "register_layout",
     "registered_layouts",
+    "storage_nbytes",
+    "takes_layout",
     "unregister_layout",
+    "zero_unspecified",
 ]
