@@ -12,12 +12,17 @@ tensor([[0.0000, 1.4142],
         [1.7321, 0.0000]])
 """
 
+from torch.distributed import is_available as _dist_available
+
 from . import ops, optim  # noqa: F401  (ops registers the op tables; ms.optim: optimizers)
 from ._construct import as_masked_tensor, masked_tensor
 from ._serialize import _rebuild_masked  # noqa: F401  (allow-listed for torch.load)
 from ._tensor import MaskedTensor, is_masked_tensor, layout_of
 from .interop import from_numpy, from_scipy, to_numpy, to_scipy
 from .ops.conversion import to_layout
+
+if _dist_available():  # torch imports torch.distributed already: registering costs nothing
+    from . import distributed  # noqa: F401  (torch.distributed's calls on MaskedTensors)
 
 __all__ = [
     "MaskedTensor",
