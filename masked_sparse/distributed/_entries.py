@@ -43,6 +43,9 @@ import torch.distributed as dist
 
 from layouts import Storage, get_layout
 
+# torch 2.13 renamed all_gather_into_tensor (same semantics); older torch has only the old name.
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 OPS = ("sum", "mean", "prod", "amax", "amin")
 METHODS = ("auto", "gather", "dense")
 
@@ -147,7 +150,7 @@ def gather_meta(rows: torch.Tensor, group) -> torch.Tensor:
     world = dist.get_world_size(group)
     rows = rows.contiguous()
     out = rows.new_empty((world * rows.shape[0],) + tuple(rows.shape[1:]))
-    dist.all_gather_into_tensor(out, rows, group=group)
+    _all_gather_flat(out, rows, group=group)
     return out.view((world,) + tuple(rows.shape))
 
 
@@ -172,7 +175,7 @@ def all_gather_rows(t: torch.Tensor, counts: list[int], group) -> list[torch.Ten
     padded = wire.new_zeros((longest,) + tuple(wire.shape[1:]))
     padded[: wire.shape[0]] = wire
     out = wire.new_empty((world * longest,) + tuple(wire.shape[1:]))
-    dist.all_gather_into_tensor(out, padded, group=group)
+    _all_gather_flat(out, padded, group=group)
     return [_unwire(chunk[:n], t.dtype) for chunk, n in zip(out.split(longest), counts)]
 
 
@@ -214,7 +217,8 @@ def _reduce_gathered(e: Entries, values: torch.Tensor, op: str, fill, plan: Plan
     if op in ("sum", "mean"):
         out.index_add_(0, where, values)
     else:
-        out.index_reduce_(0, where, values, op, include_self=True)
+        index = where.view((-1,) + (1,) * (values.dim() - 1)).expand(values.shape)
+        out.scatter_reduce_(0, index, values, op, include_self=True)
     if mask is None and op != "mean":
         return e._replace(keys=keys, values=out, mask=_all_true(out))
     ones = mask.to(torch.int32) if mask is not None else where.new_ones(where.shape, dtype=torch.int32)
