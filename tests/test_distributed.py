@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from conftest import FLOAT_DTYPES, assert_masked_equal, check_invariants, dense_of, make_masked
+from conftest import FLOAT_DTYPES, assert_masked_equal, check_invariants, make_masked
 from dist_harness import run_ranks
 
 import masked_sparse as ms

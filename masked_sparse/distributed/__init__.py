@@ -14,8 +14,10 @@ the same code and a rank with nothing stored takes part like any other.
 - :func:`sync_grads` ``(params)``: after ``backward()``, every gradient becomes the sum over
   ranks divided by the world size (DDP's convention) -- dense, torch sparse or masked, any
   layout -- and sparse ones stay sparse (Note [Gradients across ranks] in ``_grads``).
-- :func:`split_for_ddp` / :func:`broadcast_parameters`: the recipe for
-  ``DistributedDataParallel`` over a model with masked or sparse-gradient parameters.
+- :class:`DistributedDataParallel`: torch's DDP for models with MaskedTensor or
+  sparse-gradient parameters (those are synchronized by ``sync_grads`` at the end of each
+  backward; Note [DDP and masked parameters] in ``_ddp``); :func:`split_for_ddp` /
+  :func:`broadcast_parameters` are the same recipe by hand, around torch's own DDP.
 
 ``torch.distributed.all_reduce`` / ``broadcast`` / ``all_gather`` / ``gather`` / ``scatter``
 called on MaskedTensors run these (``import masked_sparse`` registers them; Note [Where
@@ -33,9 +35,10 @@ Example (run on every rank, e.g. ``torchrun --nproc-per-node 2 script.py``)::
     msd.all_reduce(mt, "sum")          # [2.0, 2.0, --] on every rank (world size 2)
 """
 
+from . import _torch_api  # noqa: F401  (registers torch.distributed's calls)
 from ._collectives import all_gather, all_reduce, broadcast, gather, scatter
-from ._grads import broadcast_parameters, split_for_ddp, sync_grads
-from . import _torch_api  # noqa: F401, E402  (registers torch.distributed's calls)
+from ._ddp import DistributedDataParallel, broadcast_parameters, split_for_ddp
+from ._grads import sync_grads
 
-__all__ = ["all_gather", "all_reduce", "broadcast", "broadcast_parameters", "gather",
-           "scatter", "split_for_ddp", "sync_grads"]
+__all__ = ["DistributedDataParallel", "all_gather", "all_reduce", "broadcast",
+           "broadcast_parameters", "gather", "scatter", "split_for_ddp", "sync_grads"]

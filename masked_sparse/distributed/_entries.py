@@ -221,7 +221,7 @@ def _reduce_gathered(e: Entries, values: torch.Tensor, op: str, fill, plan: Plan
         out.scatter_reduce_(0, index, values, op, include_self=True)
     if mask is None and op != "mean":
         return e._replace(keys=keys, values=out, mask=_all_true(out))
-    ones = mask.to(torch.int32) if mask is not None else where.new_ones(where.shape, dtype=torch.int32)
+    ones = mask.to(torch.int32) if mask is not None else torch.ones_like(where, dtype=torch.int32)
     count = ones.new_zeros((keys.numel(),) + tuple(ones.shape[1:])).index_add_(0, where, ones)
     return _finish(e, keys, out, count, op)
 

@@ -1,4 +1,4 @@
-"""Data-parallel gradients: :func:`sync_grads` and the DDP recipe (:func:`split_for_ddp`).
+"""Data-parallel gradients: :func:`sync_grads`.
 
 Note [Gradients across ranks]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -138,49 +138,3 @@ def _dense_grad(p: torch.Tensor) -> torch.Tensor:
     if isinstance(g, MaskedTensor):
         return g.to_tensor(0).to_dense()
     return g.to_dense() if g.layout != torch.strided else g
-
-
-def split_for_ddp(module: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """Hand DDP the dense parameters; return the others for :func:`sync_grads`.
-
-    MaskedTensor parameters and the weights of ``nn.Embedding`` / ``nn.EmbeddingBag``
-    with ``sparse=True`` are marked as ignored by ``DistributedDataParallel`` (its
-    ``_ddp_params_and_buffers_to_ignore``), which cannot bucket masked gradients and has
-    no sparse all-reduce on NCCL. Call it before wrapping ``module`` in DDP, broadcast the
-    returned parameters' initial values with :func:`broadcast_parameters`, and call
-    ``sync_grads`` on them after each ``backward()``.
-
-    Example::
-
-        sparse = msd.split_for_ddp(model)        # before DDP(model)
-        msd.broadcast_parameters(sparse)
-        ddp = DistributedDataParallel(model)
-        loss_fn(ddp(x), y).backward()
-        msd.sync_grads(sparse)
-        opt.step()
-    """
-    names, ours = [], []
-    sparse_modules = (torch.nn.Embedding, torch.nn.EmbeddingBag)
-    for mod_name, mod in module.named_modules():
-        for name, p in mod.named_parameters(recurse=False):
-            if isinstance(p, MaskedTensor) or (isinstance(mod, sparse_modules) and mod.sparse):
-                names.append(f"{mod_name}.{name}" if mod_name else name)
-                ours.append(p)
-    from torch.nn.parallel import DistributedDataParallel
-
-    ignored = getattr(module, "_ddp_params_and_buffers_to_ignore", [])
-    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
-        module, sorted(set(ignored) | set(names)))
-    return ours
-
-
-def broadcast_parameters(params: Iterable[torch.Tensor], src: int = 0, group=None) -> None:
-    """Copy rank ``src``'s parameter values to every rank, in place (masked ones included)."""
-    from ._collectives import broadcast
-
-    with torch.no_grad():
-        for p in params:
-            if isinstance(p, MaskedTensor):
-                p._storage = broadcast(p, src, group=group)._storage
-            else:
-                dist.broadcast(p.data, src, group=group)
