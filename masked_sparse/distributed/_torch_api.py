@@ -25,10 +25,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .._registry import implements, implements_aten
+from .._registry import implements
 from .._tensor import MaskedTensor
 from . import _collectives
 
+# Handlers receive the function first (``_registry.implements``); ``func`` here, since
+# ``op`` is all_reduce's own keyword.
 _OPS = {"SUM": "sum", "PRODUCT": "prod", "MAX": "amax", "MIN": "amin", "AVG": "mean"}
 
 
@@ -73,20 +75,20 @@ def _global(rank: int | None, group_rank: int | None, group) -> int:
 
 
 @implements(dist.all_reduce)
-def _all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+def _all_reduce(func, tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
     _assign(tensor, _collectives.all_reduce(tensor, _op_name(op), group=group), "all_reduce")
     return _done(async_op)
 
 
 @implements(dist.broadcast)
-def _broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
+def _broadcast(func, tensor, src=None, group=None, async_op=False, group_src=None):
     src = _global(src, group_src, group)
     _assign(tensor, _collectives.broadcast(tensor, src, group=group), "broadcast")
     return _done(async_op)
 
 
 @implements(dist.all_gather)
-def _all_gather(tensor_list, tensor, group=None, async_op=False):
+def _all_gather(func, tensor_list, tensor, group=None, async_op=False):
     results = _collectives.all_gather(tensor, group=group)
     if len(tensor_list) != len(results):
         raise ValueError(f"torch.distributed.all_gather: tensor_list has {len(tensor_list)} "
@@ -97,7 +99,7 @@ def _all_gather(tensor_list, tensor, group=None, async_op=False):
 
 
 @implements(dist.gather)
-def _gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None):
+def _gather(func, tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None):
     dst = _global(dst, group_dst, group)
     results = _collectives.gather(tensor, dst, group=group)
     if results is not None:
@@ -110,7 +112,7 @@ def _gather(tensor, gather_list=None, dst=None, group=None, async_op=False, grou
 
 
 @implements(dist.scatter)
-def _scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None):
+def _scatter(func, tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None):
     src = _global(src, group_src, group)
     _assign(tensor, _collectives.scatter(scatter_list, tensor, src, group=group), "scatter")
     return _done(async_op)
@@ -123,8 +125,8 @@ _C10D = [getattr(torch.ops.c10d, name).default for name in (
     if hasattr(torch.ops.c10d, name)]
 
 
-@implements_aten(*_C10D)
-def _c10d(func, args, kwargs):
+@implements(*_C10D)
+def _c10d(func, *args, **kwargs):
     raise NotImplementedError(
         f"{func} on a MaskedTensor: torch.distributed's C++ callers (DistributedDataParallel's "
         f"buckets, coalesced collectives) move dense buffers and cannot carry a mask. Use "
