@@ -43,6 +43,11 @@ def _shape_meta(e: Entries) -> list[int]:
     return [len(e.shape), e.shape.numel(), e.sparse_dim, hash(tuple(e.shape)) % 2**62]
 
 
+def _meta(e: Entries) -> torch.Tensor:
+    """This rank's row count, flags and shape, on the data's device (NCCL needs CUDA)."""
+    return torch.tensor(local_meta(e) + _shape_meta(e), device=e.keys.device)
+
+
 def _check_same_shape(metas: torch.Tensor, e: Entries, what: str) -> None:
     if bool((metas[:, 2:] != metas[0, 2:]).any()):
         raise ValueError(f"masked_sparse.distributed.{what}: the ranks hold MaskedTensors of "
@@ -80,7 +85,7 @@ def all_reduce(mt: MaskedTensor, op: str = "sum", *, group=None,
         raise TypeError("masked_sparse.distributed.all_reduce: bool MaskedTensors cannot be "
                         "reduced; convert with mt.to(torch.uint8)")
     e = entries_of(mt._storage)
-    metas = gather_meta(torch.tensor(local_meta(e) + _shape_meta(e)), group)
+    metas = gather_meta(_meta(e), group)
     _check_same_shape(metas, e, "all_reduce")
     plan = make_plan(e, metas[:, :2], method, dist.get_world_size(group))
     return _rebuild(reduce_entries(e, op, plan, group), mt)
@@ -89,7 +94,7 @@ def all_reduce(mt: MaskedTensor, op: str = "sum", *, group=None,
 def _gather_all(mt: MaskedTensor, group, what: str) -> list[Entries]:
     """Every rank's entries, stored-but-unspecified ones included (its own nnz)."""
     e = entries_of(mt._storage, drop_unspecified=False)
-    metas = gather_meta(torch.tensor(local_meta(e) + _shape_meta(e)), group)
+    metas = gather_meta(_meta(e), group)
     _check_same_shape(metas, e, what)
     counts = metas[:, 0].tolist()
     keys = all_gather_rows(e.keys.to(key_dtype(e.sparse_numel)), counts, group)
@@ -128,9 +133,9 @@ def broadcast(mt: MaskedTensor, src: int = 0, *, group=None) -> MaskedTensor:
     _check(mt, "broadcast")
     e = entries_of(mt._storage, drop_unspecified=False)
     src_in_group = _group_rank(src, group)
-    meta = torch.tensor(local_meta(e) + _shape_meta(e))
+    meta = _meta(e)
     dist.broadcast(meta, src, group=group)
-    if dist.get_rank(group) != src_in_group and tuple(meta[2:].tolist()) != tuple(_shape_meta(e)):
+    if dist.get_rank(group) != src_in_group and meta[2:].tolist() != _shape_meta(e):
         raise ValueError(f"masked_sparse.distributed.broadcast: rank {src} sends a MaskedTensor "
                          f"of another shape than this rank's {tuple(e.shape)}")
     n = int(meta[0])
@@ -163,9 +168,9 @@ def scatter(mts: list[MaskedTensor] | None, like: MaskedTensor, src: int = 0, *,
         if any(e.shape != mine.shape or e.sparse_dim != mine.sparse_dim for e in sent):
             raise ValueError(f"masked_sparse.distributed.scatter: every MaskedTensor in mts must "
                              f"have the shape {tuple(mine.shape)} of rank {src}'s like")
-        counts = torch.tensor([e.keys.numel() for e in sent])
+        counts = torch.tensor([e.keys.numel() for e in sent], device=mine.keys.device)
     else:
-        sent, counts = None, torch.zeros(world, dtype=torch.long)
+        sent, counts = None, torch.zeros(world, dtype=torch.long, device=mine.keys.device)
     dist.broadcast(counts, src, group=group)
     longest, n = int(counts.max()), int(counts[me])
     parts = []

@@ -90,7 +90,8 @@ def sync_grads(params: Iterable[torch.Tensor], group=None, *, method: str = "aut
     rows = [[k, -1, -1, 0, 1] if i not in local else
             [k, _layout_id(params[i].grad), local[i].sparse_dim] + local_meta(local[i])
             for i, k in enumerate(kinds)]
-    tables = gather_meta(torch.tensor(rows, dtype=torch.long).view(-1, 5), group)  # (W, P, 5)
+    device = params[0].device if params else "cpu"   # NCCL moves CUDA tensors only
+    tables = gather_meta(torch.tensor(rows, dtype=torch.long, device=device).view(-1, 5), group)
     dense = []
     for i, p in enumerate(params):
         column = tables[:, i]
