@@ -18,7 +18,6 @@ from ._entries import (
     all_gather_rows,
     entries_of,
     gather_meta,
-    key_dtype,
     local_meta,
     make_plan,
     reduce_entries,
@@ -97,10 +96,8 @@ def _gather_all(mt: MaskedTensor, group, what: str) -> list[Entries]:
     metas = gather_meta(_meta(e), group)
     _check_same_shape(metas, e, what)
     counts = metas[:, 0].tolist()
-    keys = all_gather_rows(e.keys.to(key_dtype(e.sparse_numel)), counts, group)
-    values = all_gather_rows(e.values, counts, group)
-    masks = all_gather_rows(e.mask, counts, group)
-    return [e._replace(keys=k.long(), values=v, mask=m) for k, v, m in zip(keys, values, masks)]
+    ranks = all_gather_rows([e.keys, e.values, e.mask], counts, group)
+    return [e._replace(keys=k, values=v, mask=m) for k, v, m in ranks]
 
 
 def all_gather(mt: MaskedTensor, *, group=None) -> list[MaskedTensor]:

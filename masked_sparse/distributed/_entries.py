@@ -12,9 +12,10 @@ Note [Gather or dense: the byte rule]
 Per tensor, every rank knows every rank's number of stored rows ``n_r`` (one small
 all-gather) and picks, identically, the method that moves fewer bytes into each rank:
 
-- *gather*: ``(W - 1) * max_r n_r * (key + row of values [+ row of mask])`` -- the padded
-  all-gather of keys (int32 when the sparse positions fit, else int64), values and, only
-  when some rank has a stored entry that is not specified, the mask as one byte per element;
+- *gather*: ``(W - 1) * max_r n_r * (key + row of values [+ row of mask])`` -- one padded
+  all-gather of packed rows: key (int32 when the sparse positions fit, else int64), values
+  and, only when some rank has a stored entry that is not specified, the mask as one byte
+  per element (Note [Packed rows]);
 - *dense*: ``2 (W - 1) / W * P * (row of values + count)`` -- a ring all-reduce of the
   values scattered into a dense buffer over the ``P`` sparse positions, plus a count of the
   ranks that specify each row (one byte while ``W < 256``; per element when masks travel).
@@ -23,6 +24,15 @@ all-gather) and picks, identically, the method that moves fewer bytes into each 
 or ``"dense"`` forces either. The count is what a plain dense all-reduce (Horovod's
 ``sparse_as_dense``) lacks: without it the union of the ranks' patterns is lost and a lazy
 optimizer would update every row.
+
+Note [Packed rows]
+~~~~~~~~~~~~~~~~~
+Keys, values and mask of a row travel side by side in one ``uint8`` row (fields ordered
+widest item first, the row padded to the widest item so every field can be viewed in
+place), so the gather method costs two collectives whatever the tensor: the row counts,
+then the rows. Ranks with fewer rows than the longest send padding rows whose key is one
+past the last position: the reduction runs on the received buffer as it is and drops that
+one extra key, instead of copying out every rank's valid rows.
 
 Note [Masked reduction across ranks]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -43,8 +53,12 @@ import torch.distributed as dist
 
 from layouts import Storage, get_layout
 
-# torch 2.13 renamed all_gather_into_tensor (same semantics); older torch has only the old name.
-_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group) -> None:
+    """``all_gather_into_tensor``, which torch 2.13 renamed ``all_gather_single``."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, inp, group=group)
+
 
 OPS = ("sum", "mean", "prod", "amax", "amin")
 METHODS = ("auto", "gather", "dense")
@@ -69,7 +83,7 @@ def entries_of(storage: Storage, *, drop_unspecified: bool = True) -> Entries:
     coo = storage.layout.to_coo(storage)
     (indices,) = coo.index
     values, mask = coo.values, coo.mask
-    if drop_unspecified and mask.numel():
+    if drop_unspecified and not all_specified(mask):
         keep = mask if mask.dim() == 1 else mask.flatten(1).any(1)
         if not bool(keep.all()):
             indices, values, mask = indices[:, keep], values[keep], mask[keep]
@@ -123,7 +137,8 @@ class Plan(NamedTuple):
 
 
 def key_dtype(sparse_numel: int) -> torch.dtype:
-    return torch.int32 if sparse_numel < 2**31 else torch.int64
+    """int32 keys while every position and the padding key ``sparse_numel`` fit."""
+    return torch.int32 if sparse_numel < 2**31 - 1 else torch.int64
 
 
 def make_plan(e: Entries, meta: torch.Tensor, method: str, world: int) -> Plan:
@@ -142,7 +157,7 @@ def make_plan(e: Entries, meta: torch.Tensor, method: str, world: int) -> Plan:
 
 
 def local_meta(e: Entries) -> list[int]:
-    return [e.keys.numel(), int(bool(e.mask.all()))]
+    return [e.keys.numel(), int(all_specified(e.mask))]
 
 
 def gather_meta(rows: torch.Tensor, group) -> torch.Tensor:
@@ -154,7 +169,7 @@ def gather_meta(rows: torch.Tensor, group) -> torch.Tensor:
     return out.view((world,) + tuple(rows.shape))
 
 
-# -- padded exchange of rows -----------------------------------------------------------------
+# -- one packed, padded all-gather of rows (Note [Packed rows]) --------------------------------
 def _wire(t: torch.Tensor) -> torch.Tensor:
     """A dtype every backend moves: bool as uint8, complex as its real pairs."""
     if t.dtype == torch.bool:
@@ -168,15 +183,56 @@ def _unwire(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.view_as_complex(t) if dtype.is_complex else t
 
 
-def all_gather_rows(t: torch.Tensor, counts: list[int], group) -> list[torch.Tensor]:
-    """Every rank's ``t`` (``counts[r]`` rows on rank r), padded to the longest on the wire."""
+def all_gather_packed(parts: list[torch.Tensor], fills: list, counts: list[int],
+                      group) -> list[torch.Tensor]:
+    """Every rank's ``parts`` (``counts[r]`` rows each on rank r) in one all-gather.
+
+    Returns, per part, a ``(W * longest, *row)`` view: rank r's rows start at
+    ``r * longest``; padding rows hold ``fills``.
+    """
     world, longest = len(counts), max(counts)
-    wire = _wire(t.contiguous())
-    padded = wire.new_zeros((longest,) + tuple(wire.shape[1:]))
-    padded[: wire.shape[0]] = wire
-    out = wire.new_empty((world * longest,) + tuple(wire.shape[1:]))
-    _all_gather_flat(out, padded, group=group)
-    return [_unwire(chunk[:n], t.dtype) for chunk, n in zip(out.split(longest), counts)]
+    wires = [_wire(p) for p in parts]
+    widths = [w[0].numel() * w.element_size() if w.shape[0] else
+              math.prod(w.shape[1:]) * w.element_size() for w in wires]
+    order = sorted(range(len(parts)), key=lambda k: -wires[k].element_size())
+    offsets, row = {}, 0
+    for k in order:                         # widest items first: every field stays aligned
+        offsets[k], row = row, row + widths[k]
+    align = max(w.element_size() for w in wires)
+    row = -(-row // align) * align
+    device = parts[0].device
+    mine = torch.empty((longest, row), dtype=torch.uint8, device=device)
+    fields = [_field(mine, offsets[k], widths[k], wires[k]) for k in range(len(parts))]
+    for field, wire, part, fill in zip(fields, wires, parts, fills):
+        field[: part.shape[0]] = wire
+        field[part.shape[0]:] = fill
+    out = torch.empty((world * longest, row), dtype=torch.uint8, device=device)
+    _all_gather_flat(out, mine, group)
+    return [_unwire(_field(out, offsets[k], widths[k], wires[k]), parts[k].dtype)
+            for k in range(len(parts))]
+
+
+def _field(buf: torch.Tensor, offset: int, width: int, like: torch.Tensor) -> torch.Tensor:
+    """Bytes ``offset:offset + width`` of every row of ``buf``, viewed like ``like``'s rows."""
+    rows = buf[:, offset: offset + width].view(like.dtype)
+    return rows.view((buf.shape[0],) + tuple(like.shape[1:]))
+
+
+def all_gather_rows(parts: list[torch.Tensor], counts: list[int],
+                    group) -> list[list[torch.Tensor]]:
+    """Every rank's ``parts``, exactly (no padding): ``[rank][part]``."""
+    gathered = all_gather_packed(parts, [0] * len(parts), counts, group)
+    longest = max(counts)
+    return [[g[r * longest: r * longest + n] for g in gathered] for r, n in enumerate(counts)]
+
+
+def all_specified(mask: torch.Tensor) -> bool:
+    """``bool(mask.all())``, O(1) for the broadcast all-True masks of gradients."""
+    if mask.numel() == 0:
+        return True
+    if all(st == 0 for st in mask.stride()):
+        return bool(mask.reshape(-1)[0])
+    return bool(mask.all())
 
 
 # -- the masked reduction --------------------------------------------------------------------
@@ -199,7 +255,16 @@ def _count_dtype(world: int) -> torch.dtype:
 
 
 def reduce_entries(e: Entries, op: str, plan: Plan, group) -> Entries:
-    """The masked reduction of every rank's entries (Note [Masked reduction across ranks])."""
+    """The masked reduction of every rank's entries (Note [Packed rows]
+~~~~~~~~~~~~~~~~~
+Keys, values and mask of a row travel side by side in one ``uint8`` row (fields ordered
+widest item first, the row padded to the widest item so every field can be viewed in
+place), so the gather method costs two collectives whatever the tensor: the row counts,
+then the rows. Ranks with fewer rows than the longest send padding rows whose key is one
+past the last position: the reduction runs on the received buffer as it is and drops that
+one extra key, instead of copying out every rank's valid rows.
+
+Note [Masked reduction across ranks])."""
     fill = identity(op, e.values.dtype)
     values = e.values if not plan.masks else torch.where(e.mask, e.values, fill)
     if plan.method == "gather":
@@ -209,9 +274,13 @@ def reduce_entries(e: Entries, op: str, plan: Plan, group) -> Entries:
 
 def _reduce_gathered(e: Entries, values: torch.Tensor, op: str, fill, plan: Plan,
                      group) -> Entries:
-    keys = torch.cat(all_gather_rows(e.keys.to(key_dtype(e.sparse_numel)), plan.counts, group))
-    values = torch.cat(all_gather_rows(values, plan.counts, group))
-    mask = torch.cat(all_gather_rows(e.mask, plan.counts, group)) if plan.masks else None
+    # Padding rows carry the key ``sparse_numel`` (past every position): they reduce into
+    # one extra row, dropped below, so the gathered buffers are used as they arrive.
+    pad = e.sparse_numel
+    parts = [e.keys.to(key_dtype(pad)), values] + ([e.mask] if plan.masks else [])
+    gathered = all_gather_packed(parts, [pad, fill, False], plan.counts, group)
+    keys, values = gathered[0], gathered[1].contiguous()   # index_add_ runs 2x faster on it
+    mask = gathered[2] if plan.masks else None
     keys, where = torch.unique(keys.long(), sorted=True, return_inverse=True)
     out = values.new_full((keys.numel(),) + tuple(values.shape[1:]), fill)
     if op in ("sum", "mean"):
@@ -219,10 +288,16 @@ def _reduce_gathered(e: Entries, values: torch.Tensor, op: str, fill, plan: Plan
     else:
         index = where.view((-1,) + (1,) * (values.dim() - 1)).expand(values.shape)
         out.scatter_reduce_(0, index, values, op, include_self=True)
-    if mask is None and op != "mean":
+    count = None
+    if mask is not None or op == "mean":
+        ones = mask.to(torch.int32) if mask is not None else torch.ones_like(where,
+                                                                          dtype=torch.int32)
+        count = ones.new_zeros((keys.numel(),) + tuple(ones.shape[1:])).index_add_(0, where, ones)
+    if min(plan.counts) < max(plan.counts):   # drop the padding row (the last key)
+        keys, out = keys[:-1], out[:-1]
+        count = None if count is None else count[:-1]
+    if count is None:
         return e._replace(keys=keys, values=out, mask=_all_true(out))
-    ones = mask.to(torch.int32) if mask is not None else torch.ones_like(where, dtype=torch.int32)
-    count = ones.new_zeros((keys.numel(),) + tuple(ones.shape[1:])).index_add_(0, where, ones)
     return _finish(e, keys, out, count, op)
 
 
