@@ -99,11 +99,13 @@ def _worker(rank: int, world: int, port: int, rows: int, repeat: int, out) -> No
         dist.all_gather_object(nnzs, grad._nnz())
         dense = grad.to_dense()
         calls = {
-            "msd": lambda: msd.all_reduce(ms.optim.as_masked_grad(grad)),
-            "msd gather": lambda: msd.all_reduce(ms.optim.as_masked_grad(grad), method="gather"),
-            "msd dense": lambda: msd.all_reduce(ms.optim.as_masked_grad(grad), method="dense"),
-            "torch sparse": lambda: dist.all_reduce(grad.clone()),
-            "dense": lambda: dist.all_reduce(dense),
+            "msd": lambda g=grad: msd.all_reduce(ms.optim.as_masked_grad(g)),
+            "msd gather": lambda g=grad: msd.all_reduce(ms.optim.as_masked_grad(g),
+                                                        method="gather"),
+            "msd dense": lambda g=grad: msd.all_reduce(ms.optim.as_masked_grad(g),
+                                                       method="dense"),
+            "torch sparse": lambda g=grad: dist.all_reduce(g.clone()),
+            "dense": lambda d=dense: dist.all_reduce(d),
         }
         row = {"world": world, "density": density}
         e = entries_of(ms.optim.as_masked_grad(grad)._storage)

@@ -192,8 +192,9 @@ def all_gather_packed(parts: list[torch.Tensor], fills: list, counts: list[int],
     """
     world, longest = len(counts), max(counts)
     wires = [_wire(p) for p in parts]
-    widths = [w[0].numel() * w.element_size() if w.shape[0] else
-              math.prod(w.shape[1:]) * w.element_size() for w in wires]
+    if longest == 0:                        # nothing stored anywhere: nothing to send
+        return [p.new_empty((0,) + tuple(p.shape[1:])) for p in parts]
+    widths = [math.prod(w.shape[1:]) * w.element_size() for w in wires]
     order = sorted(range(len(parts)), key=lambda k: -wires[k].element_size())
     offsets, row = {}, 0
     for k in order:                         # widest items first: every field stays aligned
@@ -223,7 +224,8 @@ def all_gather_rows(parts: list[torch.Tensor], counts: list[int],
     """Every rank's ``parts``, exactly (no padding): ``[rank][part]``."""
     gathered = all_gather_packed(parts, [0] * len(parts), counts, group)
     longest = max(counts)
-    return [[g[r * longest: r * longest + n] for g in gathered] for r, n in enumerate(counts)]
+    return [[g[r * longest: r * longest + n].contiguous() for g in gathered]
+            for r, n in enumerate(counts)]
 
 
 def all_specified(mask: torch.Tensor) -> bool:
