@@ -103,7 +103,8 @@ def _gather_all(mt: MaskedTensor, group, what: str) -> list[Entries]:
 def all_gather(mt: MaskedTensor, *, group=None) -> list[MaskedTensor]:
     """Every rank's ``mt``, in rank order, each in this rank's layout with its own entries.
 
-    The exchange is one padded all-gather of each rank's stored keys, values and mask.
+    The exchange is one all-gather of the row counts, then one of every rank's stored keys,
+    values and mask, packed side by side in padded rows.
     """
     _check(mt, "all_gather")
     return [_rebuild(e, mt) for e in _gather_all(mt, group, "all_gather")]

@@ -3,8 +3,8 @@
 Every layout converts to COO (the hub of the layout protocol), so a masked tensor of any
 layout travels as :class:`Entries`: the row-major linear *keys* of its stored sparse
 positions, one row of values and of mask per key. The reduction across ranks is written
-once on entries, with dense collectives only (``all_gather_into_tensor`` of padded buffers
-or ``all_reduce`` of dense buffers), so the same code runs on gloo and NCCL and a rank with
+once on entries, with dense collectives only (``all_gather_into_tensor`` of packed, padded
+rows or ``all_reduce`` of dense buffers), so the same code runs on gloo and NCCL and a rank with
 nothing stored takes part like any other.
 
 Note [Gather or dense: the byte rule]
@@ -23,7 +23,10 @@ all-gather) and picks, identically, the method that moves fewer bytes into each 
 ``W`` is the world size. Ties go to *gather* (it keeps the work O(nnz)). ``method="gather"``
 or ``"dense"`` forces either. The count is what a plain dense all-reduce (Horovod's
 ``sparse_as_dense``) lacks: without it the union of the ranks' patterns is lost and a lazy
-optimizer would update every row.
+optimizer would update every row. The rule counts bytes, the cost on a network; where
+bandwidth is cheap (one machine, NVLink) the gather method's reduction over ``W * n`` rows
+(``unique`` + ``index_add_``) can take longer than the dense all-reduce it avoids at high
+density -- force ``method="dense"`` there.
 
 Note [Packed rows]
 ~~~~~~~~~~~~~~~~~
@@ -148,7 +151,9 @@ def make_plan(e: Entries, meta: torch.Tensor, method: str, world: int) -> Plan:
     row = math.prod(e.shape[e.sparse_dim:])
     itemsize = e.values.element_size()
     key = torch.empty((), dtype=key_dtype(e.sparse_numel)).element_size()
-    gather = (world - 1) * max(counts) * (key + row * itemsize + (row if masks else 0))
+    packed = key + row * itemsize + (row if masks else 0)
+    align = max(key, itemsize)
+    gather = (world - 1) * max(counts) * (-(-packed // align) * align)   # Note [Packed rows]
     count = (row if masks else 1) * torch.empty((), dtype=_count_dtype(world)).element_size()
     dense = 2 * (world - 1) * e.sparse_numel * (row * itemsize + count) // world
     if method == "auto":
