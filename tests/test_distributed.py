@@ -288,6 +288,13 @@ def training_worker(rank: int, world: int) -> dict:
     model = Recommender()
     train(model, model, rank, world, lambda: msd.sync_grads(model.parameters()))
     out["train", "sync_grads"] = state(model)
+    # A C++ caller (coalesced collectives, DDP's buckets) reaching a c10d op
+    import torch.distributed as dist
+
+    try:
+        dist.all_reduce_coalesced([rank_input("coo", torch.float32, rank)[0]])
+    except NotImplementedError as e:
+        out["c10d error"] = str(e)
     return out
 
 
@@ -352,3 +359,8 @@ def test_data_parallel_training_equals_one_process(single_process, how):
         for name, ref in single_process.items():
             torch.testing.assert_close(got[name], ref, rtol=1e-5, atol=1e-6, msg=name)
     assert not torch.equal(single_process["items.weight"], Recommender().items.weight)
+
+
+def test_c10d_ops_on_masked_tensors_name_the_way_out():
+    message = results(2)[0]["c10d error"]
+    assert "allreduce_coalesced_" in message and "split_for_ddp" in message, message
