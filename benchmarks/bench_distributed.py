@@ -19,8 +19,8 @@ collectives, torch's sparse all-reduce from its gathers (int64 indices + values 
 metadata per process). *Time* is the median over repeats of the slowest process.
 
 Run by hand: ``python -m benchmarks.bench_distributed [--world 2 4] [--rows 1000000]
-[--repeat 3]``. The machine of the published table has 2 cores: with 4 processes, two share
-each core, so times there include contention (bytes do not).
+[--repeat 3] [--densities 0.001 0.01]``. The machine of the published table has 2 cores:
+with 4 processes, two share each core, so times there include contention (bytes do not).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def gradient(rank: int, rows: int, density: float) -> torch.Tensor:
     return torch.sparse_coo_tensor(idx[None], values, (rows, DIM), is_coalesced=True)
 
 
-def _worker(rank: int, world: int, port: int, rows: int, repeat: int, out) -> None:
+def _worker(rank: int, world: int, port: int, rows: int, repeat: int, densities, out) -> None:
     import masked_sparse as ms
     import masked_sparse.distributed as msd
     from masked_sparse.distributed._entries import entries_of, make_plan
@@ -93,7 +93,7 @@ def _worker(rank: int, world: int, port: int, rows: int, repeat: int, out) -> No
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     results = []
-    for density in DENSITIES:
+    for density in densities:
         grad = gradient(rank, rows, density)
         nnzs = [0] * world
         dist.all_gather_object(nnzs, grad._nnz())
@@ -133,13 +133,13 @@ def _worker(rank: int, world: int, port: int, rows: int, repeat: int, out) -> No
     dist.destroy_process_group()
 
 
-def run(world: int, rows: int, repeat: int) -> list[dict]:
+def run(world: int, rows: int, repeat: int, densities=DENSITIES) -> list[dict]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, rows, repeat, out))
+    procs = [ctx.Process(target=_worker, args=(r, world, port, rows, repeat, densities, out))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -171,10 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--densities", type=float, nargs="+", default=list(DENSITIES))
     args = parser.parse_args(argv)
     rows = []
     for world in args.world:
-        rows += run(world, args.rows, args.repeat)
+        rows += run(world, args.rows, args.repeat, args.densities)
         print(table(rows), flush=True)
     return 0
 
