@@ -24,6 +24,8 @@ from . import sparse_csc  # noqa: F401
 from . import sparse_bsr  # noqa: F401
 from ._grouping import Grouping, zero_unspecified
 from ._reduce_sparse import group_by
+from ._size import storage_nbytes
+from ._validate import check_sparse_input
 from .convert import convert, drop_unspecified, read_at
 from .registry import (
     Layout,
@@ -39,6 +41,7 @@ __all__ = [
     "Grouping",
     "Layout",
     "Storage",
+    "check_sparse_input",
     "convert",
     "drop_unspecified",
     "get_layout",
@@ -46,6 +49,7 @@ __all__ = [
     "group_by",
     "register_layout",
     "registered_layouts",
+    "storage_nbytes",
     "takes_layout",
     "unregister_layout",
     "zero_unspecified",

@@ -237,7 +237,7 @@ class Compressed:
             raise ValueError(f"{name} masked tensor: {idx_name} must be sorted and distinct "
                              f"within each {self.line}")
 
-    def layout(self, name: str) -> Layout:
+    def layout(self, name: str, doc: str = "") -> Layout:
         """A :class:`Layout` record of this format (registered by the caller)."""
         fmt = self
 
@@ -278,7 +278,7 @@ class Compressed:
             reduction={} if self.blocked else {"group": partial(CompressedGrouping,
                                                                 axis=self.axis)},
             shape_ops={} if self.blocked else shape_ops(self.axis),
-            doc=__doc__ or "")
+            doc=doc)
 
 
 def _pattern(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

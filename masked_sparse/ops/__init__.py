@@ -8,6 +8,7 @@
 from . import (  # noqa: F401
     basic,
     conversion,
+    exits,
     indexing,
     joining,
     pointwise,
