@@ -97,6 +97,12 @@ def collectives_worker(rank: int, world: int) -> dict:
         outs = [rank_input(lay, dt, 0)[0] for _ in range(world)]
         dist.all_gather(outs, mt)
         out["dist.all_gather", lay, dt] = outs
+        outs = [rank_input(lay, dt, 0)[0] for _ in range(world)] if rank == 0 else None
+        dist.gather(rank_input(lay, dt, rank)[0], outs, dst=0)
+        out["dist.gather", lay, dt] = outs
+        mine = rank_input(lay, dt, rank)[0]
+        dist.scatter(mine, sent, src=0)
+        out["dist.scatter", lay, dt] = mine
     return out
 
 
@@ -172,6 +178,10 @@ def test_torch_distributed_calls(world, lay, dt):
         _check(res["dist.broadcast", lay, dt], inputs[0][1], inputs[0][2], lay)
         for g, (_, data, mask) in zip(res["dist.all_gather", lay, dt], inputs):
             _check(g, data, mask, lay)
+        if r == 0:
+            for g, (_, data, mask) in zip(res["dist.gather", lay, dt], inputs):
+                _check(g, data, mask, lay)
+        _check(res["dist.scatter", lay, dt], *rank_input(lay, dt, r, seed=1)[1:], lay)
 
 
 # -- gradients and training --------------------------------------------------------------------
