@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ._index import coalesce_coo, linearize, lookup
-from ._reduce_sparse import CooGrouping
+from ._reduce_sparse import coo_grouping
 from ._shape_coo import SHAPE_OPS as _SHAPE_OPS
 from .registry import Layout, Storage, register_layout, takes_layout
 
@@ -111,7 +111,7 @@ register_layout(Layout(
     to_coo=_to_coo,
     from_coo=_from_coo,
     validate=_validate,
-    reduction={"group": CooGrouping},
+    reduction={"group": coo_grouping},
     shape_ops=_SHAPE_OPS,
     doc=__doc__ or "",
 ))
