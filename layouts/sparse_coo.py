@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ._index import coalesce_coo, linearize, lookup
+from ._lines import sparse_lines
 from ._reduce_sparse import coo_grouping
 from ._shape_coo import SHAPE_OPS as _SHAPE_OPS
 from .registry import Layout, Storage, register_layout, takes_layout
@@ -111,7 +112,7 @@ register_layout(Layout(
     to_coo=_to_coo,
     from_coo=_from_coo,
     validate=_validate,
-    reduction={"group": coo_grouping},
+    reduction={"group": coo_grouping, "lines": sparse_lines},
     shape_ops=_SHAPE_OPS,
     doc=__doc__ or "",
 ))
