@@ -394,9 +394,12 @@ def _lines(ptr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 def coo_grouping(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> Grouping:
     """The COO layout's grouping kernel: a 2-D COO matrix reduced along its rows
     (``dims == (1,)``) is grouped by row pointers, as CSR (its coalesced order is row-major;
-    the pointers are cached per index tensor); anything else by :class:`CooGrouping`."""
+    the pointers are cached per index tensor) unless it has many more rows than stored
+    elements (pointers are O(rows)); anything else by :class:`CooGrouping`."""
     indices = storage.index[0]
-    if dims == (1,) and indices.shape[0] == 2 and storage.values.dim() == 1:
+    nnz = indices.shape[1]
+    if (dims == (1,) and indices.shape[0] == 2 and storage.values.dim() == 1
+            and storage.shape[0] <= _SLOTS_PER_NNZ * nnz + 4096):
         crow = cached(indices, "crow", lambda: crow_from_rows(indices[0], storage.shape[0]))
         return CompressedGrouping(storage, dims, keepdim, axis=0, index=(crow, indices[1]))
     return CooGrouping(storage, dims, keepdim)

@@ -279,3 +279,16 @@ def test_key_slots_are_cached_per_index_and_any_agrees_with_counts(layout):
     fast = first.reduce(m, "any")  # uint8 amax scatter: nothing counted yet
     assert torch.equal(fast, first.reduce(m, "sum") > 0)
     assert torch.equal(first.reduce(m, "any"), fast)  # now from the shared count
+
+
+def test_tall_coo_row_reductions_build_no_row_pointers():
+    """Row pointers are O(rows): a COO matrix with far more rows than entries groups its
+    coordinates instead (and still reduces exactly)."""
+    idx = torch.tensor([[3, 3, 900_000], [0, 2, 1]])
+    data = torch.sparse_coo_tensor(idx, torch.tensor([1.0, math.inf, 2.0]), (10**6, 3))
+    mask = torch.sparse_coo_tensor(idx, torch.tensor([True, False, True]), (10**6, 3))
+    mt = ms.masked_tensor(data.coalesce(), mask.coalesce())
+    assert not isinstance(layouts.group_by(mt._storage, (1,), False), CompressedGrouping)
+    out = torch.sum(mt, 1)._storage
+    assert out.index[0].tolist() == [[3, 900_000]]
+    assert out.values.tolist() == [1.0, 2.0] and out.mask.tolist() == [True, True]
