@@ -5,6 +5,7 @@ scipy baseline is a ``csr_matrix`` of the specified entries only (what scipy can
 so both reduce the same numbers. Sums are checked equal when the cases are built. scipy's
 ``max`` and ``mean`` count the implicit zeros (``mean`` divides by the row length), ours
 only the specified elements: those rows time the same amount of work, not the same result.
+``floor`` is the raw torch op on the stored values (no mask), on the CSR pattern.
 Target: masked_sparse at or below scipy (ratio <= 1).
 """
 
@@ -57,19 +58,38 @@ def cases(quick: bool = False) -> list[Case]:
             ours = a.sum(dim).to_tensor(0).to_dense()
             ref = torch.from_numpy(sm.sum(dim).A.reshape(-1))
             torch.testing.assert_close(ours, ref)
+    crow, col = csr._storage.index
+    values = csr._storage.values
+    plain = torch.sparse_csr_tensor(crow, col, values, csr.shape)
+    offsets, ncols = crow.long(), csr.shape[1]
+    floors = {  # the raw torch op on the stored values (no mask)
+        "row sums": lambda: plain.sum(1, keepdim=True),
+        "column sums": lambda: values.new_zeros(ncols).index_add_(0, col, values),
+        "row max": lambda: torch.segment_reduce(values, "max", offsets=offsets),
+        "row min": lambda: torch.segment_reduce(values, "min", offsets=offsets),
+        "full sum": lambda: values.sum(),
+    }
     ops = {
         "row sums": (lambda t: t.sum(1), lambda: sm.sum(1)),
         "column sums": (lambda t: t.sum(0), lambda: sm.sum(0)),
         "row max": (lambda t: t.amax(1), lambda: sm.max(1)),
+        "row min": (lambda t: t.amin(1), lambda: sm.min(1)),
         "column max": (lambda t: t.amax(0), lambda: sm.max(0)),
         "row means": (lambda t: t.mean(1), lambda: sm.mean(1)),
         "column means": (lambda t: t.mean(0), lambda: sm.mean(0)),
+        "row count_nonzero": (lambda t: torch.count_nonzero(t, 1),
+                              lambda: sm.count_nonzero(axis=1)),
+        "column count_nonzero": (lambda t: torch.count_nonzero(t, 0),
+                                 lambda: sm.count_nonzero(axis=0)),
         "full sum": (lambda t: t.sum(), lambda: sm.sum()),
     }
     out = []
     for kind, a in (("csr", csr), ("coo", coo)):
-        out += [Case(f"{kind} {name}", lambda f=f, a=a: f(a), {"scipy": g}, TARGET)
-                for name, (f, g) in ops.items()]
+        for name, (f, g) in ops.items():
+            baselines = {"scipy": g}
+            if name in floors:
+                baselines["floor"] = floors[name]
+            out.append(Case(f"{kind} {name}", lambda f=f, a=a: f(a), baselines, TARGET))
     return out
 
 

@@ -6,7 +6,9 @@ All functions are vectorized (no Python loop over elements) and O(nnz log nnz) a
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
 
 import torch
 
@@ -55,25 +57,39 @@ def coalesce_coo(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.is_coalesced() else tensor.coalesce()
 
 
-def rows_from_crow(crow: torch.Tensor, nnz: int | None = None) -> torch.Tensor:
-    """The row of every stored element of a CSR matrix, from its ``crow_indices``.
+def cached(owner: torch.Tensor, tag: object, compute: Callable[[], Any]) -> Any:
+    """``compute()``, cached per ``(owner, tag)`` while the ``owner`` tensor lives.
 
-    Cached per ``crow`` object while it lives (index tensors are never written in place):
-    a matrix's rows are expanded once, not by every op that needs them.
+    For facts derived from index tensors only (index tensors are never written in place):
+    a matrix's expanded rows, row pointers or present columns are computed once, not by
+    every op that needs them. Nothing is cached while compiling or in inference mode.
     """
-    entry = _ROWS.get(id(crow))
-    if entry is not None and entry[0]() is crow:
+    key = (id(owner), tag)
+    entry = _CACHE.get(key)
+    if entry is not None and entry[0]() is owner:
         return entry[1]
-    counts = crow[1:] - crow[:-1]
-    rows = torch.arange(counts.numel(), device=crow.device, dtype=crow.dtype)
-    rows = torch.repeat_interleave(rows, counts, output_size=nnz)
+    out = compute()
     if not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled()):
-        key = id(crow)
-        _ROWS[key] = (weakref.ref(crow, lambda _, key=key: _ROWS.pop(key, None)), rows)
-    return rows
+        _CACHE[key] = (weakref.ref(owner, partial(_forget, key)), out)
+    return out
 
 
-_ROWS: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+_CACHE: dict[tuple[int, object], tuple[weakref.ref, Any]] = {}
+
+
+def _forget(key: tuple[int, object], _: object, cache: dict = _CACHE) -> None:
+    cache.pop(key, None)  # ``cache`` bound early: the module may be torn down first
+
+
+def rows_from_crow(crow: torch.Tensor, nnz: int | None = None) -> torch.Tensor:
+    """The row of every stored element of a CSR matrix, from its ``crow_indices``
+    (cached per ``crow`` object, see :func:`cached`)."""
+    def compute() -> torch.Tensor:
+        counts = crow[1:] - crow[:-1]
+        rows = torch.arange(counts.numel(), device=crow.device, dtype=crow.dtype)
+        return torch.repeat_interleave(rows, counts, output_size=nnz)
+
+    return cached(crow, "rows", compute)
 
 
 def crow_from_rows(rows: torch.Tensor, nrows: int) -> torch.Tensor:

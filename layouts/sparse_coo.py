@@ -16,7 +16,7 @@ import torch
 
 from ._index import coalesce_coo, linearize, lookup
 from ._lines import sparse_lines
-from ._reduce_sparse import CooGrouping
+from ._reduce_sparse import coo_grouping
 from ._shape_coo import SHAPE_OPS as _SHAPE_OPS
 from .registry import Layout, Storage, register_layout, takes_layout
 
@@ -112,7 +112,7 @@ register_layout(Layout(
     to_coo=_to_coo,
     from_coo=_from_coo,
     validate=_validate,
-    reduction={"group": CooGrouping, "lines": sparse_lines},
+    reduction={"group": coo_grouping, "lines": sparse_lines},
     shape_ops=_SHAPE_OPS,
     doc=__doc__ or "",
 ))

@@ -209,3 +209,86 @@ def test_counts_are_shared_between_sum_and_its_result_mask():
     assert g.reduce(m, "sum") is g.reduce(m, "sum")
     assert torch.equal(g.reduce(m, "any"), g.reduce(m, "sum") > 0)
     assert torch.equal(g.reduce(m, "all"), g.reduce(m, "sum") == g.lengths)
+
+
+# -- reductions along lines: torch's CSR sum, int32 cumsum counts, COO via row pointers ----
+LINE_REDUCTIONS = dict(REDUCTIONS, count_nonzero=lambda t, d, k: torch.count_nonzero(t, d))
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr, torch.sparse_csc])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.int64])
+@pytest.mark.parametrize("name", sorted(LINE_REDUCTIONS))
+def test_2d_reductions_along_each_dim_match_strided(layout, dtype, name):
+    """Row and column reductions of matrices with an empty row, an all-masked row, ±inf and
+    NaN; 2-D COO row reductions run on row pointers like CSR."""
+    mt, ref = _wide((6, 9), seed=3)
+    if dtype == torch.int64 and name in ("mean", "var"):
+        return
+    mt, ref = ms.to_layout(mt.to(dtype), layout), ref.to(dtype)
+    if dtype == torch.int64:  # ±inf / NaN do not survive the cast; use nonzero integers
+        mt, ref = mt * 3 + 1, ref * 3 + 1
+    fn = LINE_REDUCTIONS[name]
+    for dim in (0, 1):
+        for keepdim in (False, True) if name != "count_nonzero" else (False,):
+            _same(fn(mt, dim, keepdim), fn(ref, dim, keepdim))
+    if layout == torch.sparse_coo:
+        g = layouts.group_by(mt._storage, (1,), False)
+        assert isinstance(g, CompressedGrouping) and g.by_lines
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr, torch.sparse_csc])
+def test_line_sums_with_and_without_autograd_agree(layout):
+    """A float sum along the lines is torch's CSR sum without autograd and segment_reduce
+    with it: the same values, and gradients through the latter."""
+    mt, ref = _wide((7, 5), seed=4)
+    mt = ms.to_layout(mt, layout)
+    inner = 1 if layout != torch.sparse_csc else 0
+    with torch.no_grad():
+        plain = torch.sum(mt, inner)
+    x = mt.detach().requires_grad_()
+    tracked = torch.sum(x, inner)
+    _same(plain, torch.sum(ref, inner))
+    _same(tracked.detach(), torch.sum(ref, inner))
+    tracked.sum().backward()  # d(total)/d(value) is 1 wherever specified
+    g = x.grad._storage
+    mask = g.densify(g.mask, False)
+    assert torch.equal(mask, ref.get_mask())
+    assert bool((g.densify(g.values, 0)[mask] == 1).all())
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr, torch.sparse_csc])
+def test_line_reductions_of_empty_matrix(layout):
+    empty = torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0),
+                                    (3, 4)).coalesce()
+    mask = torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long),
+                                   torch.zeros(0, dtype=torch.bool), (3, 4)).coalesce()
+    mt = ms.to_layout(ms.masked_tensor(empty, mask), layout)
+    ref = ms.masked_tensor(torch.zeros(3, 4), torch.zeros(3, 4, dtype=torch.bool))
+    for dim in (0, 1):
+        for name in ("sum", "mean", "amax", "count_nonzero"):
+            _same(LINE_REDUCTIONS[name](mt, dim, False), LINE_REDUCTIONS[name](ref, dim, False))
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+def test_key_slots_are_cached_per_index_and_any_agrees_with_counts(layout):
+    mt, _ = _wide((6, 9), seed=5)
+    s = ms.to_layout(mt, layout)._storage
+    first, second = layouts.group_by(s, (0,), False), layouts.group_by(s, (0,), False)
+    assert first._present is not None and first._present is second._present
+    m = s.mask
+    fast = first.reduce(m, "any")  # uint8 amax scatter: nothing counted yet
+    assert torch.equal(fast, first.reduce(m, "sum") > 0)
+    assert torch.equal(first.reduce(m, "any"), fast)  # now from the shared count
+
+
+def test_tall_coo_row_reductions_build_no_row_pointers():
+    """Row pointers are O(rows): a COO matrix with far more rows than entries groups its
+    coordinates instead (and still reduces exactly)."""
+    idx = torch.tensor([[3, 3, 900_000], [0, 2, 1]])
+    data = torch.sparse_coo_tensor(idx, torch.tensor([1.0, math.inf, 2.0]), (10**6, 3))
+    mask = torch.sparse_coo_tensor(idx, torch.tensor([True, False, True]), (10**6, 3))
+    mt = ms.masked_tensor(data.coalesce(), mask.coalesce())
+    assert not isinstance(layouts.group_by(mt._storage, (1,), False), CompressedGrouping)
+    out = torch.sum(mt, 1)._storage
+    assert out.index[0].tolist() == [[3, 900_000]]
+    assert out.values.tolist() == [1.0, 2.0] and out.mask.tolist() == [True, True]
