@@ -351,7 +351,9 @@ class CompressedGrouping(CooGrouping):
         lines = torch.sparse_csr_tensor(self.ptr, self.coords[self.dims[0]], values,
                                         (self.ptr.numel() - 1, self.inner),
                                         check_invariants=False)
-        return lines.sum(1, keepdim=True).values()
+        # A copy, not the sparse result's values view: a view whose base is a sparse
+        # tensor cannot be wrapped by torch.compile (graph breaks re-wrap op outputs).
+        return lines.sum(1, keepdim=True).values().clone()
 
     def _count_pass(self, mask: torch.Tensor) -> torch.Tensor:
         if not self.by_lines:
