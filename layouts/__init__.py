@@ -21,6 +21,7 @@ from . import sparse_csc  # noqa: F401
 # isort: split
 from . import sparse_bsr  # noqa: F401
 from ._grouping import Grouping, group_by
+from ._linalg import sparse_mm, sparse_sparse_mm, specified_lines
 from .convert import convert, drop_unspecified, read_at
 from .registry import (
     Layout,
@@ -42,5 +43,8 @@ __all__ = [
     "group_by",
     "register_layout",
     "registered_layouts",
+    "sparse_mm",
+    "sparse_sparse_mm",
+    "specified_lines",
     "unregister_layout",
 ]

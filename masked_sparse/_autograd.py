@@ -52,6 +52,12 @@ class _OnValues(torch.autograd.Function):
     def forward(ctx, fn: StorageFn, extra: tuple, *inputs: Any) -> Any:
         storages, leaves = [], []
         for t in inputs:
+            if not isinstance(t, MaskedTensor):  # a plain operand: passed as a tensor
+                leaf = t.detach().requires_grad_() if t.requires_grad else t
+                if t.requires_grad:
+                    leaves.append(leaf)
+                storages.append(leaf)
+                continue
             s = t._storage
             if t.requires_grad:
                 leaf = s.values.detach().requires_grad_()
@@ -60,7 +66,8 @@ class _OnValues(torch.autograd.Function):
             storages.append(s)
         with torch.enable_grad():
             outs, is_tuple = _as_outputs(fn(storages, *extra))
-        ctx.inputs = [t._storage if t.requires_grad else None for t in inputs]
+        ctx.inputs = [None if not t.requires_grad else t._storage if isinstance(t, MaskedTensor)
+                      else t for t in inputs]
         ctx.leaves = leaves
         ctx.outs = outs
         ctx.is_tuple = is_tuple
@@ -91,6 +98,9 @@ class _OnValues(torch.autograd.Function):
                 result.append(None)
                 continue
             g = next(it)
+            if not isinstance(s, Storage):  # a plain operand gets a plain gradient
+                result.append(torch.zeros_like(s) if g is None else g)
+                continue
             if g is None:
                 g = torch.zeros_like(s.values)
             result.append(_wrap(s.with_values(g)))
@@ -103,11 +113,14 @@ def on_values(fn: StorageFn, inputs: Sequence[MaskedTensor], *extra: Any) -> Any
     """Run ``fn(storages, *extra)`` and wrap its Storage outputs as MaskedTensors.
 
     ``fn`` must compute output values with differentiable torch ops on the input values;
-    then gradients flow to the inputs as MaskedTensors with the inputs' masks. Outputs
-    that are plain tensors (indices, counts) are not differentiable.
+    then gradients flow to the inputs as MaskedTensors with the inputs' masks. Plain
+    tensors among ``inputs`` reach ``fn`` as they are and get plain gradients (the operand
+    of a matrix product). Outputs that are plain tensors (indices, counts) are not
+    differentiable.
     """
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
         return _OnValues.apply(fn, extra, *inputs)
-    outs, is_tuple = _as_outputs(fn([t._storage for t in inputs], *extra))
+    outs, is_tuple = _as_outputs(fn([t._storage if isinstance(t, MaskedTensor) else t
+                                     for t in inputs], *extra))
     wrapped = _wrap_outputs(outs)
     return wrapped if is_tuple else wrapped[0]

@@ -2,7 +2,8 @@
 
 ``basic`` (properties, copies, casts), ``pointwise`` (the generic elementwise kernel),
 ``conversion`` (get_data, to_tensor, layouts), ``where``, ``reductions``, ``softmax``,
-``shape`` / ``indexing`` / ``joining`` (ops that move elements).
+``shape`` / ``indexing`` / ``joining`` (ops that move elements), ``linalg`` (matrix
+products and two-operand ``einsum``).
 """
 
 from . import (  # noqa: F401
@@ -10,6 +11,7 @@ from . import (  # noqa: F401
     conversion,
     indexing,
     joining,
+    linalg,
     pointwise,
     reductions,
     shape,
