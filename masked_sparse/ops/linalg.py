@@ -157,8 +157,8 @@ def matmul(op: str, a: torch.Tensor, b: torch.Tensor, transpose_b: bool = False)
     """The masked product ``a @ b`` (``a @ b.mT``) of operands with at least 2 dims."""
     _check_operand(op, a, "the first operand")
     _check_operand(op, b, "the second operand")
-    if a.dtype != b.dtype:
-        raise TypeError(f"{op}(): expected both operands to have the same dtype, got {a.dtype} "
+    if a.dtype != b.dtype:  # ValueError: operators turn a TypeError into NotImplemented
+        raise ValueError(f"{op}(): expected both operands to have the same dtype, got {a.dtype} "
                         f"and {b.dtype}; cast one with .to()")
     b_shape = b.shape[:-2] + (b.shape[-1], b.shape[-2]) if transpose_b else b.shape
     if a.shape[-1] != b_shape[-2]:
