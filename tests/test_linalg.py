@@ -250,3 +250,35 @@ def test_bad_shapes_and_dtypes_name_the_op():
         torch.bmm(make((2, 5, 4), "strided")[0], b)
     with pytest.raises(NotImplementedError, match="einsum.*3 operands"):
         torch.einsum("ij,jk,kl->il", a, torch.ones(4, 3), torch.ones(3, 2))
+
+
+@pytest.mark.parametrize("optimizer", ["SGD", "Adam"])
+@pytest.mark.parametrize("layout", ALL)
+def test_pruned_linear_trains_like_dense_reference(layout, optimizer):
+    """nn.Linear with a masked weight vs a dense Linear whose masked-out weights are frozen."""
+    weight, dw, mw = make((6, 4), layout, dtype=torch.float32, seed=19)
+    layer = torch.nn.Linear(4, 6)
+    ref = torch.nn.Linear(4, 6)
+    with torch.no_grad():
+        ref.weight.copy_(torch.where(mw, dw, 0))
+        ref.bias.copy_(layer.bias)
+    layer.weight = torch.nn.Parameter(weight)
+    opt = getattr(ms.optim, optimizer)(layer.parameters(), lr=0.05)
+    ref_opt = getattr(torch.optim, optimizer)(ref.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        x, y = torch.randn(5, 4, generator=g), torch.randn(5, 6, generator=g)
+        opt.zero_grad()
+        ((layer(x).to_tensor(0) - y) ** 2).sum().backward()
+        assert ms.layout_of(layer.weight.grad) is ms.layout_of(weight)
+        assert torch.equal(dense_of(layer.weight.grad)[1], mw)
+        opt.step()
+        ref_opt.zero_grad()
+        specified = mw.any(1)  # an output whose weight row is fully masked is unspecified
+        ((torch.where(specified, ref(x), 0) - y) ** 2).sum().backward()
+        ref.weight.grad *= mw  # the reference's masked-out weights stay frozen
+        ref_opt.step()
+    got, got_mask = dense_of(layer.weight)
+    assert torch.equal(got_mask, mw)
+    torch.testing.assert_close(torch.where(mw, got, 0), ref.weight.detach())
+    torch.testing.assert_close(layer.bias, ref.bias)
