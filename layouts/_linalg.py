@@ -9,7 +9,8 @@ What the layouts provide:
   ``dense``. A layout supplies it as the ``aten.mm.default`` entry of its ``binary`` table
   (COO and CSR do, through torch's CSR matmul); any other layout goes through its COO form.
 - ``specified_lines(storage, dim)``: which rows (``dim=0``) or columns (``dim=1``) hold a
-  specified element, in O(nnz).
+  specified element, in O(nnz): the ``aten.any.dim`` entry of a layout's ``unary`` table
+  (``any`` of the specified set over the other dim, a dense bool vector), else through COO.
 - ``sparse_sparse_mm(a, b)``: the product of two sparse storages over their specified
   elements: an output element is stored iff at least one term exists (COO result).
 
@@ -134,11 +135,46 @@ def _specified_coo(storage: Storage) -> tuple[torch.Tensor, torch.Tensor]:
     return indices[:, coo.mask], coo.values[coo.mask]
 
 
+def _any_by_line(line: torch.Tensor, mask: torch.Tensor, n: int) -> torch.Tensor:
+    """Bool vector of length ``n``: True at the lines that hold a True ``mask`` entry (a uint8
+    ``amax`` scatter: ~20x faster than a weighted ``bincount`` or boolean indexing)."""
+    out = torch.zeros(n, dtype=torch.uint8, device=mask.device)
+    return out.scatter_reduce_(0, line.long(), mask.view(torch.uint8), "amax").view(torch.bool)
+
+
+def coo_mask_any(storage: Storage, dim: int) -> torch.Tensor:
+    """The COO layout's ``aten.any.dim`` kernel on the specified set of a 2-D storage: a
+    dense bool vector over the other dim (``dim=1``: rows with a specified element)."""
+    (indices,) = storage.index
+    if indices.shape[0] != 2 or storage.mask.dim() != 1:
+        raise NotImplementedError(
+            f"matrix product: a sparse_coo MaskedTensor operand must be 2-D without dense "
+            f"dims, got shape {tuple(storage.shape)}; use .to_dense()")
+    return _any_by_line(indices[1 - dim], storage.mask, storage.shape[1 - dim])
+
+
+def csr_mask_any(storage: Storage, dim: int) -> torch.Tensor:
+    """The CSR layout's ``aten.any.dim`` kernel: per row from the row pointer (a cumulative
+    count of specified entries, no per-element row index), per column by ``bincount``."""
+    crow, col = storage.index
+    if dim == 0:
+        return _any_by_line(col, storage.mask, storage.shape[1])
+    counts = torch.zeros(col.numel() + 1, dtype=torch.int32, device=col.device)
+    torch.cumsum(storage.mask, 0, dtype=torch.int32, out=counts[1:])  # int64 is 20x slower
+    return counts[crow[1:]] > counts[crow[:-1]]
+
+
 def specified_lines(storage: Storage, dim: int) -> torch.Tensor:
-    """Bool vector over ``shape[dim]``: True where that row/column has a specified element."""
-    indices, _ = _specified_coo(storage)
-    out = torch.zeros(storage.shape[dim], dtype=torch.bool, device=indices.device)
-    return out.index_fill_(0, indices[dim], True)
+    """Bool vector over ``shape[dim]``: True where that row/column has a specified element.
+
+    The layout's ``unary[aten.any.dim]`` kernel (``any`` over the *other* dim), else the COO
+    kernel on its COO form.
+    """
+    kernel = storage.layout.kernel("unary", aten.any.dim)
+    if kernel is None:
+        storage = storage.layout.to_coo(storage)
+        kernel = coo_mask_any
+    return kernel(storage, 1 - dim)
 
 
 def sparse_sparse_mm(a: Storage, b: Storage, transpose_b: bool = False) -> Storage:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ._index import coalesce_coo, linearize, lookup
+from ._linalg import coo_mask_any as _mask_any
 from ._linalg import coo_mm as _mm
 from ._segment import coo_group as _reduction_group
 from ._shape_coo import SHAPE_OPS as _SHAPE_OPS
@@ -105,6 +106,7 @@ SPARSE_COO = register_layout(Layout(
     to_coo=_identity,
     from_coo=_identity,
     validate=_validate,
+    unary={torch.ops.aten.any.dim: _mask_any},
     binary={torch.ops.aten.mm.default: _mm},
     reduction={"group": _reduction_group},
     shape_ops=_SHAPE_OPS,

@@ -15,6 +15,7 @@ import torch
 
 from ._compressed import check_pattern, check_plain_2d, silence_beta_warning, values_at_mask
 from ._index import crow_from_rows, rows_from_crow
+from ._linalg import csr_mask_any as _mask_any
 from ._linalg import csr_mm as _mm
 from ._segment import csr_group as _reduction_group
 from ._shape_csr import SHAPE_OPS as _SHAPE_OPS
@@ -106,6 +107,7 @@ SPARSE_CSR = register_layout(Layout(
     to_coo=_to_coo,
     from_coo=_from_coo,
     validate=_validate,
+    unary={torch.ops.aten.any.dim: _mask_any},
     binary={torch.ops.aten.mm.default: _mm},
     reduction={"group": _reduction_group},
     shape_ops=_SHAPE_OPS,

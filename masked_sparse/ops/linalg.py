@@ -99,6 +99,11 @@ def _values_product(a: Operand, b: Operand, transpose_b: bool) -> torch.Tensor:
     return torch.matmul(_dense(a), _dense(b, transpose_b))
 
 
+def _any(mask: torch.Tensor, dim: int) -> torch.Tensor:
+    """``mask.any(dim)``; bool reductions are slow in torch, so it runs as a uint8 ``amax``."""
+    return mask.view(torch.uint8).amax(dim).view(torch.bool)
+
+
 def _as_counts(x: Storage, dtype: torch.dtype) -> Storage:
     return x.with_values(x.mask.to(dtype))
 
@@ -110,13 +115,13 @@ def _output_mask(a: Operand, b: Operand, transpose_b: bool, shape: torch.Size,
         counts = _values_product(_as_counts(a, dtype), _as_counts(b, dtype), transpose_b)
         return counts > 0
     if isinstance(a, Storage):  # rows of a that hold a specified element
-        rows = layouts.specified_lines(a, 0) if a.index else a.mask.any(-1)
+        rows = layouts.specified_lines(a, 0) if a.index else _any(a.mask, -1)
         return rows.unsqueeze(-1).expand(shape)
     col_dim = 0 if transpose_b else 1  # columns of b: rows of the stored b.T
     if b.index:
         cols = layouts.specified_lines(b, col_dim)
     else:
-        cols = b.mask.any(-1 if transpose_b else -2)
+        cols = _any(b.mask, -1 if transpose_b else -2)
     return cols.unsqueeze(-2).expand(shape)
 
 
@@ -128,7 +133,7 @@ def _product(operands: list[Operand], transpose_b: bool) -> Storage:
     values = _values_product(a, b, transpose_b)
     count_dtype = torch.float64 if values.dtype == torch.float64 else torch.float32
     mask = _output_mask(operands[0], operands[1], transpose_b, values.shape, count_dtype)
-    return _STRIDED.build((), values, mask.contiguous(), values.shape)
+    return _STRIDED.build((), values, mask, values.shape)
 
 
 # -- argument checks -------------------------------------------------------------------------
@@ -165,11 +170,10 @@ def matmul(op: str, a: torch.Tensor, b: torch.Tensor, transpose_b: bool = False)
         raise ValueError(f"{op}(): shapes cannot be multiplied: {_describe(a)} @ "
                          f"{'(transposed) ' if transpose_b else ''}{_describe(b)} (inner "
                          f"dimensions {a.shape[-1]} and {b_shape[-2]} differ)")
-    try:
-        torch.broadcast_shapes(a.shape[:-2], b_shape[:-2])
-    except RuntimeError:
+    if not all(x == y or x == 1 or y == 1
+               for x, y in zip(reversed(a.shape[:-2]), reversed(b_shape[:-2]))):
         raise ValueError(f"{op}(): batch dimensions do not broadcast: {_describe(a)} and "
-                         f"{_describe(b)}") from None
+                         f"{_describe(b)}")
     return on_values(_product, [a, b], transpose_b)
 
 
