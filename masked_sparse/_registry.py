@@ -1,20 +1,21 @@
-"""The two op tables of the core, filled by the modules in ``masked_sparse/ops``.
+"""The one way to register a masked op: ``@implements(*ops)``, ``handler(op, *args, **kwargs)``.
 
-- ``FUNCTIONS`` maps Python-level callables (``torch.sum``, ``torch.Tensor.sum``, the
-  ``layout`` property getter, ...) to handlers; ``__torch_function__`` consults it first. These
-  handlers own masked semantics that must hold above autograd (reductions, ``where``,
-  conversions): they compute with the layout kernels and add autograd on the values.
-- ``ATEN`` maps exact aten overloads to kernels ``(func, args, kwargs) -> result``;
-  ``__torch_dispatch__`` consults it. Ops tagged ``torch.Tag.pointwise`` need no entry: they
-  fall to the one generic "apply to the values" kernel (and are cached here on first use).
+An op is either a Python-level callable (``torch.sum``, ``torch.Tensor.sum``, the ``layout``
+property getter, ...) or an exact aten overload (``aten.sum.dim_IntList``); one handler may
+serve both and tells them apart with :func:`is_aten`. ``__torch_function__`` consults the
+Python-level entries, ``__torch_dispatch__`` the aten ones. Aten ops without an entry that
+are tagged ``torch.Tag.pointwise`` fall to the generic "apply to the values" handler
+(registered here on first use, see ``ops/pointwise.resolve``).
 
-Note [Two tables]
+Note [Two levels]
 ~~~~~~~~~~~~~~~~~
 Pointwise ops go through the C++ dispatcher: autograd records its own formula on the
 MaskedTensor (whose backward formulas are pointwise too, so masks keep matching) and the
-kernel runs on the values below autograd. Ops whose gradient must carry the *input's*
-mask (reductions, where, conversions, sparse shape ops) are intercepted above autograd,
-where we can attach a backward that builds the gradient from the input's storage.
+handler runs on the values below autograd. Ops whose gradient must carry the *input's*
+mask (reductions, where, conversions, sparse shape ops) are intercepted above autograd, at
+their Python-level callables, where the handler attaches a backward that builds the
+gradient from the input's storage; their aten overloads (calls from C++: backward
+formulas, composite ops) run the same handler forward only.
 """
 
 from __future__ import annotations
@@ -22,32 +23,41 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-FUNCTIONS: dict[Any, Callable[..., Any]] = {}
-ATEN: dict[Any, Callable[..., Any]] = {}
+import torch
+
+Handler = Callable[..., Any]
+
+#: Python-level callables -> handlers (read by ``__torch_function__``).
+FUNCTIONS: dict[Any, Handler] = {}
+#: Exact aten overloads -> handlers (read by ``__torch_dispatch__``).
+ATEN: dict[Any, Handler] = {}
 
 
-def implements(*funcs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register a handler for Python-level functions: ``handler(*args, **kwargs)``.
+def is_aten(op: Any) -> bool:
+    """True for an aten overload (called below autograd), False for a Python-level callable."""
+    return isinstance(op, torch._ops.OpOverload)
+
+
+def implements(*ops: Any) -> Callable[[Handler], Handler]:
+    """Register ``handler(op, *args, **kwargs)`` for Python-level callables and aten overloads.
 
     >>> import torch
-    >>> @implements(torch.Tensor.numel)      # doctest: +SKIP
-    ... def numel(mt): ...
+    >>> @implements(torch.Tensor.numel, torch.ops.aten.numel.default)   # doctest: +SKIP
+    ... def numel(op, mt): ...
     """
 
-    def decorator(handler: Callable[..., Any]) -> Callable[..., Any]:
-        for f in funcs:
-            FUNCTIONS[f] = handler
+    def decorator(handler: Handler) -> Handler:
+        for op in ops:
+            (ATEN if is_aten(op) else FUNCTIONS)[op] = handler
         return handler
 
     return decorator
 
 
-def implements_aten(*ops: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register a kernel for exact aten overloads: ``kernel(func, args, kwargs)``."""
-
-    def decorator(kernel: Callable[..., Any]) -> Callable[..., Any]:
-        for op in ops:
-            ATEN[op] = kernel
-        return kernel
-
-    return decorator
+def op_name(op: Any) -> str:
+    """The user-facing name of ``op``: ``"logsumexp"`` for ``torch.special.logsumexp``,
+    ``torch.Tensor.logsumexp`` and ``aten.logsumexp.default`` alike."""
+    name = getattr(op, "_opname", None) or getattr(op, "__name__", None) or str(op)
+    for prefix in ("special_", "linalg_"):
+        name = name.removeprefix(prefix)
+    return name

@@ -112,18 +112,18 @@ class MaskedTensor(torch.Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         handler = _registry.FUNCTIONS.get(func)
         if handler is not None:
-            return handler(*args, **(kwargs or {}))
+            return handler(func, *args, **(kwargs or {}))
         with DisableTorchFunctionSubclass():
             return func(*args, **(kwargs or {}))
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        kernel = _registry.ATEN.get(func)
-        if kernel is None:
+        handler = _registry.ATEN.get(func)
+        if handler is None:
             from .ops.pointwise import resolve
 
-            kernel = resolve(func, args)
-        return kernel(func, args, kwargs or {})
+            handler = resolve(func, args)
+        return handler(func, *args, **(kwargs or {}))
 
     # -- torch.compile / serialization ---------------------------------------------------
     def __reduce_ex__(self, proto: int) -> tuple:  # pickle, torch.save (weights_only=True)

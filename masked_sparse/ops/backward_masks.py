@@ -98,7 +98,7 @@ def _as_plain(mt: MaskedTensor) -> torch.Tensor:
     return s.layout.to_torch(s, s.values.masked_fill(~s.mask, 0))
 
 
-def plain_fallback(func: Any, args: tuple, kwargs: dict) -> Any:
-    """Run ``func`` on plain tensors (Note [Ops without a masked kernel in backward])."""
+def plain_fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run ``op`` on plain tensors (Note [Ops without a masked kernel in backward])."""
     args, kwargs = tree_map_only(MaskedTensor, _as_plain, (args, kwargs))
-    return func(*args, **kwargs)
+    return op(*args, **kwargs)

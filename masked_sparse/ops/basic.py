@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._registry import implements, implements_aten
+from .._registry import implements
 from .._tensor import MaskedTensor, _wrap
 from .pointwise import align, read_plain
 
@@ -15,41 +15,41 @@ aten = torch.ops.aten
 
 # -- properties answered from the storage (Note [Wrapper layout]) --------------------------
 @implements(torch.Tensor.layout.__get__)
-def _layout(mt: MaskedTensor) -> torch.layout:
+def _layout(op: Any, mt: MaskedTensor) -> torch.layout:
     return mt._storage.layout.torch_layout or torch.strided
 
 
 @implements(torch.Tensor.is_sparse.__get__)
-def _is_sparse(mt: MaskedTensor) -> bool:
+def _is_sparse(op: Any, mt: MaskedTensor) -> bool:
     return mt._storage.layout.torch_layout is torch.sparse_coo
 
 
 @implements(torch.Tensor.is_sparse_csr.__get__)
-def _is_sparse_csr(mt: MaskedTensor) -> bool:
+def _is_sparse_csr(op: Any, mt: MaskedTensor) -> bool:
     return mt._storage.layout.torch_layout is torch.sparse_csr
 
 
 # -- same pattern, new values --------------------------------------------------------------
-@implements_aten(aten.detach.default, aten.alias.default)
-def _share(func: Any, args: tuple, kwargs: dict) -> MaskedTensor:
-    return _wrap(args[0]._storage)
+@implements(aten.detach.default, aten.alias.default)
+def _share(op: Any, mt: MaskedTensor) -> MaskedTensor:
+    return _wrap(mt._storage)
 
 
-@implements_aten(aten.clone.default, aten.ones_like.default, aten.zeros_like.default,
-                 aten.empty_like.default, aten.full_like.default, aten.rand_like.default,
-                 aten.randn_like.default, aten.randint_like.default,
-                 aten.randint_like.low_dtype)
-def _values_like(func: Any, args: tuple, kwargs: dict) -> MaskedTensor:
-    s = args[0]._storage
+@implements(aten.clone.default, aten.ones_like.default, aten.zeros_like.default,
+            aten.empty_like.default, aten.full_like.default, aten.rand_like.default,
+            aten.randn_like.default, aten.randint_like.default,
+            aten.randint_like.low_dtype)
+def _values_like(op: Any, mt: MaskedTensor, *args: Any, **kwargs: Any) -> MaskedTensor:
+    s = mt._storage
     kwargs = {k: v for k, v in kwargs.items() if k != "layout"}
-    return _wrap(s.with_values(func(s.values, *args[1:], **kwargs)))
+    return _wrap(s.with_values(op(s.values, *args, **kwargs)))
 
 
-@implements_aten(aten._to_copy.default)
-def _to_copy(func: Any, args: tuple, kwargs: dict) -> MaskedTensor:
-    s = args[0]._storage
+@implements(aten._to_copy.default)
+def _to_copy(op: Any, mt: MaskedTensor, **kwargs: Any) -> MaskedTensor:
+    s = mt._storage
     kwargs = {k: v for k, v in kwargs.items() if k != "layout"}
-    values = func(s.values, **kwargs)
+    values = op(s.values, **kwargs)
     if values.device == s.values.device:
         return _wrap(s.with_values(values))
     dev = values.device
@@ -57,42 +57,42 @@ def _to_copy(func: Any, args: tuple, kwargs: dict) -> MaskedTensor:
                                 s.shape))
 
 
-@implements_aten(aten.copy_.default)
-def _copy_(func: Any, args: tuple, kwargs: dict) -> MaskedTensor:
-    self, src = args[0], args[1]
+@implements(aten.copy_.default)
+def _copy_(op: Any, self: Any, src: Any, *args: Any, **kwargs: Any) -> MaskedTensor:
     if not isinstance(self, MaskedTensor):
         raise TypeError("copy_: cannot copy a MaskedTensor into a plain tensor (the mask would "
                         "be lost); use dst.copy_(mt.to_tensor(value))")
     if isinstance(src, MaskedTensor):
-        mine, theirs = align(func, [self._storage, src._storage])
+        mine, theirs = align(op, [self._storage, src._storage])
         self._storage = mine
-        mine.values.copy_(theirs.values, *args[2:], **kwargs)
+        mine.values.copy_(theirs.values, *args, **kwargs)
     else:
-        self._storage.values.copy_(read_plain(func, self._storage, src))
+        self._storage.values.copy_(read_plain(op, self._storage, src))
     return self
 
 
-@implements_aten(aten._local_scalar_dense.default)
-def _item(func: Any, args: tuple, kwargs: dict) -> Any:
-    s = args[0]._storage
+@implements(aten._local_scalar_dense.default)
+def _item(op: Any, mt: MaskedTensor) -> Any:
+    s = mt._storage
     if s.values.numel() != 1 or not bool(s.mask.reshape(-1)[0]):
         raise ValueError("item(): the element of this MaskedTensor is unspecified (masked out) "
                          "or it has more than one element; use mt.to_tensor(value).item()")
     return s.values.reshape(-1)[0].item()
 
 
-@implements_aten(aten.is_same_size.default)
-def _is_same_size(func: Any, args: tuple, kwargs: dict) -> bool:
-    return args[0].shape == args[1].shape
+@implements(aten.is_same_size.default)
+def _is_same_size(op: Any, a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape
 
 
-@implements_aten(aten.new_empty_strided.default)
-def _new_empty_strided(func: Any, args: tuple, kwargs: dict) -> MaskedTensor:
+@implements(aten.new_empty_strided.default)
+def _new_empty_strided(op: Any, mt: MaskedTensor, size: Any, stride: Any,
+                       **kwargs: Any) -> MaskedTensor:
     # Note [Gradient layout contract]: autograd's AccumulateGrad gives a gradient the
     # parameter's strides with grad.new_empty_strided(param.shape, param.stride()).copy_(grad);
     # for the same shape this is empty_like with those strides (the pattern is kept).
-    s = args[0]._storage
-    size, stride = torch.Size(args[1]), tuple(args[2])
+    s = mt._storage
+    size, stride = torch.Size(size), tuple(stride)
     if size != s.shape:
         raise NotImplementedError(
             f"MaskedTensor[{s.layout.name}] new_empty_strided: only the tensor's own shape "
@@ -100,7 +100,7 @@ def _new_empty_strided(func: Any, args: tuple, kwargs: dict) -> MaskedTensor:
             f"masked_tensor(data, mask)")
     kwargs = {k: v for k, v in kwargs.items() if k not in ("layout", "pin_memory")}
     if s.values.shape == size:
-        values = func(s.values, size, stride, **kwargs)
+        values = op(s.values, size, stride, **kwargs)
     else:
         values = torch.empty_like(s.values, **kwargs)
     return _wrap(s.with_values(values))

@@ -104,7 +104,8 @@ def to_layout(mt: MaskedTensor, layout: Any, **options: Any) -> MaskedTensor:
 
 
 @implements(torch.Tensor.to_dense)
-def _to_dense(mt: MaskedTensor, dtype: Any = None, *, masked_grad: Any = None) -> MaskedTensor:
+def _to_dense(op: Any, mt: MaskedTensor, dtype: Any = None, *,
+              masked_grad: Any = None) -> MaskedTensor:
     out = to_layout(mt, torch.strided)
     return out if dtype is None else out.to(dtype)
 
@@ -115,7 +116,7 @@ def _options(**given: Any) -> dict[str, Any]:
 
 
 @implements(torch.Tensor.to_sparse)
-def _to_sparse(mt: MaskedTensor, sparse_dim: Any = None, *, layout: Any = None,
+def _to_sparse(op: Any, mt: MaskedTensor, sparse_dim: Any = None, *, layout: Any = None,
                blocksize: Any = None, dense_dim: Any = None) -> MaskedTensor:
     if sparse_dim is not None and sparse_dim != mt.dim():
         raise NotImplementedError(f"MaskedTensor to_sparse(sparse_dim={sparse_dim}): only "
@@ -129,7 +130,7 @@ def _to_sparse(mt: MaskedTensor, sparse_dim: Any = None, *, layout: Any = None,
 # options reach the registered layout unchanged (a layout that is not registered raises
 # NotImplementedError in get_layout, naming the registered ones).
 @implements(torch.Tensor.to_sparse_coo)
-def _to_sparse_coo(mt: MaskedTensor) -> MaskedTensor:
+def _to_sparse_coo(op: Any, mt: MaskedTensor) -> MaskedTensor:
     return to_layout(mt, torch.sparse_coo)
 
 
@@ -139,18 +140,12 @@ _TORCH_COMPRESSED = {"to_sparse_csr": ("dense_dim",), "to_sparse_csc": ("dense_d
                      "to_sparse_bsc": ("blocksize", "dense_dim")}
 
 
-def _method_handler(name: str, params: tuple[str, ...]) -> Any:
+@implements(*(getattr(torch.Tensor, name) for name in _TORCH_COMPRESSED))
+def _to_compressed(op: Any, mt: MaskedTensor, *args: Any, **kwargs: Any) -> MaskedTensor:
+    name = op.__name__
+    params = _TORCH_COMPRESSED[name]
+    if len(args) > len(params) or set(kwargs) - set(params):
+        raise TypeError(f"{name}: expected arguments {params}, got {args} {kwargs}")
+    given = dict(zip(params, args), **kwargs)
     target = getattr(torch, name.removeprefix("to_"))  # to_sparse_csr -> torch.sparse_csr
-
-    def handler(mt: MaskedTensor, *args: Any, **kwargs: Any) -> MaskedTensor:
-        if len(args) > len(params) or set(kwargs) - set(params):
-            raise TypeError(f"{name}: expected arguments {params}, got {args} {kwargs}")
-        given = dict(zip(params, args), **kwargs)
-        return to_layout(mt, target, **_options(**given))
-
-    handler.__name__ = name
-    return handler
-
-
-for _name, _params in _TORCH_COMPRESSED.items():
-    implements(getattr(torch.Tensor, _name))(_method_handler(_name, _params))
+    return to_layout(mt, target, **_options(**given))

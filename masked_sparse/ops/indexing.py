@@ -46,10 +46,12 @@ from .shape import (
     masked,
     meta,
     plain,
-    register,
+    run,
     unary,
     wrap_dim,
 )
+
+aten = torch.ops.aten
 
 
 def _check_no_masked(idx: Any, op: str) -> None:
@@ -61,14 +63,16 @@ def _check_no_masked(idx: Any, op: str) -> None:
             plain(it, op, "index")
 
 
-def _getitem(self: Any, idx: Any) -> Call:
+@implements(torch.Tensor.__getitem__)
+def _getitem(op: Any, self: Any, idx: Any) -> Any:
     _check_no_masked(idx, "__getitem__")
-    return Call("getitem", "getitem", [masked(self, "__getitem__")], (idx,))
+    return run(op, Call("getitem", "getitem", [masked(self, "__getitem__")], (idx,)))
 
 
-def _index(self: Any, indices: Any) -> Call:
+@implements(aten.index.Tensor)
+def _index(op: Any, self: Any, indices: Any) -> Any:
     _check_no_masked(list(indices), "index")
-    return Call("index", "index", [masked(self, "index")], (list(indices),))
+    return unary(op, "index", "index", self, list(indices))
 
 
 def _unsupported_index(s: Storage, why: str) -> NotImplementedError:
@@ -155,7 +159,7 @@ def _index_rewrite(s: Storage, indices: list) -> Storage:
 
 
 @implements(torch.Tensor.__setitem__)
-def _setitem(self: Any, idx: Any, value: Any) -> None:
+def _setitem(op: Any, self: Any, idx: Any, value: Any) -> None:
     mt = masked(self, "__setitem__")
     _check_no_masked(idx, "__setitem__")
     check_supported("setitem", [mt])
@@ -171,30 +175,32 @@ def _setitem(self: Any, idx: Any, value: Any) -> None:
 REWRITES["getitem"] = _getitem_rewrite
 REWRITES["index"] = _index_rewrite
 
-register(_getitem, [torch.Tensor.__getitem__])
-register(_index, [], [torch.ops.aten.index.Tensor])
 
-
-def _index_select(input: Any, dim: int, index: Any) -> Call:
+@implements(torch.index_select, torch.Tensor.index_select, aten.index_select.default)
+def _index_select(op: Any, input: Any, dim: int, index: Any) -> Any:
     plain(index, "index_select", "index")
     meta(masked(input, "index_select")).index_select(dim, index.to("meta"))
     d = wrap_dim(dim, input.dim())
     size = input.shape[d] if input.dim() else 1
-    return unary("index_select", "index_select", input, d, _checked_index(index, size, False))
+    index = _checked_index(index, size, False)
+    return unary(op, "index_select", "index_select", input, d, index)
 
 
-def _gather(input: Any, dim: int, index: Any, *, sparse_grad: bool = False) -> Call:
+@implements(torch.gather, torch.Tensor.gather, aten.gather.default)
+def _gather(op: Any, input: Any, dim: int, index: Any, *, sparse_grad: bool = False) -> Any:
     plain(index, "gather", "index")
     meta(masked(input, "gather")).gather(dim, index.to("meta"))
-    return unary("gather", "gather", input, wrap_dim(dim, input.dim()), index)
+    return unary(op, "gather", "gather", input, wrap_dim(dim, input.dim()), index)
 
 
-def _take(input: Any, index: Any) -> Call:
+@implements(torch.take, torch.Tensor.take, aten.take.default)
+def _take(op: Any, input: Any, index: Any) -> Any:
     plain(index, "take", "index")
-    return unary("take", "take", input, index)
+    return unary(op, "take", "take", input, index)
 
 
-def _masked_select(input: Any, mask: Any) -> Call:
+@implements(torch.masked_select, torch.Tensor.masked_select, aten.masked_select.default)
+def _masked_select(op: Any, input: Any, mask: Any) -> Any:
     plain(mask, "masked_select", "mask")
     masked(input, "masked_select")
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
@@ -207,12 +213,6 @@ def _masked_select(input: Any, mask: Any) -> Call:
     if not ok or (mask.layout != torch.strided and mask.shape != input.shape):
         raise ValueError(f"masked_select: the bool mask of shape {tuple(mask.shape)} must "
                          f"broadcast to the MaskedTensor's shape {tuple(input.shape)}")
-    return unary("masked_select", "masked_select", input, mask)
+    return unary(op, "masked_select", "masked_select", input, mask)
 
 
-register(_index_select, [torch.index_select, torch.Tensor.index_select],
-         [torch.ops.aten.index_select.default])
-register(_gather, [torch.gather, torch.Tensor.gather], [torch.ops.aten.gather.default])
-register(_take, [torch.take, torch.Tensor.take], [torch.ops.aten.take.default])
-register(_masked_select, [torch.masked_select, torch.Tensor.masked_select],
-         [torch.ops.aten.masked_select.default])

@@ -23,8 +23,9 @@ import torch
 
 from layouts import Storage
 
+from .._registry import implements, op_name
 from .._tensor import MaskedTensor
-from .shape import REWRITES, Call, apply, masked, meta, register, unary, wrap_dim
+from .shape import REWRITES, Call, apply, masked, meta, run, unary, wrap_dim
 
 aten = torch.ops.aten
 
@@ -45,42 +46,48 @@ def _tensors(tensors: Any, op: str, one_layout: bool = True) -> list[MaskedTenso
     return tensors
 
 
-def _cat(tensors: Any, dim: int = 0, *, axis: Any = None) -> Call:
+@implements(torch.cat, torch.concat, torch.concatenate, aten.cat.default)
+def _cat(op: Any, tensors: Any, dim: int = 0, *, axis: Any = None) -> Any:
     ts = _tensors(tensors, "cat")
     dim = dim if axis is None else axis
     torch.cat([meta(t) for t in ts], dim)
-    return Call("cat", "cat", ts, (wrap_dim(dim, ts[0].dim()),))
+    return run(op, Call("cat", "cat", ts, (wrap_dim(dim, ts[0].dim()),)))
 
 
-def _stack(tensors: Any, dim: int = 0) -> Call:
+@implements(torch.stack, aten.stack.default)
+def _stack(op: Any, tensors: Any, dim: int = 0) -> Any:
     ts = _tensors(tensors, "stack")
     torch.stack([meta(t) for t in ts], dim)
-    return Call("stack", "stack", ts, (int(dim) % (ts[0].dim() + 1),))
+    return run(op, Call("stack", "stack", ts, (int(dim) % (ts[0].dim() + 1),)))
 
 
 def _stack_rewrite(storages: list[Storage], dim: int) -> Storage:
     return apply("cat", [apply("unsqueeze", s, dim) for s in storages], dim)
 
 
-def _pieces(op: str, x: Any, parts: Sequence[torch.Tensor], dim: int) -> Call:
+def _pieces(op: Any, x: Any, parts: Sequence[torch.Tensor], dim: int) -> Any:
+    """Split ``x`` along ``dim`` into pieces of the lengths of ``parts`` (meta tensors)."""
     d = wrap_dim(dim, x.dim())
     lengths = tuple(p.shape[d] for p in parts)
-    return unary(op, "split", x, d, lengths)
+    return unary(op, op_name(op), "split", x, d, lengths)
 
 
-def _split(tensor: Any, split_size_or_sections: Any, dim: int = 0) -> Call:
+@implements(torch.split, torch.Tensor.split, aten.split.Tensor, aten.split_with_sizes.default)
+def _split(op: Any, tensor: Any, split_size_or_sections: Any, dim: int = 0) -> Any:
     s = split_size_or_sections
     s = int(s) if isinstance(s, (int, torch.SymInt)) else list(s)
-    return _pieces("split", tensor, meta(masked(tensor, "split")).split(s, dim), dim)
+    return _pieces(op, tensor, meta(masked(tensor, "split")).split(s, dim), dim)
 
 
-def _chunk(input: Any, chunks: int, dim: int = 0) -> Call:
-    return _pieces("chunk", input, meta(masked(input, "chunk")).chunk(chunks, dim), dim)
+@implements(torch.chunk, torch.Tensor.chunk, aten.chunk.default)
+def _chunk(op: Any, input: Any, chunks: int, dim: int = 0) -> Any:
+    return _pieces(op, input, meta(masked(input, "chunk")).chunk(chunks, dim), dim)
 
 
-def _unbind(input: Any, dim: int = 0) -> Call:
+@implements(torch.unbind, torch.Tensor.unbind, aten.unbind.int)
+def _unbind(op: Any, input: Any, dim: int = 0) -> Any:
     meta(masked(input, "unbind")).unbind(dim)
-    return unary("unbind", "unbind", input, wrap_dim(dim, input.dim()))
+    return unary(op, "unbind", "unbind", input, wrap_dim(dim, input.dim()))
 
 
 def _split_rewrite(s: Storage, dim: int, lengths: tuple[int, ...]) -> tuple[Storage, ...]:
@@ -95,31 +102,28 @@ REWRITES["stack"] = _stack_rewrite
 REWRITES["split"] = _split_rewrite
 REWRITES["unbind"] = lambda s, dim: tuple(apply("select", s, dim, i) for i in range(s.shape[dim]))
 
-register(_cat, [torch.cat, torch.concat, torch.concatenate], [aten.cat.default])
-register(_stack, [torch.stack], [aten.stack.default])
-register(_split, [torch.split, torch.Tensor.split],
-         [aten.split.Tensor, aten.split_with_sizes.default])
-register(_chunk, [torch.chunk, torch.Tensor.chunk], [aten.chunk.default])
-register(_unbind, [torch.unbind, torch.Tensor.unbind], [aten.unbind.int])
-
 
 # -- composites ---------------------------------------------------------------------------
-def _tensor_split(input: Any, indices_or_sections: Any, dim: int = 0) -> Call:
+@implements(torch.tensor_split, torch.Tensor.tensor_split)
+def _tensor_split(op: Any, input: Any, indices_or_sections: Any, dim: int = 0) -> Any:
     parts = torch.tensor_split(meta(masked(input, "tensor_split")), indices_or_sections, dim)
-    return _pieces("tensor_split", input, parts, dim)
+    return _pieces(op, input, parts, dim)
 
 
-def _hsplit(input: Any, sections: Any) -> Call:
+@implements(torch.hsplit, torch.Tensor.hsplit)
+def _hsplit(op: Any, input: Any, sections: Any) -> Any:
     parts = torch.hsplit(meta(masked(input, "hsplit")), sections)
-    return _pieces("hsplit", input, parts, 0 if input.dim() == 1 else 1)
+    return _pieces(op, input, parts, 0 if input.dim() == 1 else 1)
 
 
-def _vsplit(input: Any, sections: Any) -> Call:
-    return _pieces("vsplit", input, torch.vsplit(meta(masked(input, "vsplit")), sections), 0)
+@implements(torch.vsplit, torch.Tensor.vsplit)
+def _vsplit(op: Any, input: Any, sections: Any) -> Any:
+    return _pieces(op, input, torch.vsplit(meta(masked(input, "vsplit")), sections), 0)
 
 
-def _dsplit(input: Any, sections: Any) -> Call:
-    return _pieces("dsplit", input, torch.dsplit(meta(masked(input, "dsplit")), sections), 2)
+@implements(torch.dsplit, torch.Tensor.dsplit)
+def _dsplit(op: Any, input: Any, sections: Any) -> Any:
+    return _pieces(op, input, torch.dsplit(meta(masked(input, "dsplit")), sections), 2)
 
 
 def _reshape_cat(storages: list[Storage], shapes: Sequence[tuple[int, ...]],
@@ -137,46 +141,36 @@ REWRITES["reshape_cat"] = _reshape_cat
 REWRITES["reshape_each"] = _reshape_each
 
 
-def _stacker(op: str, fn: Any, atleast: Any, dim_of: Any) -> Any:
-    def parse(tensors: Any) -> Call:
-        ts = _tensors(tensors, op)
-        fn([meta(t) for t in ts])
-        shapes = tuple(tuple(atleast(meta(t)).shape) for t in ts)
-        return Call(op, "reshape_cat", ts, (shapes, dim_of(len(shapes[0]))))
-
-    return parse
-
-
 def _column(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, 1) if t.dim() < 2 else t
 
 
-register(_stacker("hstack", torch.hstack, torch.atleast_1d, lambda n: 0 if n == 1 else 1),
-         [torch.hstack])
-register(_stacker("vstack", torch.vstack, torch.atleast_2d, lambda n: 0),
-         [torch.vstack, torch.row_stack])
-register(_stacker("dstack", torch.dstack, torch.atleast_3d, lambda n: 2), [torch.dstack])
-register(_stacker("column_stack", torch.column_stack, _column, lambda n: 1),
-         [torch.column_stack])
+#: stacker -> (how it lifts each input, the dim it joins along for that many dims).
+_STACKERS: dict[Any, tuple[Any, Any]] = {
+    torch.hstack: (torch.atleast_1d, lambda n: 0 if n == 1 else 1),
+    torch.vstack: (torch.atleast_2d, lambda n: 0),
+    torch.row_stack: (torch.atleast_2d, lambda n: 0),
+    torch.dstack: (torch.atleast_3d, lambda n: 2),
+    torch.column_stack: (_column, lambda n: 1),
+}
 
 
-def _atleast(op: str, fn: Any) -> Any:
-    def parse(*tensors: Any) -> Call:
-        single = len(tensors) == 1 and isinstance(tensors[0], torch.Tensor)
-        ts = [masked(tensors[0], op)] if single else _tensors(
-            tensors[0] if len(tensors) == 1 else tensors, op, one_layout=False)
-        shapes = tuple(tuple(fn(meta(t)).shape) for t in ts)
-        if single:
-            return unary(op, "reshape", ts[0], shapes[0])
-        return Call(op, "reshape_each", ts, (shapes,))
-
-    return parse
+@implements(*_STACKERS)
+def _stacker(op: Any, tensors: Any) -> Any:
+    name, (lift, dim_of) = op_name(op), _STACKERS[op]
+    ts = _tensors(tensors, name)
+    op([meta(t) for t in ts])
+    shapes = tuple(tuple(lift(meta(t)).shape) for t in ts)
+    return run(op, Call(name, "reshape_cat", ts, (shapes, dim_of(len(shapes[0])))))
 
 
-register(_atleast("atleast_1d", torch.atleast_1d), [torch.atleast_1d])
-register(_atleast("atleast_2d", torch.atleast_2d), [torch.atleast_2d])
-register(_atleast("atleast_3d", torch.atleast_3d), [torch.atleast_3d])
-register(_tensor_split, [torch.tensor_split, torch.Tensor.tensor_split])
-register(_hsplit, [torch.hsplit, torch.Tensor.hsplit])
-register(_vsplit, [torch.vsplit, torch.Tensor.vsplit])
-register(_dsplit, [torch.dsplit, torch.Tensor.dsplit])
+@implements(torch.atleast_1d, torch.atleast_2d, torch.atleast_3d)
+def _atleast(op: Any, *tensors: Any) -> Any:
+    name = op_name(op)
+    single = len(tensors) == 1 and isinstance(tensors[0], torch.Tensor)
+    ts = [masked(tensors[0], name)] if single else _tensors(
+        tensors[0] if len(tensors) == 1 else tensors, name, one_layout=False)
+    shapes = tuple(tuple(op(meta(t)).shape) for t in ts)
+    if single:
+        return unary(op, name, "reshape", ts[0], shapes[0])
+    return run(op, Call(name, "reshape_each", ts, (shapes,)))

@@ -12,7 +12,6 @@ Semantics (DESIGN.md), written once here for every layout:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,15 +19,9 @@ import torch
 import layouts
 from layouts import Storage
 
-from .._registry import ATEN
+from .._registry import Handler, implements, op_name
 from .._tensor import MaskedTensor, _wrap
 from . import backward_masks
-
-Kernel = Callable[[Any, tuple, dict], Any]
-
-
-def _op_name(func: Any) -> str:
-    return getattr(func, "_opname", None) or getattr(func, "__name__", None) or str(func)
 
 
 def _equal_bool(x: torch.Tensor, y: torch.Tensor) -> bool:
@@ -73,7 +66,7 @@ def align(func: Any, storages: list[Storage]) -> list[Storage]:
     for s in storages[1:]:
         if s.layout is not first.layout or s.shape != first.shape:
             raise ValueError(
-                f"{_op_name(func)}: MaskedTensor operands must have the same shape and layout, "
+                f"{op_name(func)}: MaskedTensor operands must have the same shape and layout, "
                 f"got {tuple(first.shape)} {first.layout.name} and {tuple(s.shape)} "
                 f"{s.layout.name}; convert with .to_dense() / .to_sparse_coo() first")
     if all(_same_index(first, s) and _same_mask(first, s) for s in storages):
@@ -88,7 +81,7 @@ def align(func: Any, storages: list[Storage]) -> list[Storage]:
     if combined is not None:
         return combined
     raise ValueError(
-        f"{_op_name(func)}: the masks of MaskedTensor operands must match (same specified "
+        f"{op_name(func)}: the masks of MaskedTensor operands must match (same specified "
         f"elements); combine them explicitly, e.g. masked_tensor(a.to_tensor(0) + "
         f"b.to_tensor(0), a.get_mask() & b.get_mask())")
 
@@ -115,12 +108,12 @@ def read_plain(func: Any, storage: Storage, t: torch.Tensor) -> torch.Tensor:
         # NotImplementedError, not TypeError: operators (mt - t) turn a TypeError into
         # NotImplemented and the message would be lost.
         raise NotImplementedError(
-            f"{_op_name(func)}: a plain {t.layout} tensor cannot be combined with a "
+            f"{op_name(func)}: a plain {t.layout} tensor cannot be combined with a "
             f"{storage.layout.name} MaskedTensor; wrap it with masked_tensor(t, mask) or pass "
             f"t.to_dense()")
     if not broadcasts_to(t.shape, storage.shape):
         raise ValueError(
-            f"{_op_name(func)}: a plain tensor of shape {tuple(t.shape)} must broadcast to the "
+            f"{op_name(func)}: a plain tensor of shape {tuple(t.shape)} must broadcast to the "
             f"MaskedTensor's shape {tuple(storage.shape)} (the tensor takes the MaskedTensor's "
             f"mask)")
     return storage.layout.gather(storage, t)
@@ -197,7 +190,7 @@ def apply_to_values(func: Any, args: tuple, kwargs: dict, inplace: bool) -> Any:
         self = args[0]
         if not isinstance(self, MaskedTensor):
             raise TypeError(
-                f"{_op_name(func)}: an in-place op on a plain tensor cannot take a MaskedTensor "
+                f"{op_name(func)}: an in-place op on a plain tensor cannot take a MaskedTensor "
                 f"operand (the mask would be lost); use the out-of-place op, or fill first "
                 f"with mt.to_tensor(value)")
         if by_id[id(self)] is not self._storage:
@@ -234,21 +227,25 @@ def _is_pointwise(func: Any) -> bool:
     return False
 
 
-def resolve(func: Any, args: tuple) -> Kernel:
-    """The kernel for an op without a table entry: the generic pointwise one, if tagged so."""
+def pointwise(op: Any, *args: Any, **kwargs: Any) -> Any:
+    """The generic handler of out-of-place pointwise aten ops."""
+    return apply_to_values(op, args, kwargs, False)
+
+
+def pointwise_(op: Any, *args: Any, **kwargs: Any) -> Any:
+    """The generic handler of in-place pointwise aten ops."""
+    return apply_to_values(op, args, kwargs, True)
+
+
+def resolve(func: Any, args: tuple) -> Handler:
+    """The handler for an op without a table entry: the generic pointwise one, if tagged so."""
     if _is_pointwise(func) and not _writes_out(func):
-        inplace = _is_inplace(func)
-
-        def kernel(func: Any, args: tuple, kwargs: dict) -> Any:
-            return apply_to_values(func, args, kwargs, inplace)
-
-        ATEN[func] = kernel
-        return kernel
+        return implements(func)(pointwise_ if _is_inplace(func) else pointwise)
     if backward_masks.in_backward() and not _is_inplace(func) and not _writes_out(func):
         return backward_masks.plain_fallback  # Note [Ops without a masked kernel in backward]
     masked = [a for a in args if isinstance(a, MaskedTensor)]
     where = ", ".join(sorted({m._storage.layout.name for m in masked})) or "?"
     raise NotImplementedError(
-        f"MaskedTensor[{where}] {_op_name(func)}: no kernel for this op; use .to_dense() or "
+        f"MaskedTensor[{where}] {op_name(func)}: no kernel for this op; use .to_dense() or "
         f".to_tensor(value) to compute it on plain tensors, or .to_sparse_coo() for a layout "
         f"with more ops")

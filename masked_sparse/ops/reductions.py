@@ -51,7 +51,7 @@ import layouts
 from layouts import Grouping, Storage
 
 from .._autograd import on_values
-from .._registry import ATEN, FUNCTIONS
+from .._registry import implements, is_aten, op_name
 from .._tensor import MaskedTensor, _wrap
 from . import reductions_args as A
 
@@ -242,58 +242,32 @@ def k_median(g: Grouping, nan: bool, with_index: bool) -> Any:
     return out, g.build(zero_unspecified(position, specified), specified)
 
 
-# -- the torch-level forms -----------------------------------------------------------------
-Impl = Callable[[tuple, dict, bool], Any]
+# -- the torch-level forms: handler(op, *args, **kwargs) ----------------------------------
+# A Python-level ``op`` runs with autograd on the values; an aten overload (called from C++,
+# below autograd) runs forward only: ``autograd=not is_aten(op)``.
+@implements(torch.sum, torch.Tensor.sum, aten.sum.default, aten.sum.dim_IntList,
+            torch.nansum, torch.Tensor.nansum, aten.nansum.default,
+            torch.mean, torch.Tensor.mean, aten.mean.default, aten.mean.dim,
+            torch.nanmean, torch.Tensor.nanmean, aten.nanmean.default)
+def _summing(op: Any, *args: Any, **kwargs: Any) -> Any:
+    name = op_name(op)
+    a = A.bind(A.sig_sum, args, kwargs, name)
+    mt = a["input"]
+    dims = A.normalize_dims(a["dim"], mt.dim(), name)
+    dtype = A.result_dtype(getattr(torch, name), mt.dtype, dtype=A.check_dtype(a["dtype"], name))
+    kernel = k_mean if name.endswith("mean") else k_sum
+    return run(kernel, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), dtype,
+               name.startswith("nan"), autograd=not is_aten(op))
 
 
-def register(impl: Impl, functions: list[Any], aten_ops: list[Any]) -> Impl:
-    """``impl(args, kwargs, autograd)`` for Python-level functions and aten overloads."""
-
-    def handler(*args: Any, **kwargs: Any) -> Any:
-        return impl(args, kwargs, True)
-
-    def kernel(func: Any, args: tuple, kwargs: dict) -> Any:
-        return impl(args, kwargs, False)
-
-    for f in functions:
-        FUNCTIONS[f] = handler
-    for op in aten_ops:
-        ATEN[op] = kernel
-    return impl
-
-
-def _summing(op: str, kernel: Kernel, nan: bool, meta: Callable[..., torch.Tensor]) -> Impl:
-    def impl(args: tuple, kwargs: dict, autograd: bool) -> Any:
-        a = A.bind(A.sig_sum, args, kwargs, op)
-        mt = a["input"]
-        dims = A.normalize_dims(a["dim"], mt.dim(), op)
-        dtype = A.result_dtype(meta, mt.dtype, dtype=A.check_dtype(a["dtype"], op))
-        return run(kernel, mt, dims, A.check_bool(a["keepdim"], "keepdim", op), dtype, nan,
-                   autograd=autograd)
-
-    return impl
-
-
-register(_summing("sum", k_sum, False, torch.sum), [torch.sum, torch.Tensor.sum],
-         [aten.sum.default, aten.sum.dim_IntList])
-register(_summing("nansum", k_sum, True, torch.nansum), [torch.nansum, torch.Tensor.nansum],
-         [aten.nansum.default])
-register(_summing("mean", k_mean, False, torch.mean), [torch.mean, torch.Tensor.mean],
-         [aten.mean.default, aten.mean.dim])
-register(_summing("nanmean", k_mean, True, torch.nanmean), [torch.nanmean, torch.Tensor.nanmean],
-         [aten.nanmean.default])
-
-
-def _prod(args: tuple, kwargs: dict, autograd: bool) -> Any:
+@implements(torch.prod, torch.Tensor.prod, aten.prod.default, aten.prod.dim_int)
+def _prod(op: Any, *args: Any, **kwargs: Any) -> Any:
     a = A.bind(A.sig_sum, args, kwargs, "prod")
     mt = a["input"]
     dims = A.normalize_dims(a["dim"], mt.dim(), "prod")
     dtype = A.result_dtype(torch.prod, mt.dtype, dtype=A.check_dtype(a["dtype"], "prod"))
     return run(k_prod, mt, dims, A.check_bool(a["keepdim"], "keepdim", "prod"), dtype,
-               autograd=autograd)
-
-
-register(_prod, [torch.prod, torch.Tensor.prod], [aten.prod.default, aten.prod.dim_int])
+               autograd=not is_aten(op))
 
 
 def _check_real(mt: MaskedTensor, op: str) -> None:
@@ -302,95 +276,75 @@ def _check_real(mt: MaskedTensor, op: str) -> None:
                         f".real instead")
 
 
-def _extreme(op: str) -> Impl:
-    def impl(args: tuple, kwargs: dict, autograd: bool) -> Any:
-        a = A.bind(A.sig_amax, args, kwargs, op)
-        mt = a["input"]
-        _check_real(mt, op)
-        dims = A.normalize_dims(a["dim"], mt.dim(), op)
-        return run(k_extreme, mt, dims, A.check_bool(a["keepdim"], "keepdim", op), op,
-                   autograd=autograd)
-
-    return impl
-
-
-register(_extreme("amax"), [torch.amax, torch.Tensor.amax], [aten.amax.default])
-register(_extreme("amin"), [torch.amin, torch.Tensor.amin], [aten.amin.default])
+@implements(torch.amax, torch.Tensor.amax, aten.amax.default,
+            torch.amin, torch.Tensor.amin, aten.amin.default)
+def _extreme(op: Any, *args: Any, **kwargs: Any) -> Any:
+    name = op_name(op)
+    a = A.bind(A.sig_amax, args, kwargs, name)
+    mt = a["input"]
+    _check_real(mt, name)
+    dims = A.normalize_dims(a["dim"], mt.dim(), name)
+    return run(k_extreme, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), name,
+               autograd=not is_aten(op))
 
 
-def _min_max(name: str, op: str, binary: Callable[..., Any]) -> Impl:
-    result_type = getattr(torch.return_types, name)
-
-    def impl(args: tuple, kwargs: dict, autograd: bool) -> Any:
-        other = args[1] if len(args) > 1 else kwargs.get("other")
-        if isinstance(other, torch.Tensor) or not isinstance(args[0], MaskedTensor):
-            rest = {k: v for k, v in kwargs.items() if k != "other"}
-            operands = args if len(args) > 1 else (args[0], other)
-            return binary(*operands, **rest)
-        a = A.bind(A.sig_minmax, args, kwargs, name)
-        mt = a["input"]
-        _check_real(mt, name)
-        if a["dim"] is None:
-            return run(k_extreme, mt, tuple(range(mt.dim())), False, op, autograd=autograd)
-        dims = A.one_dim(a["dim"], mt.dim(), name)
-        values, indices = run(k_arg, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), op,
-                              True, autograd=autograd)
-        return result_type((values, indices)) if autograd else (values, indices)
-
-    return impl
-
-
-register(_min_max("max", "amax", torch.maximum), [torch.max, torch.Tensor.max],
-         [aten.max.default, aten.max.dim])
-register(_min_max("min", "amin", torch.minimum), [torch.min, torch.Tensor.min],
-         [aten.min.default, aten.min.dim])
-ATEN[aten.max.other] = lambda func, args, kwargs: aten.maximum.default(*args, **kwargs)
-ATEN[aten.min.other] = lambda func, args, kwargs: aten.minimum.default(*args, **kwargs)
+@implements(torch.max, torch.Tensor.max, aten.max.default, aten.max.dim,
+            torch.min, torch.Tensor.min, aten.min.default, aten.min.dim)
+def _min_max(op: Any, *args: Any, **kwargs: Any) -> Any:
+    name = op_name(op)
+    autograd = not is_aten(op)
+    other = args[1] if len(args) > 1 else kwargs.get("other")
+    if isinstance(other, torch.Tensor) or not isinstance(args[0], MaskedTensor):
+        rest = {k: v for k, v in kwargs.items() if k != "other"}
+        operands = args if len(args) > 1 else (args[0], other)
+        return getattr(torch, name + "imum")(*operands, **rest)  # max(a, b) = maximum(a, b)
+    a = A.bind(A.sig_minmax, args, kwargs, name)
+    mt = a["input"]
+    _check_real(mt, name)
+    if a["dim"] is None:
+        return run(k_extreme, mt, tuple(range(mt.dim())), False, "a" + name, autograd=autograd)
+    dims = A.one_dim(a["dim"], mt.dim(), name)
+    out = run(k_arg, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), "a" + name, True,
+              autograd=autograd)
+    return getattr(torch.return_types, name)(out) if autograd else out
 
 
-def _arg(name: str, op: str) -> Impl:
-    def impl(args: tuple, kwargs: dict, autograd: bool) -> Any:
-        a = A.bind(A.sig_dim, args, kwargs, name)
-        mt = a["input"]
-        _check_real(mt, name)
-        dims = tuple(range(mt.dim())) if a["dim"] is None else A.one_dim(a["dim"], mt.dim(), name)
-        return run(k_arg, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), op, False,
-                   autograd=autograd)
-
-    return impl
+@implements(aten.max.other, aten.min.other)
+def _min_max_other(op: Any, input: Any, other: Any) -> Any:
+    return getattr(aten, op_name(op) + "imum").default(input, other)
 
 
-register(_arg("argmax", "amax"), [torch.argmax, torch.Tensor.argmax], [aten.argmax.default])
-register(_arg("argmin", "amin"), [torch.argmin, torch.Tensor.argmin], [aten.argmin.default])
+@implements(torch.argmax, torch.Tensor.argmax, aten.argmax.default,
+            torch.argmin, torch.Tensor.argmin, aten.argmin.default)
+def _arg(op: Any, *args: Any, **kwargs: Any) -> Any:
+    name = op_name(op)
+    a = A.bind(A.sig_dim, args, kwargs, name)
+    mt = a["input"]
+    _check_real(mt, name)
+    dims = tuple(range(mt.dim())) if a["dim"] is None else A.one_dim(a["dim"], mt.dim(), name)
+    return run(k_arg, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), "a" + name[3:],
+               False, autograd=not is_aten(op))
 
 
-def _all_any(op: str, meta: Callable[..., torch.Tensor]) -> Impl:
-    def impl(args: tuple, kwargs: dict, autograd: bool) -> Any:
-        a = A.bind(A.sig_dim, args, kwargs, op)
-        mt = a["input"]
-        dims = A.normalize_dims(a["dim"], mt.dim(), op)
-        dtype = A.result_dtype(meta, mt.dtype)
-        return run(k_all_any, mt, dims, A.check_bool(a["keepdim"], "keepdim", op), op, dtype,
-                   autograd=autograd)
-
-    return impl
-
-
-register(_all_any("all", torch.all), [torch.all, torch.Tensor.all],
-         [aten.all.default, aten.all.dim, aten.all.dims])
-register(_all_any("any", torch.any), [torch.any, torch.Tensor.any],
-         [aten.any.default, aten.any.dim, aten.any.dims])
+@implements(torch.all, torch.Tensor.all, aten.all.default, aten.all.dim, aten.all.dims,
+            torch.any, torch.Tensor.any, aten.any.default, aten.any.dim, aten.any.dims)
+def _all_any(op: Any, *args: Any, **kwargs: Any) -> Any:
+    name = op_name(op)
+    a = A.bind(A.sig_dim, args, kwargs, name)
+    mt = a["input"]
+    dims = A.normalize_dims(a["dim"], mt.dim(), name)
+    dtype = A.result_dtype(getattr(torch, name), mt.dtype)
+    return run(k_all_any, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), name, dtype,
+               autograd=not is_aten(op))
 
 
-def _count_nonzero(args: tuple, kwargs: dict, autograd: bool) -> Any:
+@implements(torch.count_nonzero, torch.Tensor.count_nonzero, aten.count_nonzero.default,
+            aten.count_nonzero.dim_IntList)
+def _count_nonzero(op: Any, *args: Any, **kwargs: Any) -> Any:
     a = A.bind(A.sig_count_nonzero, args, kwargs, "count_nonzero")
     mt = a["input"]
     dims = A.normalize_dims(a["dim"], mt.dim(), "count_nonzero")
-    return run(k_count_nonzero, mt, dims, False, autograd=autograd)
-
-
-register(_count_nonzero, [torch.count_nonzero, torch.Tensor.count_nonzero],
-         [aten.count_nonzero.default, aten.count_nonzero.dim_IntList])
+    return run(k_count_nonzero, mt, dims, False, autograd=not is_aten(op))
 
 
 def _norm_impl(mt: MaskedTensor, ord: Any, dim: Any, keepdim: Any, dtype: Any, op: str,
@@ -404,13 +358,16 @@ def _norm_impl(mt: MaskedTensor, ord: Any, dim: Any, keepdim: Any, dtype: Any, o
                out_dtype, autograd=autograd)
 
 
-def _vector_norm(args: tuple, kwargs: dict, autograd: bool) -> Any:
+@implements(torch.linalg.vector_norm, aten.linalg_vector_norm.default)
+def _vector_norm(op: Any, *args: Any, **kwargs: Any) -> Any:
     a = A.bind(A.sig_vector_norm, args, kwargs, "vector_norm")
     return _norm_impl(a["input"], a["ord"], a["dim"], a["keepdim"], a["dtype"], "vector_norm",
-                      autograd)
+                      not is_aten(op))
 
 
-def _norm(args: tuple, kwargs: dict, autograd: bool) -> Any:
+@implements(torch.norm, torch.Tensor.norm, aten.norm.Scalar, aten.norm.ScalarOpt_dim,
+            aten.norm.ScalarOpt_dim_dtype, aten.norm.ScalarOpt_dtype)
+def _norm(op: Any, *args: Any, **kwargs: Any) -> Any:
     a = A.bind(A.sig_norm, args, kwargs, "norm")
     p = a["p"]
     if p is None or p == "fro":
@@ -419,73 +376,52 @@ def _norm(args: tuple, kwargs: dict, autograd: bool) -> Any:
         raise NotImplementedError(f"MaskedTensor[{a['input']._storage.layout.name}] norm: "
                                   f"p={p!r} is a matrix norm; use .to_dense() / .to_tensor(0) "
                                   f"and torch.linalg.matrix_norm")
-    return _norm_impl(a["input"], p, a["dim"], a["keepdim"], a["dtype"], "norm", autograd)
+    return _norm_impl(a["input"], p, a["dim"], a["keepdim"], a["dtype"], "norm",
+                      not is_aten(op))
 
 
-register(_vector_norm, [torch.linalg.vector_norm], [aten.linalg_vector_norm.default])
-register(_norm, [torch.norm, torch.Tensor.norm],
-         [aten.norm.Scalar, aten.norm.ScalarOpt_dim, aten.norm.ScalarOpt_dim_dtype,
-          aten.norm.ScalarOpt_dtype])
+@implements(torch.var, torch.Tensor.var, aten.var.correction,
+            torch.std, torch.Tensor.std, aten.std.correction,
+            torch.var_mean, aten.var_mean.correction, torch.std_mean, aten.std_mean.correction)
+def _var(op: Any, *args: Any, **kwargs: Any) -> Any:
+    name = op_name(op)
+    a = A.bind(A.sig_var, args, kwargs, name)
+    mt = a["input"]
+    dim, unbiased, correction = a["dim"], a["unbiased"], a["correction"]
+    if isinstance(dim, bool):  # torch.var(x, True): the legacy `unbiased` overload
+        dim, unbiased = None, dim
+    if unbiased is not None and correction is not None:
+        raise TypeError(f"{name}(): pass either unbiased or correction, not both")
+    if correction is None:
+        correction = 1 if unbiased is None else int(A.check_bool(unbiased, "unbiased", name))
+    A.result_dtype(torch.var, mt.dtype)  # torch's dtype check (floating / complex only)
+    dims = A.normalize_dims(dim, mt.dim(), name)
+    return run(k_var, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), float(correction),
+               name.startswith("std"), name.endswith("_mean"), autograd=not is_aten(op))
 
 
-def _var(name: str, std: bool, with_mean: bool) -> Impl:
-    def impl(args: tuple, kwargs: dict, autograd: bool) -> Any:
-        a = A.bind(A.sig_var, args, kwargs, name)
-        mt = a["input"]
-        dim, unbiased, correction = a["dim"], a["unbiased"], a["correction"]
-        if isinstance(dim, bool):  # torch.var(x, True): the legacy `unbiased` overload
-            dim, unbiased = None, dim
-        if unbiased is not None and correction is not None:
-            raise TypeError(f"{name}(): pass either unbiased or correction, not both")
-        if correction is None:
-            correction = 1 if unbiased is None else int(A.check_bool(unbiased, "unbiased", name))
-        A.result_dtype(torch.var, mt.dtype)  # torch's dtype check (floating / complex only)
-        dims = A.normalize_dims(dim, mt.dim(), name)
-        out = run(k_var, mt, dims, A.check_bool(a["keepdim"], "keepdim", name),
-                  float(correction), std, with_mean, autograd=autograd)
-        return out
-
-    return impl
-
-
-register(_var("var", False, False), [torch.var, torch.Tensor.var], [aten.var.correction])
-register(_var("std", True, False), [torch.std, torch.Tensor.std], [aten.std.correction])
-register(_var("var_mean", False, True), [torch.var_mean], [aten.var_mean.correction])
-register(_var("std_mean", True, True), [torch.std_mean], [aten.std_mean.correction])
-
-
-def _logsumexp(args: tuple, kwargs: dict, autograd: bool) -> Any:
+@implements(torch.logsumexp, torch.Tensor.logsumexp, torch.special.logsumexp,
+            aten.logsumexp.default)
+def _logsumexp(op: Any, *args: Any, **kwargs: Any) -> Any:
     a = A.bind(A.sig_logsumexp, args, kwargs, "logsumexp")
     mt = a["input"]
     dims = A.normalize_dims(a["dim"], mt.dim(), "logsumexp")
     dtype = A.result_dtype(torch.logsumexp, mt.dtype, 0)
     return run(k_logsumexp, mt, dims, A.check_bool(a["keepdim"], "keepdim", "logsumexp"), dtype,
-               autograd=autograd)
+               autograd=not is_aten(op))
 
 
-register(_logsumexp, [torch.logsumexp, torch.Tensor.logsumexp, torch.special.logsumexp],
-         [aten.logsumexp.default])
-
-
-def _median(name: str, nan: bool) -> Impl:
-    result_type = getattr(torch.return_types, name)
-
-    def impl(args: tuple, kwargs: dict, autograd: bool) -> Any:
-        a = A.bind(A.sig_minmax, args, kwargs, name)
-        mt = a["input"]
-        _check_real(mt, name)
-        if a["dim"] is None:
-            return run(k_median, mt, tuple(range(mt.dim())), False, nan, False,
-                       autograd=autograd)
-        dims = A.one_dim(a["dim"], mt.dim(), name)
-        values, indices = run(k_median, mt, dims, A.check_bool(a["keepdim"], "keepdim", name),
-                              nan, True, autograd=autograd)
-        return result_type((values, indices)) if autograd else (values, indices)
-
-    return impl
-
-
-register(_median("median", False), [torch.median, torch.Tensor.median],
-         [aten.median.default, aten.median.dim])
-register(_median("nanmedian", True), [torch.nanmedian, torch.Tensor.nanmedian],
-         [aten.nanmedian.default, aten.nanmedian.dim])
+@implements(torch.median, torch.Tensor.median, aten.median.default, aten.median.dim,
+            torch.nanmedian, torch.Tensor.nanmedian, aten.nanmedian.default, aten.nanmedian.dim)
+def _median(op: Any, *args: Any, **kwargs: Any) -> Any:
+    name = op_name(op)
+    nan, autograd = name.startswith("nan"), not is_aten(op)
+    a = A.bind(A.sig_minmax, args, kwargs, name)
+    mt = a["input"]
+    _check_real(mt, name)
+    if a["dim"] is None:
+        return run(k_median, mt, tuple(range(mt.dim())), False, nan, False, autograd=autograd)
+    dims = A.one_dim(a["dim"], mt.dim(), name)
+    out = run(k_median, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), nan, True,
+              autograd=autograd)
+    return getattr(torch.return_types, name)(out) if autograd else out

@@ -64,7 +64,7 @@ import layouts
 from layouts import Storage
 
 from .._autograd import on_values
-from .._registry import ATEN, FUNCTIONS
+from .._registry import implements, is_aten, op_name
 from .._tensor import MaskedTensor, _wrap
 
 aten = torch.ops.aten
@@ -162,25 +162,13 @@ def _wrap_out(out: Any) -> Any:
     return tuple(_wrap(o) for o in out)
 
 
-def register(parse: Callable[..., Call], funcs: Sequence[Any] = (),
-             aten_ops: Sequence[Any] = ()) -> Callable[..., Call]:
-    """Register ``parse`` for Python-level ``funcs`` (with autograd) and ``aten_ops``."""
-
-    def handler(*args: Any, **kwargs: Any) -> Any:
-        call = parse(*args, **kwargs)
-        check_supported(call.op, call.inputs)
-        return on_values(_run, call.inputs, call)
-
-    def kernel(func: Any, args: tuple, kwargs: dict) -> Any:
-        call = parse(*args, **kwargs)
-        check_supported(call.op, call.inputs)
+def run(op: Any, call: Call) -> Any:
+    """Run a parsed call: above autograd for a Python-level ``op`` (Note [Gradients of shape
+    ops]), forward only for an aten overload."""
+    check_supported(call.op, call.inputs)
+    if is_aten(op):
         return _wrap_out(_run([m._storage for m in call.inputs], call))
-
-    for f in funcs:
-        FUNCTIONS[f] = handler
-    for o in aten_ops:
-        ATEN[o] = kernel
-    return parse
+    return on_values(_run, call.inputs, call)
 
 
 # -- argument helpers ---------------------------------------------------------------------
@@ -226,56 +214,55 @@ def dims_of(dims: Any, ndim: int) -> tuple[int, ...]:
     return tuple(wrap_dim(d, ndim) for d in dims)
 
 
-def unary(op: str, name: str, x: Any, *args: Any) -> Call:
-    """The call of a one-input op ``op`` (user-facing) run as layout op ``name``."""
-    return Call(op, name, [masked(x, op)], args)
+def unary(op: Any, label: str, name: str, x: Any, *args: Any) -> Any:
+    """Run one-input ``op`` (named ``label`` in messages) as layout op ``name`` on ``x``."""
+    return run(op, Call(label, name, [masked(x, label)], args))
 
 
 # -- view / reshape family ------------------------------------------------------------
-def _view(self: Any, *size: Any, dtype: Any = None) -> Call:
+@implements(torch.Tensor.view, aten.view.default, aten.view.dtype)
+def _view(op: Any, self: Any, *size: Any, dtype: Any = None) -> Any:
     if dtype is not None or (len(size) == 1 and isinstance(size[0], torch.dtype)):
-        return unary("view", "view_dtype", self, dtype if dtype is not None else size[0])
+        return unary(op, "view", "view_dtype", self, dtype if dtype is not None else size[0])
     shape = meta(self).view(sizes(size)).shape
-    return unary("view", "view", self, tuple(shape))
+    return unary(op, "view", "view", self, tuple(shape))
 
 
-def _unsafe_view(self: Any, size: Any) -> Call:
-    return unary("_unsafe_view", "reshape", self, tuple(meta(self).reshape(sizes((size,))).shape))
+@implements(aten._unsafe_view.default)
+def _unsafe_view(op: Any, self: Any, size: Any) -> Any:
+    shape = tuple(meta(self).reshape(sizes((size,))).shape)
+    return unary(op, "_unsafe_view", "reshape", self, shape)
 
 
-def _reshape(input: Any, *shape: Any) -> Call:
-    return unary("reshape", "reshape", input, tuple(meta(input).reshape(sizes(shape)).shape))
+@implements(torch.reshape, torch.Tensor.reshape)
+def _reshape(op: Any, input: Any, *shape: Any) -> Any:
+    return unary(op, "reshape", "reshape", input, tuple(meta(input).reshape(sizes(shape)).shape))
 
 
-def _view_as(self: Any, other: Any) -> Call:
-    return unary("view_as", "view", self, tuple(meta(self).view(other.shape).shape))
+@implements(torch.Tensor.view_as)
+def _view_as(op: Any, self: Any, other: Any) -> Any:
+    return unary(op, "view_as", "view", self, tuple(meta(self).view(other.shape).shape))
 
 
-def _reshape_as(self: Any, other: Any) -> Call:
-    return unary("reshape_as", "reshape", self, tuple(meta(self).reshape(other.shape).shape))
+@implements(torch.Tensor.reshape_as)
+def _reshape_as(op: Any, self: Any, other: Any) -> Any:
+    return unary(op, "reshape_as", "reshape", self, tuple(meta(self).reshape(other.shape).shape))
 
 
-def _flatten(input: Any, start_dim: int = 0, end_dim: int = -1) -> Call:
+@implements(torch.flatten, torch.Tensor.flatten)
+def _flatten(op: Any, input: Any, start_dim: int = 0, end_dim: int = -1) -> Any:
     shape = meta(input).flatten(start_dim, end_dim).shape
-    return unary("flatten", "reshape", input, tuple(shape))
+    return unary(op, "flatten", "reshape", input, tuple(shape))
 
 
-def _unflatten(input: Any, dim: int, sizes: Any) -> Call:
-    return unary("unflatten", "reshape", input, tuple(meta(input).unflatten(dim, sizes).shape))
+@implements(torch.unflatten, torch.Tensor.unflatten)
+def _unflatten(op: Any, input: Any, dim: int, sizes: Any) -> Any:
+    return unary(op, "unflatten", "reshape", input, tuple(meta(input).unflatten(dim, sizes).shape))
 
 
-def _ravel(input: Any) -> Call:
-    return unary("ravel", "reshape", input, (input.numel(),))
-
-
-register(_view, [torch.Tensor.view], [aten.view.default, aten.view.dtype])
-register(_unsafe_view, [], [aten._unsafe_view.default])
-register(_reshape, [torch.reshape, torch.Tensor.reshape])
-register(_view_as, [torch.Tensor.view_as])
-register(_reshape_as, [torch.Tensor.reshape_as])
-register(_flatten, [torch.flatten, torch.Tensor.flatten])
-register(_unflatten, [torch.unflatten, torch.Tensor.unflatten])
-register(_ravel, [torch.ravel, torch.Tensor.ravel])
+@implements(torch.ravel, torch.Tensor.ravel)
+def _ravel(op: Any, input: Any) -> Any:
+    return unary(op, "ravel", "reshape", input, (input.numel(),))
 
 
 def _view_dtype(s: Storage, dtype: torch.dtype) -> Storage:
@@ -291,25 +278,30 @@ REWRITES["alias"] = lambda s: s
 
 
 # -- dim permutations -----------------------------------------------------------------
-def _transpose(input: Any, dim0: int, dim1: int) -> Call:
+@implements(torch.transpose, torch.Tensor.transpose, torch.swapaxes, torch.Tensor.swapaxes,
+            torch.swapdims, torch.Tensor.swapdims, aten.transpose.int)
+def _transpose(op: Any, input: Any, dim0: int, dim1: int) -> Any:
     meta(input).transpose(dim0, dim1)
     n = input.dim()
-    return unary("transpose", "transpose", input, wrap_dim(dim0, n), wrap_dim(dim1, n))
+    return unary(op, "transpose", "transpose", input, wrap_dim(dim0, n), wrap_dim(dim1, n))
 
 
-def _t(input: Any) -> Call:
+@implements(torch.t, torch.Tensor.t, aten.t.default)
+def _t(op: Any, input: Any) -> Any:
     meta(input).t()
     if input.dim() < 2:
-        return unary("t", "alias", input)
-    return unary("t", "transpose", input, 0, 1)
+        return unary(op, "t", "alias", input)
+    return unary(op, "t", "transpose", input, 0, 1)
 
 
-def _permute(input: Any, *dims: Any) -> Call:
+@implements(torch.permute, torch.Tensor.permute, aten.permute.default)
+def _permute(op: Any, input: Any, *dims: Any) -> Any:
     meta(input).permute(sizes(dims))
-    return unary("permute", "permute", input, dims_of(sizes(dims), input.dim()))
+    return unary(op, "permute", "permute", input, dims_of(sizes(dims), input.dim()))
 
 
-def _movedim(input: Any, source: Any, destination: Any) -> Call:
+@implements(torch.movedim, torch.Tensor.movedim, torch.moveaxis, torch.Tensor.moveaxis)
+def _movedim(op: Any, input: Any, source: Any, destination: Any) -> Any:
     meta(input).movedim(source, destination)
     n = input.dim()
     src, dst = dims_of(source, n), dims_of(destination, n)
@@ -317,139 +309,130 @@ def _movedim(input: Any, source: Any, destination: Any) -> Call:
     for s, d in zip(src, dst):
         order[d] = s
     rest = iter(d for d in range(n) if d not in src)
-    return unary("movedim", "permute", input, tuple(next(rest) if o is None else o for o in order))
+    dims = tuple(next(rest) if o is None else o for o in order)
+    return unary(op, "movedim", "permute", input, dims)
 
 
-def _T(input: Any) -> Call:
-    return unary("T", "permute", input, tuple(range(input.dim() - 1, -1, -1)))
+@implements(torch.Tensor.T.__get__)
+def _T(op: Any, input: Any) -> Any:
+    return unary(op, "T", "permute", input, tuple(range(input.dim() - 1, -1, -1)))
 
 
-def _mT(input: Any) -> Call:
+@implements(torch.Tensor.mT.__get__)
+def _mT(op: Any, input: Any) -> Any:
     _ = meta(input).mT
     n = input.dim()
-    return unary("mT", "transpose", input, n - 2, n - 1)
+    return unary(op, "mT", "transpose", input, n - 2, n - 1)
 
 
 REWRITES["transpose"] = lambda s, d0, d1: apply(
     "permute", s, tuple(d1 if d == d0 else d0 if d == d1 else d for d in range(len(s.shape))))
 
-register(_transpose, [torch.transpose, torch.Tensor.transpose, torch.swapaxes,
-                      torch.Tensor.swapaxes, torch.swapdims, torch.Tensor.swapdims],
-         [aten.transpose.int])
-register(_t, [torch.t, torch.Tensor.t], [aten.t.default])
-register(_permute, [torch.permute, torch.Tensor.permute], [aten.permute.default])
-register(_movedim, [torch.movedim, torch.Tensor.movedim, torch.moveaxis, torch.Tensor.moveaxis])
-register(_T, [torch.Tensor.T.__get__])
-register(_mT, [torch.Tensor.mT.__get__])
-
 
 # -- select / slice / narrow / squeeze / unsqueeze ------------------------------------
-def _select(input: Any, dim: int, index: Any) -> Call:
+@implements(torch.select, torch.Tensor.select, aten.select.int)
+def _select(op: Any, input: Any, dim: int, index: Any) -> Any:
     meta(input).select(dim, int(index))
     n = input.dim()
     d = wrap_dim(dim, n)
-    return unary("select", "select", input, d, int(index) % input.shape[d])
+    return unary(op, "select", "select", input, d, int(index) % input.shape[d])
 
 
-def _slice(self: Any, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Call:
+@implements(aten.slice.Tensor)
+def _slice(op: Any, self: Any, dim: int = 0, start: Any = None, end: Any = None,
+           step: int = 1) -> Any:
     d = wrap_dim(dim, self.dim())
     lo, hi, st = slice(start, end, step).indices(self.shape[d])
-    return unary("slice", "slice", self, d, lo, max(lo, hi), st)
+    return unary(op, "slice", "slice", self, d, lo, max(lo, hi), st)
 
 
-def _narrow(input: Any, dim: int, start: Any, length: int) -> Call:
+@implements(torch.narrow, torch.Tensor.narrow, aten.narrow.default, torch.narrow_copy,
+            torch.Tensor.narrow_copy, aten.narrow_copy.default)
+def _narrow(op: Any, input: Any, dim: int, start: Any, length: int) -> Any:
     meta(input).narrow(dim, int(start), int(length))
     d = wrap_dim(dim, input.dim())
     lo = int(start) % input.shape[d] if int(start) < 0 else int(start)
-    return unary("narrow", "slice", input, d, lo, lo + int(length), 1)
+    return unary(op, op_name(op), "slice", input, d, lo, lo + int(length), 1)
 
 
-def _narrow_copy(input: Any, dim: int, start: Any, length: int) -> Call:
-    return _narrow(input, dim, start, length)._replace(op="narrow_copy")
-
-
-def _unsqueeze(input: Any, dim: int) -> Call:
+@implements(torch.unsqueeze, torch.Tensor.unsqueeze, aten.unsqueeze.default)
+def _unsqueeze(op: Any, input: Any, dim: int) -> Any:
     meta(input).unsqueeze(dim)
-    return unary("unsqueeze", "unsqueeze", input, int(dim) % (input.dim() + 1))
+    return unary(op, "unsqueeze", "unsqueeze", input, int(dim) % (input.dim() + 1))
 
 
-def _squeeze(input: Any, dim: Any = None) -> Call:
+@implements(torch.squeeze, torch.Tensor.squeeze, aten.squeeze.default, aten.squeeze.dim,
+            aten.squeeze.dims)
+def _squeeze(op: Any, input: Any, dim: Any = None) -> Any:
     if dim is not None:
         meta(input).squeeze(dim)
     n = input.dim()
     dims = range(n) if dim is None else dims_of(dim, n)
     ones = tuple(sorted({d for d in dims if input.shape[d] == 1}))
-    return unary("squeeze", "squeeze" if ones else "alias", input, *((ones,) if ones else ()))
-
-
-register(_select, [torch.select, torch.Tensor.select], [aten.select.int])
-register(_slice, [], [aten.slice.Tensor])
-register(_narrow, [torch.narrow, torch.Tensor.narrow], [aten.narrow.default])
-register(_narrow_copy, [torch.narrow_copy, torch.Tensor.narrow_copy], [aten.narrow_copy.default])
-register(_unsqueeze, [torch.unsqueeze, torch.Tensor.unsqueeze], [aten.unsqueeze.default])
-register(_squeeze, [torch.squeeze, torch.Tensor.squeeze],
-         [aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims])
+    return unary(op, "squeeze", "squeeze" if ones else "alias", input, *((ones,) if ones else ()))
 
 
 # -- expand / repeat / flip / roll / unfold ---------------------------------------------
-def _expand(self: Any, *size: Any, implicit: bool = False) -> Call:
-    return unary("expand", "expand", self, tuple(meta(self).expand(sizes(size)).shape))
+@implements(torch.Tensor.expand, aten.expand.default)
+def _expand(op: Any, self: Any, *size: Any, implicit: bool = False) -> Any:
+    return unary(op, "expand", "expand", self, tuple(meta(self).expand(sizes(size)).shape))
 
 
-def _expand_as(self: Any, other: Any) -> Call:
-    return unary("expand_as", "expand", self, tuple(meta(self).expand(other.shape).shape))
+@implements(torch.Tensor.expand_as)
+def _expand_as(op: Any, self: Any, other: Any) -> Any:
+    return unary(op, "expand_as", "expand", self,
+                 tuple(meta(self).expand(other.shape).shape))
 
 
-def _broadcast_to(input: Any, size: Any) -> Call:
-    return unary("broadcast_to", "expand", input,
-                  tuple(meta(input).broadcast_to(sizes((size,))).shape))
+@implements(torch.broadcast_to, torch.Tensor.broadcast_to)
+def _broadcast_to(op: Any, input: Any, size: Any) -> Any:
+    return unary(op, "broadcast_to", "expand", input,
+                 tuple(meta(input).broadcast_to(sizes((size,))).shape))
 
 
-def _repeat(self: Any, *repeats: Any) -> Call:
+@implements(torch.Tensor.repeat, aten.repeat.default)
+def _repeat(op: Any, self: Any, *repeats: Any) -> Any:
     meta(self).repeat(sizes(repeats))
-    return unary("repeat", "repeat", self, sizes(repeats))
+    return unary(op, "repeat", "repeat", self, sizes(repeats))
 
 
-def _tile(input: Any, dims: Any) -> Call:
+@implements(torch.tile, torch.Tensor.tile)
+def _tile(op: Any, input: Any, dims: Any) -> Any:
     reps = sizes((dims,))
     reps = (1,) * max(0, input.dim() - len(reps)) + reps
     meta(input).repeat(reps)
-    return unary("tile", "repeat", input, reps)
+    return unary(op, "tile", "repeat", input, reps)
 
 
-def _flip(input: Any, *dims: Any) -> Call:
+@implements(torch.flip, torch.Tensor.flip, aten.flip.default)
+def _flip(op: Any, input: Any, *dims: Any) -> Any:
     meta(input).flip(sizes(dims))
-    return unary("flip", "flip", input, dims_of(sizes(dims), input.dim()))
+    return unary(op, "flip", "flip", input, dims_of(sizes(dims), input.dim()))
 
 
-def _fliplr(input: Any) -> Call:
+@implements(torch.fliplr, torch.Tensor.fliplr)
+def _fliplr(op: Any, input: Any) -> Any:
     meta(input).fliplr()
-    return unary("fliplr", "flip", input, (1,))
+    return unary(op, "fliplr", "flip", input, (1,))
 
 
-def _flipud(input: Any) -> Call:
+@implements(torch.flipud, torch.Tensor.flipud)
+def _flipud(op: Any, input: Any) -> Any:
     meta(input).flipud()
-    return unary("flipud", "flip", input, (0,))
+    return unary(op, "flipud", "flip", input, (0,))
 
 
-def _roll(input: Any, shifts: Any, dims: Any = None) -> Call:
+@implements(torch.roll, torch.Tensor.roll, aten.roll.default)
+def _roll(op: Any, input: Any, shifts: Any, dims: Any = None) -> Any:
     meta(input).roll(shifts, dims if dims is not None else ())
     shifts = sizes((shifts,)) if not isinstance(shifts, (int, torch.SymInt)) else (int(shifts),)
-    return unary("roll", "roll", input, shifts, dims_of(dims, input.dim()))
+    return unary(op, "roll", "roll", input, shifts, dims_of(dims, input.dim()))
 
 
-def _unfold(self: Any, dimension: int, size: int, step: int) -> Call:
+@implements(torch.Tensor.unfold, aten.unfold.default)
+def _unfold(op: Any, self: Any, dimension: int, size: int, step: int) -> Any:
     meta(self).unfold(dimension, size, step)
-    return unary("unfold", "unfold", self, wrap_dim(dimension, self.dim()), int(size), int(step))
+    dim = wrap_dim(dimension, self.dim())
+    return unary(op, "unfold", "unfold", self, dim, int(size), int(step))
 
 
-register(_expand, [torch.Tensor.expand], [aten.expand.default])
-register(_expand_as, [torch.Tensor.expand_as])
-register(_broadcast_to, [torch.broadcast_to, torch.Tensor.broadcast_to])
-register(_repeat, [torch.Tensor.repeat], [aten.repeat.default])
-register(_tile, [torch.tile, torch.Tensor.tile])
-register(_flip, [torch.flip, torch.Tensor.flip], [aten.flip.default])
-register(_fliplr, [torch.fliplr, torch.Tensor.fliplr])
-register(_flipud, [torch.flipud, torch.Tensor.flipud])
-register(_roll, [torch.roll, torch.Tensor.roll], [aten.roll.default])
-register(_unfold, [torch.Tensor.unfold], [aten.unfold.default])

@@ -29,8 +29,9 @@ import torch.nn.functional as F
 
 from layouts import Grouping, Storage
 
+from .._registry import implements, is_aten, op_name
 from . import reductions_args as A
-from .reductions import _full, fill, register, run, source
+from .reductions import _full, fill, run, source
 
 
 def k_softmax(g: Grouping, dtype: torch.dtype | None, log: bool) -> Storage:
@@ -41,33 +42,34 @@ def k_softmax(g: Grouping, dtype: torch.dtype | None, log: bool) -> Storage:
     return g.restore(torch.where(m, out, _full(0, out)))
 
 
-def _softmax_impl(name: str, log: bool, sig: Any) -> Any:
-    def impl(args: tuple, kwargs: dict, autograd: bool) -> Any:
-        a = A.bind(sig, args, kwargs, name)
-        mt = a["input"]
-        dim = a["dim"]
-        if dim is None:  # F.softmax's legacy implicit dim (torch warns there too)
-            dim = F._get_softmax_dim(name, mt.dim(), 3)
-        if "half_to_float" in a:
-            dtype = torch.float32 if a["half_to_float"] else None
-        else:
-            dtype = A.check_dtype(a["dtype"], name)
-        compute = dtype or mt.dtype
-        if not (compute.is_floating_point or compute.is_complex):
-            raise TypeError(f"{name}(): expected a floating point MaskedTensor, got {compute}; "
-                            f"pass dtype=torch.float32")
-        dims = A.one_dim(dim, mt.dim(), name)
-        return run(k_softmax, mt, dims, True, dtype, log, autograd=autograd)
-
-    return impl
-
-
 aten = torch.ops.aten
-for _name, _log in (("softmax", False), ("log_softmax", True)):
-    register(_softmax_impl(_name, _log, A.sig_softmax),
-             [getattr(torch, _name), getattr(torch.Tensor, _name),
-              getattr(torch.special, _name)],
-             [getattr(aten, _name).int])
-    register(_softmax_impl(_name, _log, A.sig_functional_softmax), [getattr(F, _name)], [])
-    register(_softmax_impl(_name, _log, A.sig_aten_softmax), [],
-             [getattr(aten, "_" + _name).default])
+
+
+@implements(torch.softmax, torch.Tensor.softmax, torch.special.softmax, aten.softmax.int,
+            F.softmax, aten._softmax.default,
+            torch.log_softmax, torch.Tensor.log_softmax, torch.special.log_softmax,
+            aten.log_softmax.int, F.log_softmax, aten._log_softmax.default)
+def _softmax(op: Any, *args: Any, **kwargs: Any) -> Any:
+    name = op_name(op).lstrip("_")
+    if op in (F.softmax, F.log_softmax):
+        sig = A.sig_functional_softmax
+    elif op in (aten._softmax.default, aten._log_softmax.default):
+        sig = A.sig_aten_softmax
+    else:
+        sig = A.sig_softmax
+    a = A.bind(sig, args, kwargs, name)
+    mt = a["input"]
+    dim = a["dim"]
+    if dim is None:  # F.softmax's legacy implicit dim (torch warns there too)
+        dim = F._get_softmax_dim(name, mt.dim(), 3)
+    if "half_to_float" in a:
+        dtype = torch.float32 if a["half_to_float"] else None
+    else:
+        dtype = A.check_dtype(a["dtype"], name)
+    compute = dtype or mt.dtype
+    if not (compute.is_floating_point or compute.is_complex):
+        raise TypeError(f"{name}(): expected a floating point MaskedTensor, got {compute}; "
+                        f"pass dtype=torch.float32")
+    dims = A.one_dim(dim, mt.dim(), name)
+    return run(k_softmax, mt, dims, True, dtype, name == "log_softmax",
+               autograd=not is_aten(op))

@@ -35,7 +35,7 @@ from torch.autograd.function import once_differentiable
 import layouts
 from layouts import Storage
 
-from .._registry import implements, implements_aten
+from .._registry import implements
 from .._tensor import MaskedTensor, _wrap
 from .pointwise import _same_index, read_plain
 
@@ -192,7 +192,7 @@ def where(condition: Any, input: Any, other: Any, *, out: Any = None) -> MaskedT
 
 
 @implements(torch.where)
-def _torch_where(condition: Any, input: Any = None, other: Any = None, *,
+def _torch_where(op: Any, condition: Any, input: Any = None, other: Any = None, *,
                  out: Any = None) -> Any:
     if input is None and other is None:
         raise NotImplementedError(
@@ -203,12 +203,11 @@ def _torch_where(condition: Any, input: Any = None, other: Any = None, *,
 
 
 @implements(torch.Tensor.where)
-def _tensor_where(self: Any, condition: Any, other: Any) -> MaskedTensor:
+def _tensor_where(op: Any, self: Any, condition: Any, other: Any) -> MaskedTensor:
     return where(condition, self, other)
 
 
-@implements_aten(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther,
-                 aten.where.Scalar)
-def _aten_where(func: Any, args: tuple, kwargs: dict) -> MaskedTensor:
+@implements(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def _aten_where(op: Any, condition: Any, input: Any, other: Any) -> MaskedTensor:
     # Calls from C++ (backward formulas such as clamp's): forward only, below autograd.
-    return _wrap(_result(_operands(*args, **kwargs)))
+    return _wrap(_result(_operands(condition, input, other)))
