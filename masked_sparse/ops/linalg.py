@@ -212,22 +212,13 @@ def _add_input(op: str, product: Any, input: Any, beta: Any, alpha: Any) -> Any:
 
 
 # -- the torch-level entry points ------------------------------------------------------------
-@implements(torch.mm, torch.Tensor.mm)
-def mm(input: torch.Tensor, mat2: torch.Tensor) -> Any:
+def _mm(input: torch.Tensor, mat2: torch.Tensor) -> Any:
     _need_dims("mm", input, 2, "input")
     _need_dims("mm", mat2, 2, "mat2")
     return matmul("mm", input, mat2)
 
 
-@implements(torch.mv, torch.Tensor.mv)
-def mv(input: torch.Tensor, vec: torch.Tensor) -> Any:
-    _need_dims("mv", input, 2, "input")
-    _need_dims("mv", vec, 1, "vec")
-    return _vector_matmul("mv", input, vec)
-
-
-@implements(torch.bmm, torch.Tensor.bmm)
-def bmm(input: torch.Tensor, mat2: torch.Tensor) -> Any:
+def _bmm(input: torch.Tensor, mat2: torch.Tensor) -> Any:
     _need_dims("bmm", input, 3, "input")
     _need_dims("bmm", mat2, 3, "mat2")
     if input.shape[0] != mat2.shape[0]:
@@ -235,30 +226,47 @@ def bmm(input: torch.Tensor, mat2: torch.Tensor) -> Any:
     return matmul("bmm", input, mat2)
 
 
+@implements(torch.mm, torch.Tensor.mm)
+def mm(op: Any, input: torch.Tensor, mat2: torch.Tensor) -> Any:
+    return _mm(input, mat2)
+
+
+@implements(torch.mv, torch.Tensor.mv)
+def mv(op: Any, input: torch.Tensor, vec: torch.Tensor) -> Any:
+    _need_dims("mv", input, 2, "input")
+    _need_dims("mv", vec, 1, "vec")
+    return _vector_matmul("mv", input, vec)
+
+
+@implements(torch.bmm, torch.Tensor.bmm)
+def bmm(op: Any, input: torch.Tensor, mat2: torch.Tensor) -> Any:
+    return _bmm(input, mat2)
+
+
 @implements(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
-def matmul_(input: torch.Tensor, other: torch.Tensor) -> Any:
+def matmul_(op: Any, input: torch.Tensor, other: torch.Tensor) -> Any:
     return _vector_matmul("matmul", input, other)
 
 
 @implements(torch.Tensor.__rmatmul__)
-def rmatmul(self: torch.Tensor, other: torch.Tensor) -> Any:
+def rmatmul(op: Any, self: torch.Tensor, other: torch.Tensor) -> Any:
     return _vector_matmul("matmul", other, self)
 
 
 @implements(torch.addmm, torch.Tensor.addmm)
-def addmm(input: Any, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: Any = 1,
+def addmm(op: Any, input: Any, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: Any = 1,
           alpha: Any = 1) -> Any:
-    return _add_input("addmm", mm(mat1, mat2), input, beta, alpha)
+    return _add_input("addmm", _mm(mat1, mat2), input, beta, alpha)
 
 
 @implements(torch.baddbmm, torch.Tensor.baddbmm)
-def baddbmm(input: Any, batch1: torch.Tensor, batch2: torch.Tensor, *, beta: Any = 1,
+def baddbmm(op: Any, input: Any, batch1: torch.Tensor, batch2: torch.Tensor, *, beta: Any = 1,
             alpha: Any = 1) -> Any:
-    return _add_input("baddbmm", bmm(batch1, batch2), input, beta, alpha)
+    return _add_input("baddbmm", _bmm(batch1, batch2), input, beta, alpha)
 
 
 @implements(F.linear)
-def linear(input: torch.Tensor, weight: torch.Tensor, bias: Any = None) -> Any:
+def linear(op: Any, input: torch.Tensor, weight: torch.Tensor, bias: Any = None) -> Any:
     """``input @ weight.T + bias``; a sparse weight is multiplied without transposing it."""
     if weight.dim() not in (1, 2):
         raise ValueError(f"linear(): weight must be 1-D or 2-D, got {_describe(weight)}")
@@ -267,7 +275,7 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: Any = None) -> Any:
 
 
 @implements(torch.einsum)
-def einsum(equation: str, *operands: Any) -> Any:
+def einsum(op: Any, equation: str, *operands: Any) -> Any:
     from .einsum import einsum as _einsum
 
     return _einsum(equation, *operands)
