@@ -87,7 +87,9 @@ def csr_pattern_mm(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor,
     if values.numel() == 0:  # torch's CSR kernels reject some empty patterns
         out_rows = shape[1] if transpose else shape[0]
         return dense.new_zeros((out_rows, dense.shape[1]))
-    return _SparseDenseMM.apply(values, dense, crow, col, tuple(shape), transpose)
+    if torch.is_grad_enabled() and (values.requires_grad or dense.requires_grad):
+        return _SparseDenseMM.apply(values, dense, crow, col, tuple(shape), transpose)
+    return _pattern_mm(crow, col, values, tuple(shape), dense, transpose)
 
 
 def coo_mm(storage: Storage, dense: torch.Tensor, transpose: bool = False) -> torch.Tensor:

@@ -24,7 +24,7 @@ import torch
 import layouts
 from layouts import Storage
 
-from ._tensor import MaskedTensor, _wrap
+from ._tensor import MaskedTensor, _wrap, requires_grad_of
 
 StorageFn = Callable[..., Any]
 
@@ -118,7 +118,7 @@ def on_values(fn: StorageFn, inputs: Sequence[MaskedTensor], *extra: Any) -> Any
     of a matrix product). Outputs that are plain tensors (indices, counts) are not
     differentiable.
     """
-    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+    if torch.is_grad_enabled() and any(requires_grad_of(t) for t in inputs):
         return _OnValues.apply(fn, extra, *inputs)
     outs, is_tuple = _as_outputs(fn([t._storage if isinstance(t, MaskedTensor) else t
                                      for t in inputs], *extra))

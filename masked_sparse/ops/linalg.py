@@ -77,6 +77,8 @@ def _dense(x: Operand, transpose: bool = False) -> torch.Tensor:
 
 def _sparse_left(s: Storage, dense: torch.Tensor) -> torch.Tensor:
     """``S @ dense`` for a 2-D sparse ``S`` and ``dense`` of shape ``(..., k, n)``."""
+    if dense.dim() == 2:
+        return layouts.sparse_mm(s, dense)
     batch, n = dense.shape[:-2], dense.shape[-1]
     flat = dense.movedim(-2, 0).reshape(dense.shape[-2], -1)  # (k, batch * n)
     out = layouts.sparse_mm(s, flat)
@@ -85,9 +87,9 @@ def _sparse_left(s: Storage, dense: torch.Tensor) -> torch.Tensor:
 
 def _sparse_right(dense: torch.Tensor, s: Storage, transpose: bool) -> torch.Tensor:
     """``dense @ S`` (``dense @ S.T``) for ``dense`` of shape ``(..., m, k)`` and 2-D ``S``."""
-    flat = dense.reshape(-1, dense.shape[-1])  # (batch * m, k)
+    flat = dense if dense.dim() == 2 else dense.reshape(-1, dense.shape[-1])  # (batch * m, k)
     out = layouts.sparse_mm(s, flat.t(), transpose=not transpose).t()
-    return out.reshape(dense.shape[:-1] + out.shape[-1:])
+    return out if dense.dim() == 2 else out.reshape(dense.shape[:-1] + out.shape[-1:])
 
 
 def _values_product(a: Operand, b: Operand, transpose_b: bool) -> torch.Tensor:
