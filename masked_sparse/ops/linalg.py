@@ -27,7 +27,7 @@ needs masked reasoning, and it comes from the mask pattern alone: "row ``i`` has
 specified element" (:func:`layouts.specified_lines`, O(nnz)) for one masked factor, the
 product of the 0/1 masks for two. A sparse operand is never densified; the result is
 strided, except for sparse @ sparse (the product's stored pattern is exactly its specified
-set: COO, or the left operand's layout when it needs no format options, e.g. CSR).
+set: in the left operand's layout when it needs no format options, else COO).
 
 >>> import torch, masked_sparse as ms
 >>> a = ms.masked_tensor(torch.tensor([[1., 2.], [3., 4.]]),
@@ -103,6 +103,8 @@ def _values_product(a: Operand, b: Operand, transpose_b: bool) -> torch.Tensor:
 
 def _any(mask: torch.Tensor, dim: int) -> torch.Tensor:
     """``mask.any(dim)``; bool reductions are slow in torch, so it runs as a uint8 ``amax``."""
+    if mask.shape[dim] == 0:  # an empty sum: no term
+        return mask.new_zeros(mask.shape[:dim] + mask.shape[dim:][1:])
     return mask.view(torch.uint8).amax(dim).view(torch.bool)
 
 
