@@ -54,6 +54,7 @@ from layouts import Storage
 from .._autograd import on_values
 from .._registry import implements
 from .._tensor import MaskedTensor
+from ._fill import compact, zero_fill
 
 Operand = Storage | torch.Tensor
 _STRIDED = layouts.get_layout(torch.strided)
@@ -62,48 +63,6 @@ _STRIDED = layouts.get_layout(torch.strided)
 # -- the product on storages (run under on_values) -----------------------------------------
 def _is_sparse(x: Operand) -> bool:
     return isinstance(x, Storage) and bool(x.index)
-
-
-_BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
-         torch.float64: torch.int64}
-
-
-def _bitwise_zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``torch.where(mask, values, 0)`` as an AND of the bits with an all-ones/all-zeros word
-    (Note [Zero fill by bits])."""
-    bits = _BITS[values.dtype]
-    return (values.view(bits) & -mask.to(bits)).view(values.dtype)
-
-
-class _ZeroFill(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, values, mask):  # type: ignore[override]
-        ctx.save_for_backward(mask)
-        return _bitwise_zero_fill(values, mask)
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        (mask,) = ctx.saved_tensors
-        return _bitwise_zero_fill(grad, mask), None
-
-
-def zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``values`` with unspecified entries set to 0 (NaN and inf under the mask included);
-    differentiable, the gradient is 0 at unspecified entries.
-
-    Note [Zero fill by bits]
-    ~~~~~~~~~~~~~~~~~~~~~~~~
-    ``torch.where(mask, values, 0)`` costs ~3.5 ns per element on CPU (its bool condition takes
-    a slow path); ``values * mask`` is 4x faster but keeps NaN and inf under the mask. ANDing the
-    float's bits with ``-mask`` as an integer (all ones or all zeros) is exact, as fast as the
-    multiplication, and gives +0.0 under the mask. Other dtypes (integers, complex)
-    use ``torch.where``.
-    """
-    if values.dtype not in _BITS:
-        return torch.where(mask, values, torch.zeros((), dtype=values.dtype))
-    if torch.is_grad_enabled() and values.requires_grad:
-        return _ZeroFill.apply(values, mask)
-    return _bitwise_zero_fill(values, mask)
 
 
 def _zero_filled(x: Operand) -> Operand:
@@ -144,10 +103,11 @@ def _values_product(a: Operand, b: Operand, transpose_b: bool) -> torch.Tensor:
 
 
 def _any(mask: torch.Tensor, dim: int) -> torch.Tensor:
-    """``mask.any(dim)``; bool reductions are slow in torch, so it runs as a uint8 ``amax``."""
+    """``mask.any(dim)`` as a uint8 ``amax`` (bool reductions are slow in torch), over the
+    stored elements only of a mask broadcast over some dims (the result broadcasts back)."""
     if mask.shape[dim] == 0:  # an empty sum: no term
         return mask.new_zeros(mask.shape[:dim] + mask.shape[dim:][1:])
-    return mask.view(torch.uint8).amax(dim).view(torch.bool)
+    return compact(mask).view(torch.uint8).amax(dim).view(torch.bool)
 
 
 def _as_counts(x: Storage, dtype: torch.dtype) -> Storage:
