@@ -282,3 +282,34 @@ def test_pruned_linear_trains_like_dense_reference(layout, optimizer):
     assert torch.equal(got_mask, mw)
     torch.testing.assert_close(torch.where(mw, got, 0), ref.weight.detach())
     torch.testing.assert_close(layer.bias, ref.bias)
+
+
+@pytest.mark.parametrize("layout", SPARSE)
+def test_huge_sparse_operand_never_densifies(layout):
+    """A dense 200000 x 200000 tensor would need 160 GB: any densification fails loudly."""
+    n, nnz = 200_000, 2000
+    g = torch.Generator().manual_seed(8)
+    keys = torch.unique(torch.randint(0, n * n, (nnz,), generator=g))
+    indices = torch.stack([keys // n, keys % n])
+    values = torch.rand(keys.numel(), generator=g, dtype=torch.float64)
+    specified = torch.rand(keys.numel(), generator=g) > 0.3
+    mt = ms.masked_tensor(torch.sparse_coo_tensor(indices, values, (n, n)).coalesce(),
+                          torch.sparse_coo_tensor(indices, specified, (n, n)).coalesce())
+    opts = {"blocksize": (2, 4)} if layout == "sparse_bsr" else {}
+    mt = ms.to_layout(mt, layout, **opts).requires_grad_()
+    ref = torch.sparse_coo_tensor(indices, torch.where(specified, values, 0), (n, n))
+    dense = plain((n, 4), seed=9)
+    out = mt @ dense
+    rows = torch.zeros(n, dtype=torch.bool).index_fill_(0, indices[0][specified], True)
+    assert torch.equal(out.get_mask(), rows[:, None].expand(n, 4))
+    torch.testing.assert_close(out.to_tensor(0), torch.sparse.mm(ref, dense) * rows[:, None])
+    out.to_tensor(0).sum().backward()
+    assert ms.layout_of(mt.grad) is ms.layout_of(mt)
+    grad = ms.to_layout(mt.grad, "sparse_coo")._storage  # sampled: dense[col].sum() per entry
+    at = grad.index[0][:, grad.mask]
+    assert torch.equal(at, indices[:, specified])
+    torch.testing.assert_close(grad.values[grad.mask], dense.detach()[at[1]].sum(1))
+    left = plain((3, n), seed=10)
+    cols = torch.zeros(n, dtype=torch.bool).index_fill_(0, indices[1][specified], True)
+    torch.testing.assert_close((left @ mt).to_tensor(0), (torch.sparse.mm(ref.t(), left.t()).t())
+                               * cols)
