@@ -7,7 +7,7 @@ What the layouts provide:
 - ``sparse_mm(storage, dense, transpose=False)``: ``S @ dense`` (or ``S.T @ dense``) for a 2-D
   sparse storage ``S``, a dense result, differentiable with respect to ``storage.values`` and
   ``dense``. A layout supplies it as the ``aten.mm.default`` entry of its ``binary`` table
-  (COO and CSR do, through torch's CSR matmul); any other layout goes through its COO form.
+  (COO, CSR and CSC do, through torch's CSR matmul); any other layout goes through its COO form.
 - ``specified_lines(storage, dim)``: which rows (``dim=0``) or columns (``dim=1``) hold a
   specified element, in O(nnz): the ``aten.any.dim`` entry of a layout's ``unary`` table
   (``any`` of the specified set over the other dim, a dense bool vector), else through COO.
@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from ._index import crow_from_rows, linearize, rows_from_crow
-from .registry import Storage
+from .registry import Storage, get_layout
 
 aten = torch.ops.aten
 
@@ -106,10 +106,15 @@ def coo_mm(storage: Storage, dense: torch.Tensor, transpose: bool = False) -> to
                           transpose)
 
 
-def csr_mm(storage: Storage, dense: torch.Tensor, transpose: bool = False) -> torch.Tensor:
-    """The CSR layout's ``aten.mm`` kernel."""
-    crow, col = storage.index
-    return csr_pattern_mm(crow, col, storage.values, tuple(storage.shape), dense, transpose)
+def compressed_mm(storage: Storage, dense: torch.Tensor, transpose: bool = False, *,
+                  axis: int = 0) -> torch.Tensor:
+    """The ``aten.mm`` kernel of CSR (``axis=0``) and CSC (``axis=1``): a CSC matrix's
+    ``(ccol, row)`` is the CSR pattern of its transpose, so CSC multiplies as a transposed
+    CSR (scipy's ``_swap``)."""
+    ptr, idx = storage.index
+    m, k = storage.shape
+    shape = (m, k) if axis == 0 else (k, m)
+    return csr_pattern_mm(ptr, idx, storage.values, shape, dense, transpose != (axis == 1))
 
 
 def sparse_mm(storage: Storage, dense: torch.Tensor, transpose: bool = False) -> torch.Tensor:
@@ -155,15 +160,16 @@ def coo_mask_any(storage: Storage, dim: int) -> torch.Tensor:
     return _any_by_line(indices[1 - dim], storage.mask, storage.shape[1 - dim])
 
 
-def csr_mask_any(storage: Storage, dim: int) -> torch.Tensor:
-    """The CSR layout's ``aten.any.dim`` kernel: per row from the row pointer (a cumulative
-    count of specified entries, no per-element row index), per column by ``bincount``."""
-    crow, col = storage.index
-    if dim == 0:
-        return _any_by_line(col, storage.mask, storage.shape[1])
-    counts = torch.zeros(col.numel() + 1, dtype=torch.int32, device=col.device)
+def compressed_mask_any(storage: Storage, dim: int, *, axis: int = 0) -> torch.Tensor:
+    """The ``aten.any.dim`` kernel of CSR (``axis=0``) and CSC (``axis=1``): per compressed
+    line from the pointer (a cumulative count of specified entries, no per-element line
+    index), across lines by a scatter over the inner indices."""
+    ptr, idx = storage.index
+    if 1 - dim != axis:
+        return _any_by_line(idx, storage.mask, storage.shape[1 - dim])
+    counts = torch.zeros(idx.numel() + 1, dtype=torch.int32, device=idx.device)
     torch.cumsum(storage.mask, 0, dtype=torch.int32, out=counts[1:])  # int64 is 20x slower
-    return counts[crow[1:]] > counts[crow[:-1]]
+    return counts[ptr[1:]] > counts[ptr[:-1]]
 
 
 def specified_lines(storage: Storage, dim: int) -> torch.Tensor:
@@ -187,8 +193,6 @@ def sparse_sparse_mm(a: Storage, b: Storage, transpose_b: bool = False) -> Stora
     enumerated through ``B``'s row pointer and summed per output key: O(number of terms),
     differentiable with respect to both values. Returns a coalesced COO storage.
     """
-    from .sparse_coo import SPARSE_COO
-
     ia, va = _specified_coo(a)
     ib, vb = _specified_coo(b)
     if transpose_b:
@@ -209,4 +213,4 @@ def sparse_sparse_mm(a: Storage, b: Storage, transpose_b: bool = False) -> Stora
     values = terms.new_zeros(out_keys.numel()).index_add(0, slot, terms)
     indices = torch.stack([out_keys // n, out_keys % n])
     mask = torch.ones(out_keys.numel(), dtype=torch.bool, device=values.device)
-    return SPARSE_COO.build((indices,), values, mask, (a.shape[0], n))
+    return get_layout("sparse_coo").build((indices,), values, mask, (a.shape[0], n))

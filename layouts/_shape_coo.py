@@ -26,9 +26,7 @@ from typing import Any
 import torch
 
 from ._index import coalesce_coo, linearize
-from .registry import Storage
-
-Kernel = Callable[..., Any]
+from .registry import Kernel, Storage, get_layout
 
 
 def _unsupported(op: str, why: str) -> NotImplementedError:
@@ -42,11 +40,10 @@ def _sd(s: Storage) -> int:
 def _build(s: Storage, indices: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
            shape: Sequence[int]) -> Storage:
     if indices.shape[0] == 0:  # Note [Selecting every sparse dim]
-        from .strided import STRIDED
-
+        strided = get_layout("strided")
         if values.shape[0]:
-            return STRIDED.build((), values[0], mask[0], tuple(shape))
-        return STRIDED.build((), values.new_zeros(values.shape[1:]),
+            return strided.build((), values[0], mask[0], tuple(shape))
+        return strided.build((), values.new_zeros(values.shape[1:]),
                              mask.new_zeros(mask.shape[1:]), tuple(shape))
     return s.layout.build((indices,), values, mask, tuple(shape))
 

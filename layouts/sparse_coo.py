@@ -17,16 +17,17 @@ import torch
 from ._index import coalesce_coo, linearize, lookup
 from ._linalg import coo_mask_any as _mask_any
 from ._linalg import coo_mm as _mm
-from ._segment import coo_group as _reduction_group
+from ._reduce_sparse import CooGrouping
 from ._shape_coo import SHAPE_OPS as _SHAPE_OPS
-from .registry import Layout, Storage, register_layout
+from .registry import Layout, Storage, register_layout, takes_layout
 
 
 def _sparse_shape(storage: Storage) -> tuple[int, ...]:
     return tuple(storage.shape[: storage.index[0].shape[0]])
 
 
-def _from_torch(data: torch.Tensor, mask: torch.Tensor) -> Storage:
+@takes_layout
+def _from_torch(layout: Layout, data: torch.Tensor, mask: torch.Tensor) -> Storage:
     same = data is mask  # e.g. an optimizer reading a gradient's own pattern: coalesce once
     mask = coalesce_coo(mask)
     data = mask if same else coalesce_coo(data)
@@ -43,12 +44,13 @@ def _from_torch(data: torch.Tensor, mask: torch.Tensor) -> Storage:
         # The mask's pattern is authoritative: read the data at the mask's indices.
         shape = tuple(mask.shape[: mask.sparse_dim()])
         values, _ = lookup(linearize(dindices, shape), dvals, linearize(indices, shape))
-    return SPARSE_COO.build((indices,), values, mvals, mask.shape)
+    return layout.build((indices,), values, mvals, mask.shape)
 
 
-def _from_strided(data: torch.Tensor, mask: torch.Tensor) -> Storage:
+@takes_layout
+def _from_strided(layout: Layout, data: torch.Tensor, mask: torch.Tensor) -> Storage:
     indices = mask.nonzero().t()
-    return SPARSE_COO.build((indices,), data[mask], mask.new_ones(indices.shape[1]), mask.shape)
+    return layout.build((indices,), data[mask], mask.new_ones(indices.shape[1]), mask.shape)
 
 
 def _densify(storage: Storage, values: torch.Tensor, fill) -> torch.Tensor:
@@ -69,8 +71,13 @@ def _gather(storage: Storage, dense: torch.Tensor) -> torch.Tensor:
     return dense.expand(storage.shape)[tuple(storage.index[0])]
 
 
-def _identity(storage: Storage) -> Storage:
-    return storage
+def _to_coo(storage: Storage) -> Storage:
+    return storage  # already the hub form
+
+
+@takes_layout
+def _from_coo(layout: Layout, storage: Storage) -> Storage:
+    return storage if storage.layout is layout else layout.build(*storage[1:])
 
 
 def _validate(storage: Storage, full: bool = False) -> None:
@@ -94,7 +101,7 @@ def _validate(storage: Storage, full: bool = False) -> None:
                              "unique); call .coalesce() on the input first")
 
 
-SPARSE_COO = register_layout(Layout(
+register_layout(Layout(
     name="sparse_coo",
     torch_layout=torch.sparse_coo,
     index_names=("indices",),
@@ -103,12 +110,12 @@ SPARSE_COO = register_layout(Layout(
     densify=_densify,
     to_torch=_to_torch,
     gather=_gather,
-    to_coo=_identity,
-    from_coo=_identity,
+    to_coo=_to_coo,
+    from_coo=_from_coo,
     validate=_validate,
     unary={torch.ops.aten.any.dim: _mask_any},
     binary={torch.ops.aten.mm.default: _mm},
-    reduction={"group": _reduction_group},
+    reduction={"group": CooGrouping},
     shape_ops=_SHAPE_OPS,
     doc=__doc__ or "",
 ))
