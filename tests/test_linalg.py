@@ -313,3 +313,19 @@ def test_huge_sparse_operand_never_densifies(layout):
     cols = torch.zeros(n, dtype=torch.bool).index_fill_(0, indices[1][specified], True)
     torch.testing.assert_close((left @ mt).to_tensor(0), (torch.sparse.mm(ref.t(), left.t()).t())
                                * cols)
+
+
+@pytest.mark.parametrize("layout", ALL)
+def test_linear_gradients_match_dense_reference(layout):
+    """Both operands masked, the weight used transposed (the path nn.Linear takes)."""
+    w, dw, mw = make((6, 4), layout, seed=20, grad=True)
+    x, dx, mx = make((2, 3, 4), "strided", seed=21, grad=True)
+    weight = plain((2, 3, 6), seed=22)
+    (F.linear(x, w).to_tensor(0) * weight).sum().backward()
+    rx, rw = dx.clone().requires_grad_(), dw.clone().requires_grad_()
+    values, mask = ref_product(rx, mx, rw.t(), mw.t())
+    (torch.where(mask, values, 0) * weight).sum().backward()
+    for got, ref, m in ((x.grad, rx.grad, mx), (w.grad, rw.grad, mw)):
+        got_values, got_mask = dense_of(got)
+        assert torch.equal(got_mask, m)
+        torch.testing.assert_close(torch.where(m, got_values, 0), torch.where(m, ref, 0))
