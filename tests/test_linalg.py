@@ -329,3 +329,16 @@ def test_linear_gradients_match_dense_reference(layout):
         got_values, got_mask = dense_of(got)
         assert torch.equal(got_mask, m)
         torch.testing.assert_close(torch.where(m, got_values, 0), torch.where(m, ref, 0))
+
+
+def test_known_zero_fill_is_dropped_by_an_in_place_write():
+    """softmax's output is known to hold 0 under its mask (Note [Known zero fill]) until its
+    values are written: garbage written there later must not reach the product."""
+    scores, _, mask = make((4, 5), "strided", dtype=torch.float32, seed=23)
+    probs = torch.softmax(scores, -1)
+    v = plain((5, 3), dtype=torch.float32)
+    expected = torch.where(mask, dense_of(probs)[0], 0) @ v
+    probs._storage.values.masked_fill_(~mask, float("nan"))  # in place, under the mask only
+    got = probs @ v
+    torch.testing.assert_close(got.to_tensor(0), torch.where(mask.any(1, keepdim=True),
+                                                             expected, 0))

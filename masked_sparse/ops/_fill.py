@@ -62,7 +62,28 @@ def zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """
     if (values.dtype not in _BITS or mask.dtype != torch.bool
             or not broadcasts_to(tuple(mask.shape), tuple(values.shape))):
-        return torch.where(mask, values, torch.zeros((), dtype=values.dtype))
-    if torch.is_grad_enabled() and values.requires_grad:
-        return _ZeroFill.apply(values, mask)
-    return _bitwise_zero_fill(values, mask)
+        out = torch.where(mask, values, torch.zeros((), dtype=values.dtype))
+    elif torch.is_grad_enabled() and values.requires_grad:
+        out = _ZeroFill.apply(values, mask)
+    else:
+        out = _bitwise_zero_fill(values, mask)
+    if not torch.compiler.is_compiling():
+        out._ms_zero_filled = (mask, out._version)  # Note [Known zero fill]
+    return out
+
+
+def is_zero_filled(values: torch.Tensor, mask: torch.Tensor) -> bool:
+    """True when ``values`` came out of ``zero_fill(..., mask)`` (this very mask object) and
+    has not been written since.
+
+    Note [Known zero fill]
+    ~~~~~~~~~~~~~~~~~~~~~~
+    ``softmax`` ends with ``zero_fill`` and a matrix product starts with one: in attention,
+    ``softmax(scores) @ v`` would fill the same large tensor twice. ``zero_fill`` tags its
+    result with the mask object and the tensor's version counter; a later fill with that
+    mask is skipped while the version is unchanged (any in-place write bumps it). A result
+    that was detached, copied or rebuilt is a new tensor without the tag, so the worst case
+    is one fill too many, never one too few.
+    """
+    tag = getattr(values, "_ms_zero_filled", None)
+    return tag is not None and tag[0] is mask and tag[1] == values._version
