@@ -8,9 +8,11 @@ tensor([1., 0.])
 from __future__ import annotations
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .pointwise import broadcasts_to
 
+_ZERO_FILLED: WeakIdKeyDictionary = WeakIdKeyDictionary()  # Note [Known zero fill]
 _BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
          torch.float64: torch.int64}
 
@@ -68,7 +70,7 @@ def zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     else:
         out = _bitwise_zero_fill(values, mask)
     if not torch.compiler.is_compiling():
-        out._ms_zero_filled = (mask, out._version)  # Note [Known zero fill]
+        _ZERO_FILLED[out] = (mask, out._version)  # Note [Known zero fill]
     return out
 
 
@@ -80,10 +82,11 @@ def is_zero_filled(values: torch.Tensor, mask: torch.Tensor) -> bool:
     ~~~~~~~~~~~~~~~~~~~~~~
     ``softmax`` ends with ``zero_fill`` and a matrix product starts with one: in attention,
     ``softmax(scores) @ v`` would fill the same large tensor twice. ``zero_fill`` tags its
-    result with the mask object and the tensor's version counter; a later fill with that
-    mask is skipped while the version is unchanged (any in-place write bumps it). A result
-    that was detached, copied or rebuilt is a new tensor without the tag, so the worst case
-    is one fill too many, never one too few.
+    result with the mask object and the tensor's version counter, in a table keyed weakly by
+    tensor identity (nothing is stored on the tensor, so nothing is pickled); a later fill
+    with that mask is skipped while the version is unchanged (any in-place write bumps it).
+    A result that was detached, copied, loaded or rebuilt is a new tensor without the tag,
+    so the worst case is one fill too many, never one too few.
     """
-    tag = getattr(values, "_ms_zero_filled", None)
+    tag = _ZERO_FILLED.get(values)
     return tag is not None and tag[0] is mask and tag[1] == values._version
