@@ -25,6 +25,8 @@ from . import sparse_bsr  # noqa: F401
 from ._grouping import Grouping, zero_unspecified
 from ._linalg import sparse_mm, sparse_sparse_mm, specified_lines
 from ._reduce_sparse import group_by
+from ._size import storage_nbytes
+from ._validate import check_sparse_input
 from .convert import convert, drop_unspecified, read_at
 from .registry import (
     Layout,
@@ -40,6 +42,7 @@ __all__ = [
     "Grouping",
     "Layout",
     "Storage",
+    "check_sparse_input",
     "convert",
     "drop_unspecified",
     "get_layout",
@@ -50,6 +53,7 @@ __all__ = [
     "sparse_mm",
     "sparse_sparse_mm",
     "specified_lines",
+    "storage_nbytes",
     "takes_layout",
     "unregister_layout",
     "zero_unspecified",

@@ -238,7 +238,7 @@ class Compressed:
             raise ValueError(f"{name} masked tensor: {idx_name} must be sorted and distinct "
                              f"within each {self.line}")
 
-    def layout(self, name: str) -> Layout:
+    def layout(self, name: str, doc: str = "") -> Layout:
         """A :class:`Layout` record of this format (registered by the caller)."""
         fmt = self
 
@@ -283,7 +283,7 @@ class Compressed:
                 torch.ops.aten.any.dim: partial(compressed_mask_any, axis=self.axis)},
             binary={} if self.blocked else {
                 torch.ops.aten.mm.default: partial(compressed_mm, axis=self.axis)},
-            doc=__doc__ or "")
+            doc=doc)
 
 
 def _pattern(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

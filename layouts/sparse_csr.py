@@ -12,4 +12,4 @@ Invariants
 from ._compressed import CSR
 from .registry import register_layout
 
-register_layout(CSR.layout("sparse_csr"))
+register_layout(CSR.layout("sparse_csr", doc=__doc__ or ""))

@@ -9,6 +9,7 @@ products and two-operand ``einsum``).
 from . import (  # noqa: F401
     basic,
     conversion,
+    exits,
     indexing,
     joining,
     linalg,

@@ -116,11 +116,12 @@ def source(g: Grouping, dtype: torch.dtype | None = None,
 
 
 def safe_root(s: torch.Tensor, p: float) -> torch.Tensor:
-    """``s ** (1/p)`` with value and gradient 0 where ``s == 0``."""
-    pos = s > 0
-    safe = torch.where(pos, s, _full(1, s))
+    """``s ** (1/p)`` with value and gradient 0 where ``s == 0`` (NaN and inf pass through,
+    as in torch's norms)."""
+    zero = s == 0
+    safe = torch.where(zero, _full(1, s), s)
     root = safe.sqrt() if p == 2 else safe.pow(1.0 / p)
-    return torch.where(pos, root, _full(0, root))
+    return torch.where(zero, _full(0, root), root)
 
 
 # -- kernels: (grouping, *params) -> Storage | tuple -------------------------------------
@@ -163,6 +164,13 @@ def k_count_nonzero(g: Grouping) -> Storage:
 
 def k_norm(g: Grouping, ord: float, dtype: torch.dtype | None, out_dtype: torch.dtype) -> Storage:
     v, m = source(g, dtype)
+    out, specified = group_norm(g, v, m, ord)
+    return g.build(zero_unspecified(out, specified).to(out_dtype), specified)
+
+
+def group_norm(g: Grouping, v: torch.Tensor, m: torch.Tensor,
+               ord: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``ord``-norm of the specified elements of each group, and which groups have one."""
     a = fill(v, m, 0).abs()
     specified = g.reduce(m, "any")
     if ord == math.inf:
@@ -180,7 +188,7 @@ def k_norm(g: Grouping, ord: float, dtype: torch.dtype | None, out_dtype: torch.
         if ord < 0:
             powered = fill(powered, m, 0)
         out = safe_root(g.reduce(powered, "sum"), ord)
-    return g.build(zero_unspecified(out, specified).to(out_dtype), specified)
+    return out, specified
 
 
 def k_var(g: Grouping, correction: float, std: bool, with_mean: bool) -> Any:
