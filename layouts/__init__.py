@@ -24,10 +24,11 @@ from . import sparse_csc  # noqa: F401
 from . import sparse_bsr  # noqa: F401
 from ._grouping import Grouping, zero_unspecified
 from ._linalg import sparse_mm, sparse_sparse_mm, specified_lines
+from ._lines import Lines, lines_along
 from ._reduce_sparse import group_by
 from ._size import storage_nbytes
 from ._validate import check_sparse_input
-from .convert import convert, drop_unspecified, read_at
+from .convert import convert, drop_unspecified, expand_specified, read_at, read_broadcast
 from .registry import (
     Layout,
     Storage,
@@ -41,13 +42,17 @@ from .registry import (
 __all__ = [
     "Grouping",
     "Layout",
+    "Lines",
     "Storage",
     "check_sparse_input",
     "convert",
     "drop_unspecified",
+    "expand_specified",
     "get_layout",
     "read_at",
+    "read_broadcast",
     "group_by",
+    "lines_along",
     "register_layout",
     "registered_layouts",
     "sparse_mm",

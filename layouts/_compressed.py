@@ -42,6 +42,7 @@ import torch
 
 from ._index import crow_from_rows, linearize, lookup, rows_from_crow
 from ._linalg import compressed_mask_any, compressed_mm
+from ._lines import compressed_lines
 from ._reduce_sparse import CompressedGrouping
 from ._shape_compressed import shape_ops
 from .registry import Layout, Storage, get_layout, takes_layout
@@ -276,8 +277,9 @@ class Compressed:
             from_torch=from_torch, from_strided=from_strided, densify=self.densify,
             to_torch=self.to_torch, gather=self.gather, to_coo=self.to_coo, from_coo=from_coo,
             validate=self.validate, format_options=self.format_options if self.blocked else None,
-            reduction={} if self.blocked else {"group": partial(CompressedGrouping,
-                                                                axis=self.axis)},
+            reduction={} if self.blocked else {
+                "group": partial(CompressedGrouping, axis=self.axis),
+                "lines": partial(compressed_lines, axis=self.axis)},
             shape_ops={} if self.blocked else shape_ops(self.axis),
             unary={} if self.blocked else {
                 torch.ops.aten.any.dim: partial(compressed_mask_any, axis=self.axis)},

@@ -17,6 +17,7 @@ import torch
 from ._index import coalesce_coo, linearize, lookup
 from ._linalg import coo_mask_any as _mask_any
 from ._linalg import coo_mm as _mm
+from ._lines import sparse_lines
 from ._reduce_sparse import CooGrouping
 from ._shape_coo import SHAPE_OPS as _SHAPE_OPS
 from .registry import Layout, Storage, register_layout, takes_layout
@@ -115,7 +116,7 @@ register_layout(Layout(
     validate=_validate,
     unary={torch.ops.aten.any.dim: _mask_any},
     binary={torch.ops.aten.mm.default: _mm},
-    reduction={"group": CooGrouping},
+    reduction={"group": CooGrouping, "lines": sparse_lines},
     shape_ops=_SHAPE_OPS,
     doc=__doc__ or "",
 ))

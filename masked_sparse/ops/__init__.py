@@ -2,19 +2,23 @@
 
 ``basic`` (properties, copies, casts), ``pointwise`` (the generic elementwise kernel),
 ``conversion`` (get_data, to_tensor, layouts), ``where``, ``reductions``, ``softmax``,
-``shape`` / ``indexing`` / ``joining`` (ops that move elements), ``linalg`` (matrix
-products and two-operand ``einsum``).
+``shape`` / ``indexing`` / ``joining`` (ops that move elements), ``exits``, ``foreach``
+(``torch._foreach_*`` lists), ``scans`` and ``order`` (cumulative ops, sorting), ``linalg``
+(matrix products and two-operand ``einsum``).
 """
 
 from . import (  # noqa: F401
     basic,
     conversion,
     exits,
+    foreach,
     indexing,
     joining,
     linalg,
+    order,
     pointwise,
     reductions,
+    scans,
     shape,
     softmax,
     where,
