@@ -23,6 +23,7 @@ from . import sparse_csc  # noqa: F401
 # isort: split
 from . import sparse_bsr  # noqa: F401
 from ._grouping import Grouping, zero_unspecified
+from ._linalg import sparse_mm, sparse_sparse_mm, specified_lines
 from ._lines import Lines, lines_along
 from ._reduce_sparse import group_by
 from ._size import storage_nbytes
@@ -54,6 +55,9 @@ __all__ = [
     "lines_along",
     "register_layout",
     "registered_layouts",
+    "sparse_mm",
+    "sparse_sparse_mm",
+    "specified_lines",
     "storage_nbytes",
     "takes_layout",
     "unregister_layout",

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from ._index import crow_from_rows, linearize, lookup, rows_from_crow
+from ._linalg import compressed_mask_any, compressed_mm
 from ._lines import compressed_lines
 from ._reduce_sparse import CompressedGrouping
 from ._shape_compressed import shape_ops
@@ -280,6 +281,10 @@ class Compressed:
                 "group": partial(CompressedGrouping, axis=self.axis),
                 "lines": partial(compressed_lines, axis=self.axis)},
             shape_ops={} if self.blocked else shape_ops(self.axis),
+            unary={} if self.blocked else {
+                torch.ops.aten.any.dim: partial(compressed_mask_any, axis=self.axis)},
+            binary={} if self.blocked else {
+                torch.ops.aten.mm.default: partial(compressed_mm, axis=self.axis)},
             doc=doc)
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 
 from ._index import coalesce_coo, linearize, lookup
+from ._linalg import coo_mask_any as _mask_any
+from ._linalg import coo_mm as _mm
 from ._lines import sparse_lines
 from ._reduce_sparse import coo_grouping
 from ._shape_coo import SHAPE_OPS as _SHAPE_OPS
@@ -112,6 +114,8 @@ register_layout(Layout(
     to_coo=_to_coo,
     from_coo=_from_coo,
     validate=_validate,
+    unary={torch.ops.aten.any.dim: _mask_any},
+    binary={torch.ops.aten.mm.default: _mm},
     reduction={"group": coo_grouping, "lines": sparse_lines},
     shape_ops=_SHAPE_OPS,
     doc=__doc__ or "",

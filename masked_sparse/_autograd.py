@@ -24,7 +24,7 @@ import torch
 import layouts
 from layouts import Storage
 
-from ._tensor import MaskedTensor, _wrap
+from ._tensor import MaskedTensor, _wrap, requires_grad_of
 
 StorageFn = Callable[..., Any]
 
@@ -54,6 +54,12 @@ class _OnValues(torch.autograd.Function):
     def forward(fn: StorageFn, extra: tuple, box: list, *inputs: Any) -> Any:
         storages, leaves = [], []
         for t in inputs:
+            if not isinstance(t, MaskedTensor):  # a plain operand: passed as a tensor
+                leaf = t.detach().requires_grad_() if t.requires_grad else t
+                if t.requires_grad:
+                    leaves.append(leaf)
+                storages.append(leaf)
+                continue
             s = t._storage
             if t.requires_grad:
                 leaf = s.values.detach().requires_grad_()
@@ -71,7 +77,8 @@ class _OnValues(torch.autograd.Function):
     def setup_context(ctx, inputs: tuple, output: Any) -> None:
         box, tensors = inputs[2], inputs[3:]
         ctx.outs, ctx.leaves = box.pop()
-        ctx.inputs = [t._storage if t.requires_grad else None for t in tensors]
+        ctx.inputs = [None if not t.requires_grad else t._storage if isinstance(t, MaskedTensor)
+                      else t for t in tensors]
         ctx.mark_non_differentiable(*[o for o in (output if isinstance(output, tuple)
                                                    else (output,))
                                       if not isinstance(o, MaskedTensor)])
@@ -94,6 +101,9 @@ class _OnValues(torch.autograd.Function):
                 result.append(None)
                 continue
             g = next(it)
+            if not isinstance(s, Storage):  # a plain operand gets a plain gradient
+                result.append(torch.zeros_like(s) if g is None else g)
+                continue
             if g is None:
                 g = torch.zeros_like(s.values)
             result.append(_wrap(s.with_values(g)))
@@ -106,11 +116,14 @@ def on_values(fn: StorageFn, inputs: Sequence[MaskedTensor], *extra: Any) -> Any
     """Run ``fn(storages, *extra)`` and wrap its Storage outputs as MaskedTensors.
 
     ``fn`` must compute output values with differentiable torch ops on the input values;
-    then gradients flow to the inputs as MaskedTensors with the inputs' masks. Outputs
-    that are plain tensors (indices, counts) are not differentiable.
+    then gradients flow to the inputs as MaskedTensors with the inputs' masks. Plain
+    tensors among ``inputs`` reach ``fn`` as they are and get plain gradients (the operand
+    of a matrix product). Outputs that are plain tensors (indices, counts) are not
+    differentiable.
     """
-    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+    if torch.is_grad_enabled() and any(requires_grad_of(t) for t in inputs):
         return _OnValues.apply(fn, extra, [], *inputs)
-    outs, is_tuple = _as_outputs(fn([t._storage for t in inputs], *extra))
+    outs, is_tuple = _as_outputs(fn([t._storage if isinstance(t, MaskedTensor) else t
+                                     for t in inputs], *extra))
     wrapped = _wrap_outputs(outs)
     return wrapped if is_tuple else wrapped[0]

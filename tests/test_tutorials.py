@@ -368,6 +368,55 @@ def test_scipy_interop(runs):
           [max(v) - min(v) if v else None for v in valid])
 
 
+# -- attention -------------------------------------------------------------------------------
+def _attention_reference():
+    """Masked causal attention over the tutorial's inputs (same seed), in numpy, with the
+    gradient of ``sum(out * weights)`` with respect to q written out by hand."""
+    torch.manual_seed(0)
+    B, H, T, D = 2, 2, 5, 4
+    q, k, v, w = (torch.randn(B, H, T, D).double().numpy() for _ in range(4))
+    lengths = [5, 3]
+    out = np.full((B, H, T, D), np.nan)
+    grad_q = np.zeros((B, H, T, D))
+    for b in range(B):
+        for h in range(H):
+            for i in range(lengths[b]):
+                keys = np.arange(i + 1)  # causal, and i < length so every key is real
+                s = k[b, h, keys] @ q[b, h, i] / math.sqrt(D)
+                p = np.exp(s - s.max())
+                p /= p.sum()
+                out[b, h, i] = p @ v[b, h, keys]
+                dp = v[b, h, keys] @ w[b, h, i]
+                ds = p * (dp - (p * dp).sum())
+                grad_q[b, h, i] = ds @ k[b, h, keys] / math.sqrt(D)
+    return out, grad_q
+
+
+def test_attention(runs):
+    out = output(runs, "attention")
+    ref, grad_q = _attention_reference()
+    expected = [None if np.isnan(x) else float(x) for x in ref[1, 0].flat]
+    check(printed(out, "masked attention, sequence 1, head 0:\n", 20), expected)
+    dense = printed(out, "dense -inf recipe, sequence 1, head 0:\n", 20)
+    assert all(math.isnan(x) for x in dense[12:])
+    check(dense[:12], expected[:12])
+    sdpa = printed(out, "SDPA, sequence 1, head 0:\n", 20)
+    assert sdpa[12:] == [0.0] * 8
+    assert printed(out, "max |masked - SDPA| where defined:", 1)[0] < 1e-5
+    assert line_after(out, "dense -inf recipe: NaN in q.grad, k.grad, v.grad:") == \
+        "[False, False, True]"
+    check(printed(out, "masked q.grad, sequence 1, head 0:\n", 20),
+          [float(x) for x in grad_q[1, 0].flat])
+    for name in "qkv":
+        assert printed(out, f"max |{name}.grad - SDPA's|:", 1)[0] < 1e-5
+    # Half of each weight matrix is kept: 16 x 8 and 1 x 16 weights.
+    check(printed(out, "kept weights:", 2), [16 * 8 // 2, 16 // 2])
+    assert line_after(out, "gradient layouts:") == "torch.sparse_csr torch.sparse_coo"
+    first, last = printed(out, "loss at steps 0 and 59:", 2)
+    assert last < first / 10
+    assert line_after(out, "masks unchanged:") == "True"
+
+
 # -- distributed -----------------------------------------------------------------------------
 def test_distributed(runs):
     """2 processes under torchrun: masked collectives, and training equal to one process."""

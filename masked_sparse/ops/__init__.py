@@ -3,7 +3,8 @@
 ``basic`` (properties, copies, casts), ``pointwise`` (the generic elementwise kernel),
 ``conversion`` (get_data, to_tensor, layouts), ``where``, ``reductions``, ``softmax``,
 ``shape`` / ``indexing`` / ``joining`` (ops that move elements), ``exits``, ``foreach``
-(``torch._foreach_*`` lists), ``scans`` and ``order`` (cumulative ops, sorting).
+(``torch._foreach_*`` lists), ``scans`` and ``order`` (cumulative ops, sorting), ``linalg``
+(matrix products and two-operand ``einsum``).
 """
 
 from . import (  # noqa: F401
@@ -13,6 +14,7 @@ from . import (  # noqa: F401
     foreach,
     indexing,
     joining,
+    linalg,
     order,
     pointwise,
     reductions,

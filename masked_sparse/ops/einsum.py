@@ -1,0 +1,125 @@
+"""``torch.einsum`` with MaskedTensor operands: two-operand contractions as masked products.
+
+An equation with two operands is rewritten as one batched matrix product (the masked
+semantics of :mod:`masked_sparse.ops.linalg`): labels in both operands and the output are
+batch dims, labels in both operands only are contracted (merged into one ``k``), labels of
+one operand kept in the output are its free dims (merged into ``m`` or ``n``), and a label of
+one operand absent from the output is summed out first with the masked ``sum`` (a term
+exists iff one of the summed elements is specified, so the two steps agree). Operands are
+permuted / reshaped only when the equation needs it, so ``"ij,jk->ik"`` and
+``"ik,jk->ij"`` reach a sparse operand unchanged (the second as a transposed product).
+
+>>> import torch, masked_sparse as ms
+>>> q = ms.masked_tensor(torch.ones(1, 2, 3), torch.tensor([[[True] * 3, [False] * 3]]))
+>>> torch.einsum("bqd,bkd->bqk", q, torch.ones(1, 4, 3)).get_mask()[0, :, 0].tolist()
+[True, False]
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+import torch
+
+from .linalg import matmul
+
+
+def _unsupported(equation: str, why: str) -> NotImplementedError:
+    return NotImplementedError(f"einsum({equation!r}) with MaskedTensor operands: {why}; use "
+                               f"the operands' .to_tensor(0) for plain einsum")
+
+
+def _expand_ellipsis(spec: str, ndim: int, width: int, spare: str, equation: str) -> str:
+    if "..." not in spec:
+        if len(spec) != ndim:
+            raise ValueError(f"einsum({equation!r}): subscripts {spec!r} do not match an operand "
+                             f"with {ndim} dims")
+        return spec
+    covered = ndim - (len(spec) - 3)
+    if covered < 0:
+        raise ValueError(f"einsum({equation!r}): subscripts {spec!r} have more labels than the "
+                         f"operand's {ndim} dims")
+    return spec.replace("...", spare[width - covered:width])
+
+
+def _parse(equation: str, a: torch.Tensor, b: torch.Tensor) -> tuple[str, str, str]:
+    eq = equation.replace(" ", "")
+    lhs, arrow, out = eq.partition("->")
+    specs = lhs.split(",")
+    if len(specs) != 2:
+        raise ValueError(f"einsum({equation!r}): expected subscripts for 2 operands")
+    spare = "".join(c for c in string.ascii_uppercase + string.ascii_lowercase if c not in eq)
+    width = max(a.dim() - (len(specs[0]) - 3) if "..." in specs[0] else 0,
+                b.dim() - (len(specs[1]) - 3) if "..." in specs[1] else 0)
+    sa = _expand_ellipsis(specs[0], a.dim(), width, spare, equation)
+    sb = _expand_ellipsis(specs[1], b.dim(), width, spare, equation)
+    if not arrow:  # torch's implicit output: labels seen once, in alphabetical order
+        once = sorted(c for c in set(sa + sb) if (sa + sb).count(c) == 1 and c not in spare)
+        out = spare[:width] + "".join(once)
+    else:
+        out = out.replace("...", spare[:width])
+    for spec in (sa, sb, out):
+        if len(set(spec)) != len(spec):
+            raise _unsupported(equation, "a label repeated within one term (a diagonal)")
+    if set(out) - set(sa + sb):
+        raise ValueError(f"einsum({equation!r}): output labels {sorted(set(out) - set(sa + sb))} "
+                         f"appear in no operand")
+    return sa, sb, out
+
+
+def _sum_out(x: torch.Tensor, spec: str, keep: str) -> tuple[torch.Tensor, str]:
+    """Sum (masked) the labels of ``spec`` that are not in ``keep``."""
+    dims = tuple(i for i, c in enumerate(spec) if c not in keep)
+    if not dims:
+        return x, spec
+    return x.sum(dims), "".join(c for c in spec if c in keep)
+
+
+def _arrange(x: torch.Tensor, spec: str, order: str) -> torch.Tensor:
+    """``x`` permuted from ``spec`` to ``order`` (no op when they agree)."""
+    if spec == order:
+        return x
+    return x.permute([spec.index(c) for c in order])
+
+
+def einsum(equation: str, *operands: Any) -> Any:
+    """``torch.einsum`` for two operands, at least one of them masked (module docstring)."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    if len(operands) != 2:
+        raise _unsupported(equation, f"{len(operands)} operands (two are supported)")
+    a, b = operands
+    sa, sb, out = _parse(equation, a, b)
+    a, sa = _sum_out(a, sa, sb + out)
+    b, sb = _sum_out(b, sb, sa + out)
+    size = {c: n for spec, x in ((sa, a), (sb, b)) for c, n in zip(spec, x.shape)}
+    for c in set(sa) & set(sb):
+        if a.shape[sa.index(c)] != b.shape[sb.index(c)]:
+            raise _unsupported(equation, f"label {c!r} has sizes {a.shape[sa.index(c)]} and "
+                                         f"{b.shape[sb.index(c)]} (broadcasting a label)")
+    batch = "".join(c for c in out if c in sa and c in sb)
+    contract = "".join(c for c in sa if c in sb and c not in out)
+    free_a = "".join(c for c in out if c in sa and c not in sb)
+    free_b = "".join(c for c in out if c in sb and c not in sa)
+
+    def flat(x: torch.Tensor, spec: str, groups: tuple[str, ...]) -> torch.Tensor:
+        x = _arrange(x, spec, "".join(groups))
+        shape = [size[c] for c in batch] + [_numel(g, size) for g in groups[1:]]
+        return x if list(x.shape) == shape else x.reshape(shape)
+
+    left = flat(a, sa, (batch, free_a, contract))
+    transpose_b = sb == batch + free_b + contract and sb != batch + contract + free_b
+    right = flat(b, sb, (batch, free_b, contract) if transpose_b else (batch, contract, free_b))
+    product = matmul("einsum", left, right, transpose_b)
+    full = [size[c] for c in batch + free_a + free_b]
+    if list(product.shape) != full:
+        product = product.reshape(full)
+    return _arrange(product, batch + free_a + free_b, out)
+
+
+def _numel(labels: str, size: dict[str, int]) -> int:
+    n = 1
+    for c in labels:
+        n *= size[c]
+    return n

@@ -1,0 +1,287 @@
+"""Matrix products with masked operands: ``mm``, ``mv``, ``bmm``, ``matmul`` / ``@``,
+``addmm``, ``baddbmm``, ``F.linear`` and two-operand ``einsum``, on every layout.
+
+Semantics (DESIGN.md), written once here for every layout -- *unspecified means absent from
+the sum*:
+
+- ``out[..., i, j]`` sums ``a[..., i, l] * b[..., l, j]`` over the ``l`` where every masked
+  factor is specified; it is specified iff at least one such ``l`` exists. So for a masked
+  ``a`` and a plain ``b`` the row ``i`` is specified iff row ``i`` of ``a`` has a specified
+  element, for a plain ``a`` and a masked ``b`` the column ``j`` likewise, and for two
+  masked factors the output mask is the boolean product of the masks. A fully masked row is
+  unspecified, never 0 and never NaN.
+- ``addmm`` / ``baddbmm`` / ``F.linear``'s ``input`` / ``bias`` add to the specified outputs
+  (a plain tensor broadcasts and takes the product's mask; a masked one must match it).
+- Gradients: a masked operand's gradient has its mask and layout (for a sparse operand the
+  sampled product ``G @ B.T`` at its stored positions, ``layouts._linalg`` Note [Sampled
+  gradient]); a plain operand's gradient is ``A_filled_with_0.T @ G`` where ``G`` is 0 at
+  unspecified outputs (:func:`masked_sparse._autograd.on_values`).
+
+Note [Products by zero filling]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Filling unspecified values with 0 (``torch.where``, so garbage and NaN under the mask reach
+neither the sum nor the gradient) turns the masked sum into an ordinary product: strided
+operands use ``torch.matmul``, a sparse operand the layout's ``aten.mm`` kernel on its
+stored values (:func:`layouts.sparse_mm`, torch's sparse matmul). Only the output *mask*
+needs masked reasoning, and it comes from the mask pattern alone: "row ``i`` has a
+specified element" (:func:`layouts.specified_lines`, O(nnz)) for one masked factor, the
+product of the 0/1 masks for two. A sparse operand is never densified; the result is
+strided, except for sparse @ sparse (the product's stored pattern is exactly its specified
+set: in the left operand's layout when it needs no format options, else COO).
+
+>>> import torch, masked_sparse as ms
+>>> a = ms.masked_tensor(torch.tensor([[1., 2.], [3., 4.]]),
+...                      torch.tensor([[True, False], [False, False]]))
+>>> a @ torch.ones(2, 2)
+MaskedTensor(
+  [
+    [  1.0000,   1.0000],
+    [      --,       --]
+  ]
+)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import layouts
+from layouts import Storage
+
+from .._autograd import on_values
+from .._registry import implements
+from .._tensor import MaskedTensor
+from ._fill import compact, is_zero_filled, zero_fill
+
+Operand = Storage | torch.Tensor
+_STRIDED = layouts.get_layout(torch.strided)
+
+
+# -- the product on storages (run under on_values) -----------------------------------------
+def _is_sparse(x: Operand) -> bool:
+    return isinstance(x, Storage) and bool(x.index)
+
+
+def _zero_filled(x: Operand) -> Operand:
+    if not isinstance(x, Storage) or is_zero_filled(x.values, x.mask):
+        return x
+    return x.with_values(zero_fill(x.values, x.mask))
+
+
+def _dense(x: Operand, transpose: bool = False) -> torch.Tensor:
+    t = x.values if isinstance(x, Storage) else x
+    return t.mT if transpose else t
+
+
+def _sparse_left(s: Storage, dense: torch.Tensor) -> torch.Tensor:
+    """``S @ dense`` for a 2-D sparse ``S`` and ``dense`` of shape ``(..., k, n)``."""
+    if dense.dim() == 2:
+        return layouts.sparse_mm(s, dense)
+    batch, n = dense.shape[:-2], dense.shape[-1]
+    flat = dense.movedim(-2, 0).reshape(dense.shape[-2], -1)  # (k, batch * n)
+    out = layouts.sparse_mm(s, flat)
+    return out.reshape((s.shape[0],) + tuple(batch) + (n,)).movedim(0, -2)
+
+
+def _sparse_right(dense: torch.Tensor, s: Storage, transpose: bool) -> torch.Tensor:
+    """``dense @ S`` (``dense @ S.T``) for ``dense`` of shape ``(..., m, k)`` and 2-D ``S``."""
+    flat = dense if dense.dim() == 2 else dense.reshape(-1, dense.shape[-1])  # (batch * m, k)
+    out = layouts.sparse_mm(s, flat.t(), transpose=not transpose).t()
+    return out if dense.dim() == 2 else out.reshape(dense.shape[:-1] + out.shape[-1:])
+
+
+def _values_product(a: Operand, b: Operand, transpose_b: bool) -> torch.Tensor:
+    """The product of two operands with at most one sparse storage, as a dense tensor."""
+    if _is_sparse(a):
+        return _sparse_left(a, _dense(b, transpose_b))
+    if _is_sparse(b):
+        return _sparse_right(_dense(a), b, transpose_b)
+    return torch.matmul(_dense(a), _dense(b, transpose_b))
+
+
+def _any(mask: torch.Tensor, dim: int) -> torch.Tensor:
+    """``mask.any(dim)`` as a uint8 ``amax`` (bool reductions are slow in torch), over the
+    stored elements only of a mask broadcast over some dims (the result broadcasts back)."""
+    if mask.shape[dim] == 0:  # an empty sum: no term
+        return mask.new_zeros(mask.shape[:dim] + mask.shape[dim:][1:])
+    return compact(mask).view(torch.uint8).amax(dim).view(torch.bool)
+
+
+def _as_counts(x: Storage, dtype: torch.dtype) -> Storage:
+    return x.with_values(x.mask.to(dtype))
+
+
+def _output_mask(a: Operand, b: Operand, transpose_b: bool, shape: torch.Size,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """Where the product has at least one term (Note [Products by zero filling])."""
+    if isinstance(a, Storage) and isinstance(b, Storage):
+        counts = _values_product(_as_counts(a, dtype), _as_counts(b, dtype), transpose_b)
+        return counts > 0
+    if isinstance(a, Storage):  # rows of a that hold a specified element
+        rows = layouts.specified_lines(a, 0) if a.index else _any(a.mask, -1)
+        return rows.unsqueeze(-1).expand(shape)
+    col_dim = 0 if transpose_b else 1  # columns of b: rows of the stored b.T
+    if b.index:
+        cols = layouts.specified_lines(b, col_dim)
+    else:
+        cols = _any(b.mask, -1 if transpose_b else -2)
+    return cols.unsqueeze(-2).expand(shape)
+
+
+def _product(operands: list[Operand], transpose_b: bool) -> Storage:
+    a, b = (_zero_filled(x) for x in operands)
+    if _is_sparse(a) and _is_sparse(b):
+        out = layouts.sparse_sparse_mm(a, b, transpose_b)
+        return out if a.layout.options_of(a) else a.layout.from_coo(out)
+    values = _values_product(a, b, transpose_b)
+    count_dtype = torch.float64 if values.dtype == torch.float64 else torch.float32
+    mask = _output_mask(operands[0], operands[1], transpose_b, values.shape, count_dtype)
+    return _STRIDED.build((), values, mask, values.shape)
+
+
+# -- argument checks -------------------------------------------------------------------------
+def _describe(x: torch.Tensor) -> str:
+    kind = (f"{x._storage.layout.name} MaskedTensor" if isinstance(x, MaskedTensor)
+            else f"{x.layout} Tensor")
+    return f"{kind} {tuple(x.shape)}"
+
+
+def _check_operand(op: str, x: Any, what: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{op}(): {what} must be a Tensor or MaskedTensor, got "
+                        f"{type(x).__name__}")
+    if not isinstance(x, MaskedTensor) and x.layout != torch.strided:
+        raise NotImplementedError(
+            f"{op}(): a plain {x.layout} tensor cannot be multiplied with a MaskedTensor; wrap "
+            f"it with ms.masked_tensor(t, mask) or pass t.to_dense()")
+    if isinstance(x, MaskedTensor) and x._storage.index and x.dim() != 2:
+        raise NotImplementedError(
+            f"{op}(): a {x._storage.layout.name} MaskedTensor operand must be 2-D, got shape "
+            f"{tuple(x.shape)}; batch it as a strided MaskedTensor (.to_dense()) or loop over "
+            f"the batch")
+
+
+def matmul(op: str, a: torch.Tensor, b: torch.Tensor, transpose_b: bool = False) -> Any:
+    """The masked product ``a @ b`` (``a @ b.mT``) of operands with at least 2 dims."""
+    _check_operand(op, a, "the first operand")
+    _check_operand(op, b, "the second operand")
+    if a.dtype != b.dtype:  # ValueError: operators turn a TypeError into NotImplemented
+        raise ValueError(f"{op}(): expected both operands to have the same dtype, got {a.dtype} "
+                        f"and {b.dtype}; cast one with .to()")
+    b_shape = b.shape[:-2] + (b.shape[-1], b.shape[-2]) if transpose_b else b.shape
+    if a.shape[-1] != b_shape[-2]:
+        raise ValueError(f"{op}(): shapes cannot be multiplied: {_describe(a)} @ "
+                         f"{'(transposed) ' if transpose_b else ''}{_describe(b)} (inner "
+                         f"dimensions {a.shape[-1]} and {b_shape[-2]} differ)")
+    if not all(x == y or x == 1 or y == 1
+               for x, y in zip(reversed(a.shape[:-2]), reversed(b_shape[:-2]))):
+        raise ValueError(f"{op}(): batch dimensions do not broadcast: {_describe(a)} and "
+                         f"{_describe(b)}")
+    return on_values(_product, [a, b], transpose_b)
+
+
+def _vector_matmul(op: str, a: torch.Tensor, b: torch.Tensor, transpose_b: bool = False) -> Any:
+    """``matmul`` with torch's 1-D rules: a vector is a row (left) or a column (right)."""
+    if a.dim() == 0 or b.dim() == 0:
+        raise ValueError(f"{op}(): both arguments need at least 1 dimension, got "
+                         f"{_describe(a)} and {_describe(b)}")
+    left, right = a.dim() == 1, b.dim() == 1
+    out = matmul(op, a.unsqueeze(0) if left else a, b.unsqueeze(-1) if right else b,
+                 transpose_b and not right)
+    if right:
+        out = out.squeeze(-1)
+    if left:
+        out = out.squeeze(-2)
+    return out
+
+
+def _need_dims(op: str, x: torch.Tensor, n: int, what: str) -> None:
+    if x.dim() != n:
+        raise ValueError(f"{op}(): {what} must be {n}-D, got {_describe(x)}")
+
+
+def _scaled(x: torch.Tensor, factor: Any) -> torch.Tensor:
+    return x if isinstance(factor, (int, float)) and factor == 1 else x * factor
+
+
+def _add_input(op: str, product: Any, input: Any, beta: Any, alpha: Any) -> Any:
+    """``beta * input + alpha * product`` on the product's specified outputs."""
+    out = _scaled(product, alpha)
+    if input is None or (isinstance(beta, (int, float)) and beta == 0):
+        return out  # torch ignores input when beta == 0 (even NaN)
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(f"{op}(): input must be a Tensor, got {type(input).__name__}")
+    return out + _scaled(input, beta)
+
+
+# -- the torch-level entry points ------------------------------------------------------------
+def _mm(input: torch.Tensor, mat2: torch.Tensor) -> Any:
+    _need_dims("mm", input, 2, "input")
+    _need_dims("mm", mat2, 2, "mat2")
+    return matmul("mm", input, mat2)
+
+
+def _bmm(input: torch.Tensor, mat2: torch.Tensor) -> Any:
+    _need_dims("bmm", input, 3, "input")
+    _need_dims("bmm", mat2, 3, "mat2")
+    if input.shape[0] != mat2.shape[0]:
+        raise ValueError(f"bmm(): batch sizes differ: {_describe(input)} and {_describe(mat2)}")
+    return matmul("bmm", input, mat2)
+
+
+@implements(torch.mm, torch.Tensor.mm)
+def mm(op: Any, input: torch.Tensor, mat2: torch.Tensor) -> Any:
+    return _mm(input, mat2)
+
+
+@implements(torch.mv, torch.Tensor.mv)
+def mv(op: Any, input: torch.Tensor, vec: torch.Tensor) -> Any:
+    _need_dims("mv", input, 2, "input")
+    _need_dims("mv", vec, 1, "vec")
+    return _vector_matmul("mv", input, vec)
+
+
+@implements(torch.bmm, torch.Tensor.bmm)
+def bmm(op: Any, input: torch.Tensor, mat2: torch.Tensor) -> Any:
+    return _bmm(input, mat2)
+
+
+@implements(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
+def matmul_(op: Any, input: torch.Tensor, other: torch.Tensor) -> Any:
+    return _vector_matmul("matmul", input, other)
+
+
+@implements(torch.Tensor.__rmatmul__)
+def rmatmul(op: Any, self: torch.Tensor, other: torch.Tensor) -> Any:
+    return _vector_matmul("matmul", other, self)
+
+
+@implements(torch.addmm, torch.Tensor.addmm)
+def addmm(op: Any, input: Any, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: Any = 1,
+          alpha: Any = 1) -> Any:
+    return _add_input("addmm", _mm(mat1, mat2), input, beta, alpha)
+
+
+@implements(torch.baddbmm, torch.Tensor.baddbmm)
+def baddbmm(op: Any, input: Any, batch1: torch.Tensor, batch2: torch.Tensor, *, beta: Any = 1,
+            alpha: Any = 1) -> Any:
+    return _add_input("baddbmm", _bmm(batch1, batch2), input, beta, alpha)
+
+
+@implements(F.linear)
+def linear(op: Any, input: torch.Tensor, weight: torch.Tensor, bias: Any = None) -> Any:
+    """``input @ weight.T + bias``; a sparse weight is multiplied without transposing it."""
+    if weight.dim() not in (1, 2):
+        raise ValueError(f"linear(): weight must be 1-D or 2-D, got {_describe(weight)}")
+    out = _vector_matmul("linear", input, weight, transpose_b=weight.dim() == 2)
+    return _add_input("linear", out, bias, 1, 1)
+
+
+@implements(torch.einsum)
+def einsum(op: Any, equation: str, *operands: Any) -> Any:
+    from .einsum import einsum as _einsum
+
+    return _einsum(equation, *operands)
