@@ -6,7 +6,7 @@ by building one :class:`Grouping` for its storage: the core (``masked_sparse``) 
 semantics once in terms of the few primitives below, and each layout computes them with
 plain tensors -- dense ``torch.sum(dim)`` for strided, segment / scatter reductions over
 the stored values for sparse layouts. A layout registers its builder as
-``reduction={"group": builder}``; a layout without one is reduced through its COO form
+``group=builder``; a layout without one is reduced through its COO form
 (:func:`group_by`), in O(nnz), never densified.
 
 Primitives (all on plain tensors, differentiable with respect to ``values``)
@@ -177,9 +177,9 @@ def sort_order(values: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch
 def group_by(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> Grouping:
     """The :class:`Grouping` of ``storage`` for a reduction over ``dims``.
 
-    Uses the layout's ``reduction["group"]`` kernel, else its COO form (O(nnz)).
+    Uses the layout's ``group`` builder, else its COO form (O(nnz)).
     """
-    builder = storage.layout.kernel("reduction", "group")
+    builder = storage.layout.group
     if builder is not None:
         return builder(storage, dims, keepdim)
     from ._segment import via_coo

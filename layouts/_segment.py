@@ -20,7 +20,7 @@ left (a full reduction) the result is a strided storage, as ``torch.sparse.sum``
 dense tensor then.
 
 CSR is grouped from its (row, col) coordinates directly, over the same values in the same
-order (no COO copy); layouts without their own ``reduction["group"]`` kernel are reduced
+order (no COO copy); layouts without their own ``group`` builder are reduced
 through their COO form (:func:`via_coo`); their results are COO (or strided for full
 reductions).
 """
@@ -312,17 +312,17 @@ class ViaCooGrouping(CooGrouping):
 
 
 def coo_group(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> CooGrouping:
-    """The sparse COO layout's ``reduction["group"]`` kernel."""
+    """The sparse COO layout's ``group`` builder."""
     return CooGrouping(storage, dims, keepdim)
 
 
 def csr_group(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> CsrGrouping:
-    """The sparse CSR layout's ``reduction["group"]`` kernel."""
+    """The sparse CSR layout's ``group`` builder."""
     return CsrGrouping(storage, dims, keepdim)
 
 
 def via_coo(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> CooGrouping:
-    """The fallback grouping of a layout without a ``reduction["group"]`` kernel."""
+    """The fallback grouping of a layout without a ``group`` builder."""
     if storage.layout is get_layout("sparse_coo"):
         return CooGrouping(storage, dims, keepdim)
     return ViaCooGrouping(storage, dims, keepdim)

@@ -26,9 +26,9 @@ from typing import Any
 import torch
 
 from ._index import coalesce_coo, linearize
-from .registry import Storage
+from .registry import Kernel, Storage
 
-Kernel = Callable[..., Any]
+aten = torch.ops.aten
 
 
 def _unsupported(op: str, why: str) -> NotImplementedError:
@@ -300,17 +300,17 @@ def masked_select(s: Storage, index: torch.Tensor) -> Storage:
 
 
 SHAPE_OPS: dict[str, Kernel] = {
-    "permute": permute,
-    "transpose": transpose,
-    "select": select,
-    "slice": slice_,
-    "index_select": index_select,
-    "unsqueeze": unsqueeze,
-    "squeeze": squeeze,
-    "reshape": reshape,
-    "view": reshape,  # values are never copied: a reshape of COO storage is a view of them
-    "flip": flip,
-    "roll": roll,
-    "cat": cat,
-    "masked_select": masked_select,
+    aten.permute.default: permute,
+    aten.transpose.int: transpose,
+    aten.select.int: select,
+    aten.slice.Tensor: slice_,
+    aten.index_select.default: index_select,
+    aten.unsqueeze.default: unsqueeze,
+    aten.squeeze.dims: squeeze,
+    aten.reshape.default: reshape,
+    aten.view.default: reshape,  # values are never copied: a COO reshape is a view of them
+    aten.flip.default: flip,
+    aten.roll.default: roll,
+    aten.cat.default: cat,
+    aten.masked_select.default: masked_select,
 }

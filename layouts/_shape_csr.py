@@ -14,16 +14,15 @@ strided tensor, as the COO kernels do (Note [Selecting every sparse dim]).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from . import _shape_coo as coo
 from ._index import crow_from_rows, rows_from_crow
-from .registry import Storage
+from .registry import Kernel, Storage
 
-Kernel = Callable[..., Any]
+aten = torch.ops.aten
 
 
 def _via_coo(kernel: Kernel) -> Kernel:
@@ -102,9 +101,9 @@ def _row_index_select(s: Storage, dim: int, index: torch.Tensor) -> Storage:
 
 SHAPE_OPS: dict[str, Kernel] = {
     **{name: _via_coo(kernel) for name, kernel in coo.SHAPE_OPS.items()},
-    "transpose": transpose,
-    "permute": permute,
-    "select": _row_select,
-    "slice": _row_slice,
-    "index_select": _row_index_select,
+    aten.transpose.int: transpose,
+    aten.permute.default: permute,
+    aten.select.int: _row_select,
+    aten.slice.Tensor: _row_slice,
+    aten.index_select.default: _row_index_select,
 }

@@ -91,7 +91,7 @@ class StridedGrouping(Grouping):
 
 
 def group(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> StridedGrouping:
-    """The strided layout's ``reduction["group"]`` kernel."""
+    """The strided layout's ``group`` builder."""
     return StridedGrouping(storage, dims, keepdim)
 
 

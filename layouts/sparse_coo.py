@@ -92,6 +92,16 @@ def _validate(storage: Storage, full: bool = False) -> None:
                              "unique); call .coalesce() on the input first")
 
 
+_DENSE = "use .to_dense() first"
+#: Ops this layout declines (op -> (reason, fix)); the core builds the error from them.
+REFUSES = {
+    **dict.fromkeys(("expand", "expand_as", "broadcast_to", "repeat", "tile"),
+                    ("it would store every broadcast/repeated copy", _DENSE)),
+    **dict.fromkeys(("unfold", "gather", "take"), ("no sparse kernel", _DENSE)),
+    "setitem": ("indexing a sparse storage builds new tensors, so a write into them would be "
+                "lost", "assign into mt.to_dense() (or build a new masked tensor) instead"),
+}
+
 SPARSE_COO = register_layout(Layout(
     name="sparse_coo",
     torch_layout=torch.sparse_coo,
@@ -104,7 +114,8 @@ SPARSE_COO = register_layout(Layout(
     to_coo=_identity,
     from_coo=_identity,
     validate=_validate,
-    reduction={"group": _reduction_group},
+    group=_reduction_group,
     shape_ops=_SHAPE_OPS,
+    refuses=REFUSES,
     doc=__doc__ or "",
 ))

@@ -93,6 +93,14 @@ def _validate(storage: Storage, full: bool = False) -> None:
 
 silence_beta_warning(torch.sparse_csr_tensor, torch.tensor([]))
 
+#: Ops this layout declines (op -> (reason, fix)); the core builds the error from them.
+REFUSES = {
+    **dict.fromkeys(("expand", "expand_as", "broadcast_to", "repeat", "tile", "unfold",
+                     "gather", "take"), ("no sparse kernel", "use .to_dense() first")),
+    "setitem": ("indexing a sparse storage builds new tensors, so a write into them would be "
+                "lost", "assign into mt.to_dense() (or build a new masked tensor) instead"),
+}
+
 SPARSE_CSR = register_layout(Layout(
     name="sparse_csr",
     torch_layout=torch.sparse_csr,
@@ -105,7 +113,8 @@ SPARSE_CSR = register_layout(Layout(
     to_coo=_to_coo,
     from_coo=_from_coo,
     validate=_validate,
-    reduction={"group": _reduction_group},
+    group=_reduction_group,
     shape_ops=_SHAPE_OPS,
+    refuses=REFUSES,
     doc=__doc__ or "",
 ))

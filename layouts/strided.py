@@ -65,7 +65,7 @@ STRIDED = register_layout(Layout(
     to_coo=_to_coo,
     from_coo=_from_coo,
     validate=_validate,
-    reduction={"group": _reduction_group},
+    group=_reduction_group,
     shape_ops=_SHAPE_OPS,
     doc=__doc__ or "",
 ))

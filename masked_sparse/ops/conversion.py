@@ -32,7 +32,7 @@ class _GetData(torch.autograd.Function):
     @staticmethod
     def forward(ctx, mt: MaskedTensor) -> torch.Tensor:
         ctx.storage = s = mt._storage
-        return s.layout.to_torch(s, s.values.detach())
+        return _data(s, s.values.detach())
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> MaskedTensor:
@@ -47,10 +47,19 @@ def get_data(mt: MaskedTensor) -> torch.Tensor:
     if torch.is_grad_enabled() and requires_grad_of(mt):
         return _GetData.apply(mt)
     s = mt._storage
-    return s.layout.to_torch(s, s.values)
+    return _data(s, s.values)
+
+
+def _data(s: Storage, values: torch.Tensor) -> torch.Tensor:
+    """The layout's ``get_data`` kernel, else its plain torch form (``to_torch``)."""
+    own = s.layout.get_data
+    return own(s, values) if own is not None else s.layout.to_torch(s, values)
 
 
 def _fill(s: Storage, value: Any) -> torch.Tensor:
+    """The layout's ``to_tensor`` kernel, else the values filled and put in torch form."""
+    if s.layout.to_tensor is not None:
+        return s.layout.to_tensor(s, value)
     filled = s.values.masked_fill(~s.mask, value)
     if not s.index:
         return filled

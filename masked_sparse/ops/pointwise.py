@@ -19,7 +19,7 @@ import torch
 import layouts
 from layouts import Storage
 
-from .._registry import Handler, implements, op_name
+from .._registry import Handler, implements, op_name, way_out
 from .._tensor import MaskedTensor, _wrap
 from . import backward_masks
 
@@ -162,12 +162,23 @@ def _fast_path(func: Any, args: tuple) -> Any:
     return _wrap(s.with_values(out))
 
 
+def layout_kernel(func: Any, args: tuple) -> Any:
+    """The ``unary`` / ``binary`` kernel of the first masked operand's layout, or None."""
+    for a in args:
+        if isinstance(a, MaskedTensor):
+            layout = a._storage.layout
+            return layout.unary.get(func) or layout.binary.get(func)
+    return None
+
+
 def apply_to_values(func: Any, args: tuple, kwargs: dict, inplace: bool) -> Any:
-    """Run ``func`` on the values of its MaskedTensor operands (see module docstring)."""
+    """Run ``func`` on the values of its MaskedTensor operands (see module docstring), or the
+    layout's own ``unary`` / ``binary`` kernel on their storages when it has one."""
     summed = backward_masks.plain_sum(func, args, kwargs)  # Note [Masks of gradients]
     if summed is not NotImplemented:
         return summed
-    if not inplace and not kwargs:
+    kernel = layout_kernel(func, args)
+    if not inplace and not kwargs and kernel is None:
         fast = _fast_path(func, args)
         if fast is not None:
             return fast
@@ -177,22 +188,30 @@ def apply_to_values(func: Any, args: tuple, kwargs: dict, inplace: bool) -> Any:
     by_id = {id(m): s for m, s in zip(masked, aligned)}
     ref = aligned[0]
 
-    def unwrap(a: Any) -> Any:
+    if inplace and not isinstance(args[0], MaskedTensor):
+        raise TypeError(
+            f"{op_name(func)}: an in-place op on a plain tensor cannot take a MaskedTensor "
+            f"operand (the mask would be lost); use the out-of-place op, or fill first "
+            f"with mt.to_tensor(value)")
+
+    def unwrap(a: Any) -> Any:  # a layout kernel takes storages, the generic path values
         if isinstance(a, MaskedTensor):
-            return by_id[id(a)].values
+            return by_id[id(a)] if kernel is not None else by_id[id(a)].values
         if isinstance(a, torch.Tensor):
-            return read_plain(func, ref, a)
+            read = read_plain(func, ref, a)
+            return ref.with_values(read) if kernel is not None else read
         return a
 
     new_args = tuple(unwrap(a) for a in args)
     new_kwargs = {k: unwrap(v) for k, v in kwargs.items()}
+    if kernel is not None:
+        out = kernel(*new_args, **new_kwargs)
+        if inplace:
+            args[0]._storage = out
+            return args[0]
+        return _wrap(out) if isinstance(out, Storage) else type(out)(_wrap(o) for o in out)
     if inplace:
         self = args[0]
-        if not isinstance(self, MaskedTensor):
-            raise TypeError(
-                f"{op_name(func)}: an in-place op on a plain tensor cannot take a MaskedTensor "
-                f"operand (the mask would be lost); use the out-of-place op, or fill first "
-                f"with mt.to_tensor(value)")
         if by_id[id(self)] is not self._storage:
             self._storage = by_id[id(self)]
         func(*new_args, **new_kwargs)
@@ -241,11 +260,13 @@ def resolve(func: Any, args: tuple) -> Handler:
     """The handler for an op without a table entry: the generic pointwise one, if tagged so."""
     if _is_pointwise(func) and not _writes_out(func):
         return implements(func)(pointwise_ if _is_inplace(func) else pointwise)
+    if layout_kernel(func, args) is not None:  # an op only some layouts have: not cached
+        return pointwise_ if _is_inplace(func) else pointwise
     if backward_masks.in_backward() and not _is_inplace(func) and not _writes_out(func):
         return backward_masks.plain_fallback  # Note [Ops without a masked kernel in backward]
     masked = [a for a in args if isinstance(a, MaskedTensor)]
     where = ", ".join(sorted({m._storage.layout.name for m in masked})) or "?"
+    ways = way_out(lambda lay: func in lay.unary or func in lay.binary)
     raise NotImplementedError(
-        f"MaskedTensor[{where}] {op_name(func)}: no kernel for this op; use .to_dense() or "
-        f".to_tensor(value) to compute it on plain tensors, or .to_sparse_coo() for a layout "
-        f"with more ops")
+        f"MaskedTensor[{where}] {op_name(func)}: no kernel for this op; {ways}, or compute it "
+        f"on plain tensors with .to_tensor(value) / .to_dense()")
