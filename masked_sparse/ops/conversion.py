@@ -13,19 +13,9 @@ import torch
 import layouts
 from layouts import Storage
 
-from .._autograd import on_values
+from .._autograd import grad_on, on_values
 from .._registry import implements
 from .._tensor import MaskedTensor, _wrap, requires_grad_of
-
-
-def _grad_as_values(s: Storage, grad: torch.Tensor) -> torch.Tensor:
-    """A plain gradient (dense, or sparse in ``s``'s layout) read at ``s``'s positions."""
-    if isinstance(grad, MaskedTensor):
-        return layouts.read_at(grad._storage, s)[0]
-    if grad.layout != torch.strided:
-        mask = s.layout.to_torch(s, s.mask)
-        return s.layout.from_torch(grad, mask).values
-    return s.layout.gather(s, grad).expand_as(s.values)
 
 
 class _GetData(torch.autograd.Function):
@@ -39,7 +29,7 @@ class _GetData(torch.autograd.Function):
         if isinstance(grad, MaskedTensor):
             return grad
         s = ctx.storage
-        return _wrap(s.with_values(_grad_as_values(s, grad)))
+        return _wrap(s.with_values(grad_on(grad, s)[0]))
 
 
 def get_data(mt: MaskedTensor) -> torch.Tensor:
@@ -77,7 +67,7 @@ class _ToTensor(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[MaskedTensor, None]:
         s = ctx.storage
-        return _wrap(s.with_values(_grad_as_values(s, grad))), None
+        return _wrap(s.with_values(grad_on(grad, s)[0])), None
 
 
 def to_tensor(mt: MaskedTensor, value: Any) -> torch.Tensor:

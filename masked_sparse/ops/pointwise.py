@@ -1,6 +1,6 @@
 """Pointwise ops: one generic kernel for every aten op tagged ``torch.Tag.pointwise``.
 
-Semantics (DESIGN.md), written once here for every layout:
+Semantics (README, "Semantics in brief"), written once here for every layout:
 
 - unary: the op runs on the values; mask and index tensors are kept (the same objects);
 - MaskedTensor with MaskedTensor: both must have the same shape and specified set, else

@@ -1,6 +1,6 @@
 """Reductions on every layout, along any dims, never densifying a sparse input.
 
-Semantics (DESIGN.md, RFC-0027), written once here for every layout:
+Semantics (README, "Semantics in brief", RFC-0027), written once here for every layout:
 
 - only specified elements take part: unspecified ones are replaced by the op's identity
   (0 for sums, 1 for products, -inf / the dtype's min for maxima, ...) *before* any
@@ -42,13 +42,14 @@ MaskedTensor(
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 import layouts
 from layouts import Grouping, Storage
+from layouts._grouping import zero_unspecified
+from layouts.registry import Kernel
 
 from .._autograd import on_values
 from .._registry import implements, is_aten, op_name
@@ -56,7 +57,6 @@ from .._tensor import MaskedTensor, _wrap
 from . import reductions_args as A
 
 aten = torch.ops.aten
-Kernel = Callable[..., Any]
 
 
 #: The exact overload a layout keys its ``reduction`` kernel on, per op name. The kernel is
@@ -111,10 +111,6 @@ def _full(value: Any, like: torch.Tensor) -> torch.Tensor:
 def fill(values: torch.Tensor, mask: torch.Tensor, value: Any) -> torch.Tensor:
     """``values`` where specified, ``value`` elsewhere (dtype kept)."""
     return torch.where(mask, values, _full(value, values))
-
-
-def zero_unspecified(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return torch.where(mask, values, _full(0, values))
 
 
 def identity(op: str, dtype: torch.dtype) -> Any:
