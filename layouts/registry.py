@@ -61,6 +61,8 @@ table          kernel                                              generic deriv
 ``shape_ops``  ``(storage, *normalized_args) -> Storage``          rewrites of other ops
 =============  ==================================================  =========================
 
+A kernel may return ``NotImplemented`` for a call it does not handle (say, a reduction
+over other dims than the one it is fast for): the generic derivation then runs.
 ``binary`` kernels receive operands whose masks the core has already matched: ``other`` is a
 storage sharing ``storage``'s index tensors (a plain tensor operand read at the stored
 positions) or a Python scalar. ``reduction`` kernels receive normalized dims and the

@@ -43,13 +43,16 @@ def get_data(mt: MaskedTensor) -> torch.Tensor:
 def _data(s: Storage, values: torch.Tensor) -> torch.Tensor:
     """The layout's ``get_data`` kernel, else its plain torch form (``to_torch``)."""
     own = s.layout.get_data
-    return own(s, values) if own is not None else s.layout.to_torch(s, values)
+    out = own(s, values) if own is not None else NotImplemented
+    return s.layout.to_torch(s, values) if out is NotImplemented else out
 
 
 def _fill(s: Storage, value: Any) -> torch.Tensor:
     """The layout's ``to_tensor`` kernel, else the values filled and put in torch form."""
-    if s.layout.to_tensor is not None:
-        return s.layout.to_tensor(s, value)
+    own = s.layout.to_tensor
+    out = own(s, value) if own is not None else NotImplemented
+    if out is not NotImplemented:
+        return out
     filled = s.values.masked_fill(~s.mask, value)
     if not s.index:
         return filled

@@ -194,22 +194,28 @@ def apply_to_values(func: Any, args: tuple, kwargs: dict, inplace: bool) -> Any:
             f"operand (the mask would be lost); use the out-of-place op, or fill first "
             f"with mt.to_tensor(value)")
 
-    def unwrap(a: Any) -> Any:  # a layout kernel takes storages, the generic path values
+    if kernel is not None:  # storages in; a plain operand read at ref's positions
+        def as_storage(a: Any) -> Any:
+            if isinstance(a, MaskedTensor):
+                return by_id[id(a)]
+            return ref.with_values(read_plain(func, ref, a)) if isinstance(a, torch.Tensor) else a
+
+        out = kernel(*map(as_storage, args), **{k: as_storage(v) for k, v in kwargs.items()})
+        if out is not NotImplemented and inplace:
+            args[0]._storage = out
+            return args[0]
+        if out is not NotImplemented:
+            return _wrap(out) if isinstance(out, Storage) else type(out)(_wrap(o) for o in out)
+
+    def unwrap(a: Any) -> Any:
         if isinstance(a, MaskedTensor):
-            return by_id[id(a)] if kernel is not None else by_id[id(a)].values
+            return by_id[id(a)].values
         if isinstance(a, torch.Tensor):
-            read = read_plain(func, ref, a)
-            return ref.with_values(read) if kernel is not None else read
+            return read_plain(func, ref, a)
         return a
 
     new_args = tuple(unwrap(a) for a in args)
     new_kwargs = {k: unwrap(v) for k, v in kwargs.items()}
-    if kernel is not None:
-        out = kernel(*new_args, **new_kwargs)
-        if inplace:
-            args[0]._storage = out
-            return args[0]
-        return _wrap(out) if isinstance(out, Storage) else type(out)(_wrap(o) for o in out)
     if inplace:
         self = args[0]
         if by_id[id(self)] is not self._storage:

@@ -81,8 +81,9 @@ def _reduce(storages: list[Storage], key: Any, kernel: Kernel, dims: tuple[int, 
             keepdim: bool, extra: tuple) -> Any:
     s = storages[0]
     own = s.layout.reduction.get(key)
-    if own is not None:
-        return own(s, dims, keepdim, *extra)
+    out = own(s, dims, keepdim, *extra) if own is not None else NotImplemented
+    if out is not NotImplemented:
+        return out
     return kernel(layouts.group_by(s, dims, keepdim), *extra)
 
 

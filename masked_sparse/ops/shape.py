@@ -100,8 +100,9 @@ def apply(name: Any, target: Storage | list[Storage], *args: Any, op: str | None
     if error is not None:
         raise error
     kernel = layout.shape_ops.get(name)
-    if kernel is not None:
-        return kernel(target, *args)
+    out = kernel(target, *args) if kernel is not None else NotImplemented
+    if out is not NotImplemented:
+        return out
     rewrite = REWRITES.get(name)
     if rewrite is not None:
         out = rewrite(target, *args)
