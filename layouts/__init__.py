@@ -20,9 +20,11 @@ from . import sparse_csc  # noqa: F401
 
 # isort: split
 from . import sparse_bsr  # noqa: F401
-from ._grouping import Grouping, group_by
+from ._grouping import Grouping, group_by, zero_unspecified
+from ._index import linearize
 from .convert import convert, drop_unspecified, read_at
 from .registry import (
+    Kernel,
     Layout,
     Storage,
     get_layout,
@@ -33,6 +35,7 @@ from .registry import (
 
 __all__ = [
     "Grouping",
+    "Kernel",
     "Layout",
     "Storage",
     "convert",
@@ -40,7 +43,9 @@ __all__ = [
     "get_layout",
     "read_at",
     "group_by",
+    "linearize",
     "register_layout",
     "registered_layouts",
     "unregister_layout",
+    "zero_unspecified",
 ]

@@ -22,8 +22,7 @@ from typing import Any
 import torch
 
 import layouts
-from layouts import Storage
-from layouts.registry import Kernel
+from layouts import Kernel, Storage
 
 from ._tensor import MaskedTensor, _wrap
 

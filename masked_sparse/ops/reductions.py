@@ -47,9 +47,7 @@ from typing import Any
 import torch
 
 import layouts
-from layouts import Grouping, Storage
-from layouts._grouping import zero_unspecified
-from layouts.registry import Kernel
+from layouts import Grouping, Kernel, Storage, zero_unspecified
 
 from .._autograd import on_values
 from .._registry import implements, is_aten, op_name

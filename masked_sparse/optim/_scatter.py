@@ -42,8 +42,7 @@ from typing import Any, NamedTuple
 import torch
 
 import layouts
-from layouts import Storage
-from layouts._index import linearize
+from layouts import Storage, linearize
 
 from .._tensor import MaskedTensor, _wrap
 
