@@ -137,28 +137,11 @@ Kernel = Callable[..., Any]
 class Layout:
     """A storage layout for masked tensors: required primitives plus kernel tables.
 
-    Required primitives (registration fails if one is missing):
-
-    ``from_torch(data, mask) -> Storage``
-        Build from user tensors of this layout; the mask's pattern is authoritative.
-    ``from_strided(data, mask) -> Storage``
-        Compress dense data and mask (the specified positions are stored).
-    ``densify(storage, values, fill) -> Tensor``
-        A dense tensor with ``values`` at the stored positions and ``fill`` elsewhere.
-    ``to_torch(storage, values) -> Tensor``
-        A plain tensor of this layout with the storage's index tensors and ``values``.
-    ``gather(storage, dense) -> Tensor``
-        Read a dense tensor (broadcastable to ``shape``) at the stored positions: the result
-        has the shape of ``storage.values``.
-    ``to_coo(storage) -> Storage`` / ``from_coo(storage, **options) -> Storage``
-        Conversions through the COO hub (coalesced, row-major order); ``options`` are the
-        user's conversion options (``blocksize=``), absent for most layouts.
-    ``validate(storage, full) -> None``
-        O(1) checks, or O(nnz) invariants with ``full=True``; raise ValueError.
-
-    Optional: ``format_options``, ``group``, ``refuses`` and the kernel tables ``unary``,
-    ``binary``, ``reduction``, ``shape_ops`` (keyed by exact aten overloads), ``to_tensor``,
-    ``get_data`` and ``conversions``: the module docstring describes each.
+    The required primitives (``from_torch`` ... ``validate``: registration fails if one is
+    missing), the optional entries and the kernel tables (``unary``, ``binary``,
+    ``reduction``, ``shape_ops`` keyed by exact aten overloads, ``to_tensor``, ``get_data``,
+    ``conversions``) are described in the module docstring; ``index_names`` name the index
+    tensors and ``doc`` describes the layout (both printed by ``python -m masked_sparse``).
     """
 
     name: str
