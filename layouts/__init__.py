@@ -12,16 +12,19 @@ and tested alone. ``masked_sparse`` routes every op to the table of its operand'
 from . import strided  # noqa: F401  (registered first: the default layout)
 
 # isort: split
-from . import sparse_coo, sparse_csr  # noqa: F401  (registers the built-in sparse layouts)
+from . import sparse_coo  # noqa: F401  (the hub of conversions)
 
 # isort: split
-# Written against the layout protocol alone (the core has no line about them).
+from . import sparse_csr  # noqa: F401
+
+# isort: split
 from . import sparse_csc  # noqa: F401
 
 # isort: split
 from . import sparse_bsr  # noqa: F401
-from ._grouping import Grouping, group_by, zero_unspecified
+from ._grouping import Grouping, zero_unspecified
 from ._index import linearize
+from ._reduce_sparse import group_by
 from .convert import convert, drop_unspecified, read_at
 from .registry import (
     Kernel,
@@ -30,6 +33,7 @@ from .registry import (
     get_layout,
     register_layout,
     registered_layouts,
+    takes_layout,
     unregister_layout,
 )
 
@@ -46,6 +50,7 @@ __all__ = [
     "linearize",
     "register_layout",
     "registered_layouts",
+    "takes_layout",
     "unregister_layout",
     "zero_unspecified",
 ]

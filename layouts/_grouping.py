@@ -7,7 +7,7 @@ semantics once in terms of the few primitives below, and each layout computes th
 plain tensors -- dense ``torch.sum(dim)`` for strided, segment / scatter reductions over
 the stored values for sparse layouts. A layout registers its builder as
 ``group=builder``; a layout without one is reduced through its COO form
-(:func:`group_by`), in O(nnz), never densified.
+(``layouts.group_by``), in O(nnz), never densified.
 
 Primitives (all on plain tensors, differentiable with respect to ``values``)
 --------------------------------------------------------------------------
@@ -43,7 +43,7 @@ Primitives (all on plain tensors, differentiable with respect to ``values``)
 
 >>> import torch, layouts
 >>> s = layouts.get_layout("strided").from_torch(torch.ones(2, 3), torch.ones(2, 3).bool())
->>> g = group_by(s, (1,), keepdim=False)
+>>> g = layouts.group_by(s, (1,), keepdim=False)
 >>> g.reduce(s.values, "sum").tolist()
 [3.0, 3.0]
 """
@@ -78,10 +78,11 @@ class Grouping:
         raise NotImplementedError
 
     def softmax(self, values: torch.Tensor, log: bool) -> torch.Tensor:
-        # The shift cancels in value and gradient; detaching it saves a backward pass.
+        # The shift cancels in value and gradient; detaching it saves a backward pass. A +inf
+        # or NaN maximum is kept: the whole group is NaN, as torch.softmax gives.
         top = self.reduce(values, "amax").detach()
-        top = torch.where(torch.isfinite(top), top, torch.zeros((), dtype=top.dtype,
-                                                                device=top.device))
+        top = torch.where(torch.isneginf(top), torch.zeros((), dtype=top.dtype,
+                                                           device=top.device), top)
         shifted = values - self.expand(top)
         e = shifted.exp()
         total = self.expand(self.reduce(e, "sum"))
@@ -113,21 +114,9 @@ def reduced_shape(shape: Sequence[int], dims: Sequence[int], keepdim: bool) -> t
     return torch.Size(n for d, n in enumerate(shape) if d not in dims)
 
 
-# Same-size integer views for a bitwise "where(mask, x, 0)" (Note [Fused masked sum] in
-# _strided_reduce.py).
-BITS = {torch.float32: torch.int32, torch.float64: torch.int64, torch.int32: torch.int32,
-        torch.int64: torch.int64}
-
-
 def zero_unspecified(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``torch.where(mask, values, 0)``, exact; without autograd a bitwise AND of the
-    values' bits with 0 / all-ones (``where``'s CPU kernel is ~10x slower)."""
-    bits = BITS.get(values.dtype)
-    if bits is None or values.shape != mask.shape or (
-            values.requires_grad and torch.is_grad_enabled()):
-        return torch.where(mask, values, torch.zeros((), dtype=values.dtype,
-                                                     device=values.device))
-    return (values.view(bits) & mask.to(bits).neg_()).view(values.dtype)
+    """``torch.where(mask, values, 0)``: exact (NaN and inf under the mask become 0)."""
+    return torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
 
 
 def reduce_dense(values: torch.Tensor, dims: tuple[int, ...], keepdim: bool,
@@ -172,16 +161,3 @@ def sort_order(values: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch
     order = torch.argsort(values.detach(), dim=dim, stable=True)
     unmasked = (~mask).gather(dim, order).to(torch.uint8)
     return order.gather(dim, torch.argsort(unmasked, dim=dim, stable=True))
-
-
-def group_by(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> Grouping:
-    """The :class:`Grouping` of ``storage`` for a reduction over ``dims``.
-
-    Uses the layout's ``group`` builder, else its COO form (O(nnz)).
-    """
-    builder = storage.layout.group
-    if builder is not None:
-        return builder(storage, dims, keepdim)
-    from ._segment import via_coo
-
-    return via_coo(storage, dims, keepdim)

@@ -5,21 +5,31 @@ All functions are vectorized (no Python loop over elements) and O(nnz log nnz) a
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Sequence
+
 import torch
 
 
-def linearize(indices: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """Row-major linear position of each column of a ``(ndim, nnz)`` index tensor.
+def linearize(coords: torch.Tensor | Sequence[torch.Tensor],
+              shape: Sequence[int]) -> torch.Tensor:
+    """Row-major linear position of each element, from its coordinates along ``shape``.
+
+    ``coords`` is a ``(ndim, nnz)`` index tensor or a sequence of ``ndim`` broadcastable
+    coordinate tensors. The one row-major key of the package: every sort, lookup and
+    grouping by position goes through it.
 
     >>> linearize(torch.tensor([[0, 1], [2, 0]]), (2, 4)).tolist()
     [2, 4]
     """
-    if indices.shape[0] == 0:
-        return torch.zeros(indices.shape[1], dtype=torch.long, device=indices.device)
-    strides = torch.ones(len(shape), dtype=torch.long)
-    for d in range(len(shape) - 2, -1, -1):
-        strides[d] = strides[d + 1] * shape[d + 1]
-    return (indices * strides.to(indices.device)[:, None]).sum(0)
+    if len(coords) == 0:  # no dim: every element is at position 0
+        if isinstance(coords, torch.Tensor):
+            return torch.zeros(coords.shape[1], dtype=torch.long, device=coords.device)
+        return torch.zeros((), dtype=torch.long)
+    key = coords[0].long()
+    for c, n in zip(coords[1:], shape[1:]):
+        key = key * n + c
+    return key
 
 
 def lookup(keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor,
@@ -46,10 +56,24 @@ def coalesce_coo(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def rows_from_crow(crow: torch.Tensor, nnz: int | None = None) -> torch.Tensor:
-    """The row of every stored element of a CSR matrix, from its ``crow_indices``."""
+    """The row of every stored element of a CSR matrix, from its ``crow_indices``.
+
+    Cached per ``crow`` object while it lives (index tensors are never written in place):
+    a matrix's rows are expanded once, not by every op that needs them.
+    """
+    entry = _ROWS.get(id(crow))
+    if entry is not None and entry[0]() is crow:
+        return entry[1]
     counts = crow[1:] - crow[:-1]
     rows = torch.arange(counts.numel(), device=crow.device, dtype=crow.dtype)
-    return torch.repeat_interleave(rows, counts, output_size=nnz)
+    rows = torch.repeat_interleave(rows, counts, output_size=nnz)
+    if not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled()):
+        key = id(crow)
+        _ROWS[key] = (weakref.ref(crow, lambda _, key=key: _ROWS.pop(key, None)), rows)
+    return rows
+
+
+_ROWS: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
 
 
 def crow_from_rows(rows: torch.Tensor, nrows: int) -> torch.Tensor:

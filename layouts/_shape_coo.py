@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ._index import coalesce_coo, linearize
-from .registry import Kernel, Storage
+from .registry import Kernel, Storage, get_layout
 
 aten = torch.ops.aten
 
@@ -42,11 +42,10 @@ def _sd(s: Storage) -> int:
 def _build(s: Storage, indices: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
            shape: Sequence[int]) -> Storage:
     if indices.shape[0] == 0:  # Note [Selecting every sparse dim]
-        from .strided import STRIDED
-
+        strided = get_layout("strided")
         if values.shape[0]:
-            return STRIDED.build((), values[0], mask[0], tuple(shape))
-        return STRIDED.build((), values.new_zeros(values.shape[1:]),
+            return strided.build((), values[0], mask[0], tuple(shape))
+        return strided.build((), values.new_zeros(values.shape[1:]),
                              mask.new_zeros(mask.shape[1:]), tuple(shape))
     return s.layout.build((indices,), values, mask, tuple(shape))
 
@@ -299,7 +298,7 @@ def masked_select(s: Storage, index: torch.Tensor) -> Storage:
     return _build(s, rank[pos].unsqueeze(0), *_take(s, pos), (total,))
 
 
-SHAPE_OPS: dict[str, Kernel] = {
+SHAPE_OPS: dict[Any, Kernel] = {
     aten.permute.default: permute,
     aten.transpose.int: transpose,
     aten.select.int: select,

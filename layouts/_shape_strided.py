@@ -64,7 +64,7 @@ def _index(t: torch.Tensor, indices: list[torch.Tensor | None]) -> torch.Tensor:
     return torch.ops.aten.index.Tensor(t, indices)
 
 
-SHAPE_OPS: dict[str, Kernel] = {
+SHAPE_OPS: dict[Any, Kernel] = {
     aten.view.default: _view,
     aten.reshape.default: _both(torch.reshape),
     aten.permute.default: _both(torch.permute),

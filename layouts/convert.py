@@ -36,8 +36,15 @@ def convert(storage: Storage, target: Layout | torch.layout | str, **options: An
         return storage
     direct = source.conversions.get(target.name) if source is not target else None
     if direct is not None:
-        return direct(storage, **options)
-    return target.from_coo(source.to_coo(storage), **options)
+        out = direct(storage, **options)
+    else:
+        out = target.from_coo(source.to_coo(storage), **options)
+    if out.layout is not target:
+        raise AssertionError(f"convert: {source.name} -> {target.name} produced a "
+                             f"{out.layout.name} storage; a primitive builds with a fixed "
+                             f"layout instead of the one it was called through "
+                             f"(layouts.takes_layout, Note [Primitives receive their layout])")
+    return out
 
 
 def _check_options(target: Layout, options: dict[str, Any]) -> None:

@@ -39,6 +39,16 @@ return plain tensors or storages, and compute values with differentiable torch o
 - ``validate(storage, full=False)``: O(1) shape checks, or the O(nnz) invariants with
   ``full=True``; raise ``ValueError``.
 
+*How a primitive knows its layout*: a primitive that takes a storage reads it from
+``storage.layout`` and builds its results with ``storage.layout.build(...)``, never with a
+module constant. The three that build a storage from plain tensors (``from_torch``,
+``from_strided``, ``from_coo``) are written ``f(layout, ...)`` and marked with
+:func:`takes_layout`: the record passes *itself*, so ``lay.from_coo(coo)`` builds a storage
+of ``lay``, and a copy made with ``dataclasses.replace`` (registered under another name)
+builds storages of the copy (Note [Primitives receive their layout]). Unmarked primitives
+are called as they are (a layout written with its own constant still works, but a copy of
+it then converts to the original, which :func:`layouts.convert` rejects).
+
 *Optional entries*:
 
 - ``format_options(storage) -> dict``: the ``from_coo`` options that rebuild a storage in
@@ -95,12 +105,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, NamedTuple
 
 import torch
 
 __all__ = ["Layout", "Storage", "register_layout", "unregister_layout", "get_layout",
-           "registered_layouts"]
+           "registered_layouts", "takes_layout"]
 
 
 class Storage(NamedTuple):
@@ -131,6 +142,17 @@ class Storage(NamedTuple):
 
 
 Kernel = Callable[..., Any]
+
+
+def takes_layout(primitive: Kernel) -> Kernel:
+    """Mark a primitive written as ``primitive(layout, *args)``: its Layout passes itself.
+
+    >>> @takes_layout
+    ... def from_strided(layout, data, mask):
+    ...     return layout.build((), data, mask, data.shape)
+    """
+    primitive.takes_layout = True  # type: ignore[attr-defined]
+    return primitive
 
 
 @dataclass(frozen=True, eq=False)
@@ -166,6 +188,18 @@ class Layout:
     refuses: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     format_options: Kernel | None = None
     doc: str = ""
+
+    def __post_init__(self) -> None:
+        # Note [Primitives receive their layout]
+        # A primitive marked with ``takes_layout`` is stored bound to this record. A copy made
+        # with ``dataclasses.replace`` receives the bound primitives of the original: they
+        # are unwrapped and bound to the copy, so each record builds storages of itself.
+        for name in _REQUIRED + ("format_options",):
+            primitive = getattr(self, name)
+            if isinstance(primitive, partial) and getattr(primitive.func, "takes_layout", False):
+                primitive = primitive.func
+            if getattr(primitive, "takes_layout", False):
+                object.__setattr__(self, name, partial(primitive, self))
 
     def __repr__(self) -> str:
         return f"Layout({self.name!r})"

@@ -15,16 +15,17 @@ from __future__ import annotations
 import torch
 
 from ._index import coalesce_coo, linearize, lookup
-from ._segment import coo_group as _reduction_group
+from ._reduce_sparse import CooGrouping
 from ._shape_coo import SHAPE_OPS as _SHAPE_OPS
-from .registry import Layout, Storage, register_layout
+from .registry import Layout, Storage, register_layout, takes_layout
 
 
 def _sparse_shape(storage: Storage) -> tuple[int, ...]:
     return tuple(storage.shape[: storage.index[0].shape[0]])
 
 
-def _from_torch(data: torch.Tensor, mask: torch.Tensor) -> Storage:
+@takes_layout
+def _from_torch(layout: Layout, data: torch.Tensor, mask: torch.Tensor) -> Storage:
     same = data is mask  # e.g. an optimizer reading a gradient's own pattern: coalesce once
     mask = coalesce_coo(mask)
     data = mask if same else coalesce_coo(data)
@@ -41,12 +42,13 @@ def _from_torch(data: torch.Tensor, mask: torch.Tensor) -> Storage:
         # The mask's pattern is authoritative: read the data at the mask's indices.
         shape = tuple(mask.shape[: mask.sparse_dim()])
         values, _ = lookup(linearize(dindices, shape), dvals, linearize(indices, shape))
-    return SPARSE_COO.build((indices,), values, mvals, mask.shape)
+    return layout.build((indices,), values, mvals, mask.shape)
 
 
-def _from_strided(data: torch.Tensor, mask: torch.Tensor) -> Storage:
+@takes_layout
+def _from_strided(layout: Layout, data: torch.Tensor, mask: torch.Tensor) -> Storage:
     indices = mask.nonzero().t()
-    return SPARSE_COO.build((indices,), data[mask], mask.new_ones(indices.shape[1]), mask.shape)
+    return layout.build((indices,), data[mask], mask.new_ones(indices.shape[1]), mask.shape)
 
 
 def _densify(storage: Storage, values: torch.Tensor, fill) -> torch.Tensor:
@@ -67,8 +69,13 @@ def _gather(storage: Storage, dense: torch.Tensor) -> torch.Tensor:
     return dense.expand(storage.shape)[tuple(storage.index[0])]
 
 
-def _identity(storage: Storage) -> Storage:
-    return storage
+def _to_coo(storage: Storage) -> Storage:
+    return storage  # already the hub form
+
+
+@takes_layout
+def _from_coo(layout: Layout, storage: Storage) -> Storage:
+    return storage if storage.layout is layout else layout.build(*storage[1:])
 
 
 def _validate(storage: Storage, full: bool = False) -> None:
@@ -102,7 +109,7 @@ REFUSES = {
                 "lost", "assign into mt.to_dense() (or build a new masked tensor) instead"),
 }
 
-SPARSE_COO = register_layout(Layout(
+register_layout(Layout(
     name="sparse_coo",
     torch_layout=torch.sparse_coo,
     index_names=("indices",),
@@ -111,10 +118,10 @@ SPARSE_COO = register_layout(Layout(
     densify=_densify,
     to_torch=_to_torch,
     gather=_gather,
-    to_coo=_identity,
-    from_coo=_identity,
+    to_coo=_to_coo,
+    from_coo=_from_coo,
     validate=_validate,
-    group=_reduction_group,
+    group=CooGrouping,
     shape_ops=_SHAPE_OPS,
     refuses=REFUSES,
     doc=__doc__ or "",

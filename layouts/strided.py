@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import torch
 
+from ._reduce_strided import StridedGrouping
 from ._shape_strided import SHAPE_OPS as _SHAPE_OPS
-from ._strided_reduce import group as _reduction_group
-from .registry import Layout, Storage, register_layout
+from .registry import Layout, Storage, get_layout, register_layout, takes_layout
 
 
-def _from_torch(data: torch.Tensor, mask: torch.Tensor) -> Storage:
-    return STRIDED.build((), data, mask, data.shape)
-
-
-def _from_strided(data: torch.Tensor, mask: torch.Tensor) -> Storage:
-    return STRIDED.build((), data, mask, data.shape)
+@takes_layout
+def _from_strided(layout: Layout, data: torch.Tensor, mask: torch.Tensor) -> Storage:
+    """Also ``from_torch``: a user's strided data and mask are the storage."""
+    return layout.build((), data, mask, data.shape)
 
 
 def _densify(storage: Storage, values: torch.Tensor, fill) -> torch.Tensor:
@@ -38,13 +36,12 @@ def _gather(storage: Storage, dense: torch.Tensor) -> torch.Tensor:
 
 
 def _to_coo(storage: Storage) -> Storage:
-    from .sparse_coo import SPARSE_COO
-
-    return SPARSE_COO.from_strided(storage.values, storage.mask)
+    return get_layout("sparse_coo").from_strided(storage.values, storage.mask)
 
 
-def _from_coo(storage: Storage) -> Storage:
-    return STRIDED.build((), storage.densify(), storage.densify(storage.mask, False), storage.shape)
+@takes_layout
+def _from_coo(layout: Layout, storage: Storage) -> Storage:
+    return layout.build((), storage.densify(), storage.densify(storage.mask, False), storage.shape)
 
 
 def _validate(storage: Storage, full: bool = False) -> None:
@@ -53,11 +50,11 @@ def _validate(storage: Storage, full: bool = False) -> None:
                          f"{tuple(storage.mask.shape)} must both have shape {tuple(storage.shape)}")
 
 
-STRIDED = register_layout(Layout(
+register_layout(Layout(
     name="strided",
     torch_layout=torch.strided,
     index_names=(),
-    from_torch=_from_torch,
+    from_torch=_from_strided,
     from_strided=_from_strided,
     densify=_densify,
     to_torch=_to_torch,
@@ -65,7 +62,7 @@ STRIDED = register_layout(Layout(
     to_coo=_to_coo,
     from_coo=_from_coo,
     validate=_validate,
-    group=_reduction_group,
+    group=StridedGrouping,
     shape_ops=_SHAPE_OPS,
     doc=__doc__ or "",
 ))

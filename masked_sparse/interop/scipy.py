@@ -64,13 +64,19 @@ def _dia_as_coo(m: Any) -> Any:
                         shape=m.shape)
 
 
-def _csr_storage(m: Any, dtype: torch.dtype | None) -> Storage:
-    csr = m.asformat("csr", copy=True)
-    csr.sum_duplicates()
-    values = array_to_tensor(csr.data, "from_scipy", dtype)
-    return layouts.get_layout(torch.sparse_csr).build(
-        (_index(csr.indptr), _index(csr.indices)), values,
-        torch.ones(values.shape, dtype=torch.bool), m.shape)
+def _compressed_storage(m: Any, dtype: torch.dtype | None, layout: Any) -> Storage:
+    """``m`` read in the layout asked for when scipy has its format -- torch's ``sparse_X``
+    is scipy's X for csr and csc, with the same ``indptr`` / ``indices`` -- else as CSR
+    (converted after): no sort in torch, scipy converts between its formats in O(nnz)."""
+    target = layouts.get_layout(torch.sparse_csr if layout is None else layout)
+    fmt = str(target.torch_layout).removeprefix("torch.sparse_")
+    if fmt not in ("csr", "csc"):
+        target, fmt = layouts.get_layout(torch.sparse_csr), "csr"
+    m = m.asformat(fmt, copy=True)
+    m.sum_duplicates()
+    values = array_to_tensor(m.data, "from_scipy", dtype)
+    return target.build((_index(m.indptr), _index(m.indices)), values,
+                        torch.ones(values.shape, dtype=torch.bool), m.shape)
 
 
 def _coo_storage(m: Any, dtype: torch.dtype | None) -> Storage:
@@ -118,7 +124,7 @@ def from_scipy(m: Any, *, layout: Any = None, dtype: torch.dtype | None = None
                         f"{type(m).__module__}.{type(m).__qualname__}{hint}")
     torch_dtype(m.dtype, f"from_scipy({type(m).__name__})")
     csr_like = m.format in _CSR_LIKE and m.ndim == 2
-    storage = _csr_storage(m, dtype) if csr_like else _coo_storage(m, dtype)
+    storage = _compressed_storage(m, dtype, layout) if csr_like else _coo_storage(m, dtype)
     storage.layout.validate(storage, full=True)
     if layout is not None:
         storage = layouts.convert(storage, layout)

@@ -9,43 +9,43 @@ Note [Shape op signatures]
 The core parses torch's many calling conventions (``x.view(2, 3)``, ``x.view((2, 3))``,
 ``torch.transpose(x, -1, 0)``, ...), checks them the way torch does (by running the op on
 a ``meta`` tensor of the same shape, so errors are torch's own) and calls the layout
-kernel ``shape_ops[name](storage, *args)`` with *normalized* arguments: every dim is in
-``[0, ndim)``, every shape is fully resolved (no ``-1``), every index is in range.
+kernel ``shape_ops[overload](storage, *args)`` with *normalized* arguments: every dim is in
+``[0, ndim)``, every shape is fully resolved (no ``-1``), every index is in range. The table
+is keyed by exact aten overloads (``Tensor.__getitem__`` for Python indexing, which has none):
 
-=================  ==============================================================
-name               normalized arguments
-=================  ==============================================================
-``view``           ``shape`` (tuple)
-``reshape``        ``shape`` (tuple)
-``permute``        ``dims`` (tuple, a permutation)
-``transpose``      ``dim0, dim1``
-``select``         ``dim, index`` (``0 <= index < size``)
-``slice``          ``dim, start, end, step`` (``0 <= start <= end <= size``, ``step >= 1``)
-``index_select``   ``dim, index`` (1-D int64 tensor, every entry in ``[0, size)``)
-``unsqueeze``      ``dim`` (in ``[0, ndim]``)
-``squeeze``        ``dims`` (tuple of dims of size 1, not empty)
-``expand``         ``shape`` (resolved) ; ``repeat``: ``repeats`` (tuple)
-``flip``           ``dims`` ; ``roll``: ``shifts, dims`` (tuples; ``dims`` may be empty)
-``unfold``         ``dim, size, step``
-``gather``         ``dim, index`` ; ``take``: ``index``
-``masked_select``  ``index`` (plain bool tensor broadcastable to the shape)
-``index``          ``indices`` (aten.index.Tensor's list of optional tensors)
-``getitem``        ``idx`` (a Python index, already checked to hold no MaskedTensor)
-``cat``/``stack``  a *list* of storages, then ``dim``
-``split``          ``dim, lengths`` (consecutive pieces; a tuple result)
-``unbind``         ``dim`` (a tuple result)
-=================  ==============================================================
+==================================  ===================================================
+key                                 normalized arguments
+==================================  ===================================================
+``view.default`` / ``reshape``      ``shape`` (tuple) ; ``view.dtype``: ``dtype``
+``permute.default``                 ``dims`` (tuple, a permutation)
+``transpose.int``                   ``dim0, dim1``
+``select.int``                      ``dim, index`` (``0 <= index < size``)
+``slice.Tensor``                    ``dim, start, end, step`` (``0 <= start <= end <= size``)
+``index_select.default``            ``dim, index`` (1-D int64, entries in ``[0, size)``)
+``unsqueeze.default``               ``dim`` (in ``[0, ndim]``)
+``squeeze.dims``                    ``dims`` (tuple of dims of size 1, not empty)
+``expand.default`` / ``repeat``     ``shape`` (resolved) / ``repeats`` (tuple)
+``flip.default`` / ``roll``         ``dims`` / ``shifts, dims`` (``dims`` may be empty)
+``unfold.default``                  ``dim, size, step``
+``gather.default`` / ``take``       ``dim, index`` / ``index``
+``masked_select.default``           ``index`` (plain bool tensor broadcastable to the shape)
+``index.Tensor``                    ``indices`` (a list of optional tensors)
+``Tensor.__getitem__``              ``idx`` (a Python index holding no MaskedTensor)
+``cat.default`` / ``stack``         a *list* of storages, then ``dim``
+``split_with_sizes.default``        ``dim, lengths`` (consecutive pieces; a tuple result)
+``unbind.int``                      ``dim`` (a tuple result)
+==================================  ===================================================
 
-A layout without a kernel for a name still gets the op when it can be rewritten with
-other names (``REWRITES``: ``narrow`` -> ``slice``, ``stack`` -> ``unsqueeze`` + ``cat``,
-``getitem`` -> ``select``/``slice``/``unsqueeze``/``index_select``, ...). Otherwise, and for
-every (layout, op) pair declared in :data:`UNSUPPORTED`, it raises ``NotImplementedError``
-naming both and the way out.
+A layout without a kernel for an op still gets it when it can be rewritten with other
+shape ops (``REWRITES``: ``stack`` -> ``unsqueeze`` + ``cat``, ``__getitem__`` ->
+``select``/``slice``/``unsqueeze``/``index_select``, ...). Otherwise, and for every op the
+layout declares in its ``refuses`` table, it raises ``NotImplementedError`` naming the
+layout, the op and the way out (only layouts that have the op are suggested).
 
 Note [Gradients of shape ops]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 Python-level calls (``torch.transpose``, ``Tensor.view``, ``Tensor.__getitem__``, ...) are
-intercepted in ``FUNCTIONS`` and computed through :func:`masked_sparse._autograd.on_values`:
+registered with ``@implements`` and computed through :func:`masked_sparse._autograd.on_values`:
 the layout kernels move the *values* with differentiable torch ops, so the gradient is a
 MaskedTensor over the input's own storage (its mask, its layout, its index tensors). The
 same kernels are registered for the aten overloads (forward only), for calls that arrive

@@ -19,13 +19,15 @@ reduces in microseconds. Every group has at least one stored element. When no sp
 left (a full reduction) the result is a strided storage, as ``torch.sparse.sum`` returns a
 dense tensor then.
 
-CSR is grouped from its (row, col) coordinates directly, over the same values in the same
-order (no COO copy); layouts without their own ``group`` builder are reduced
-through their COO form (:func:`via_coo`); their results are COO (or strided for full
-reductions).
+The compressed layouts (CSR, CSC) are grouped from their (row, col) coordinates directly,
+over the same values in the same order (no COO copy); layouts without their own
+``group`` builder are reduced through their COO form (:func:`group_by`); their
+results are COO (or strided for full reductions).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -36,31 +38,18 @@ from .registry import Storage, get_layout
 _SLOTS_PER_NNZ = 4  # bincount grouping while the kept key space is <= 4 * nnz + 4096
 
 
-def _unravel(keys: torch.Tensor, shape: list[int]) -> torch.Tensor:
-    """Row-major coordinates ``(len(shape), n)`` of linear ``keys``."""
-    rows = []
-    for n in reversed(shape):
-        rows.append(keys % n)
-        keys = keys // n
-    return torch.stack(rows[::-1])
-
-
-def _prod(sizes) -> int:
-    out = 1
-    for n in sizes:
-        out *= n
-    return out
-
-
 class CooGrouping(Grouping):
     """Groups of sparse storage given per-dim coordinates of its stored values.
 
-    ``coords[d]`` is the index of every stored value along sparse dim ``d``; ``source``
-    holds the values and mask (shape ``(nnz, *dense)``) in the same order.
+    ``coords[d]`` is the index of every stored value along sparse dim ``d`` (by default the
+    rows of a COO storage's index); ``source`` holds the values and mask (shape
+    ``(nnz, *dense)``) in the same order, row-major unless ``row_major=False``. The result
+    is a storage of the source's layout when it is COO, else of the registered COO layout.
     """
 
     def __init__(self, storage: Storage, dims: tuple[int, ...], keepdim: bool,
-                 coords: list[torch.Tensor] | None = None) -> None:
+                 coords: list[torch.Tensor] | None = None, row_major: bool = True) -> None:
+        self.coo = storage.layout if coords is None else get_layout("sparse_coo")
         if coords is None:
             coords = list(storage.index[0])
         shape = storage.shape
@@ -90,19 +79,20 @@ class CooGrouping(Grouping):
             rows = []
         else:
             kept_shape = [shape[d] for d in kept]
-            keys = coords[kept[0]].long() if len(kept) == 1 else linearize(
-                torch.stack([coords[d].long() for d in kept]), tuple(kept_shape))
-            space = _prod(kept_shape)
-            if kept == list(range(len(kept))):  # coalesced order sorts by leading dims
+            keys = linearize([coords[d] for d in kept], kept_shape)
+            space = math.prod(kept_shape)
+            if row_major and kept == list(range(len(kept))):  # sorted by the leading dims
                 uniq, self.gid = torch.unique_consecutive(keys, return_inverse=True)
             elif space <= _SLOTS_PER_NNZ * nnz + 4096:
-                present = torch.bincount(keys, minlength=space) > 0
-                uniq = present.nonzero().squeeze(1)
-                self.gid = (present.cumsum(0) - 1)[keys]
+                # Note [Reducing into key slots]
+                self._present = torch.bincount(keys, minlength=space) > 0
+                self._keys = keys
+                uniq = self._present.nonzero().squeeze(1)
             else:
                 uniq, self.gid = torch.unique(keys, sorted=True, return_inverse=True)
             self.ngroups = uniq.numel()
-            rows = list(_unravel(uniq, kept_shape)) if len(kept) > 1 else [uniq]
+            self._uniq = uniq
+            rows = list(torch.unravel_index(uniq, kept_shape)) if len(kept) > 1 else [uniq]
         if keepdim:
             zeros = torch.zeros(self.ngroups, dtype=torch.long, device=device)
             it = iter(rows)
@@ -110,31 +100,69 @@ class CooGrouping(Grouping):
         else:
             self.out_coords = rows
 
+    # Note [Reducing into key slots]
+    # When the kept key space is small (at most a few slots per stored element, e.g. the
+    # columns of a matrix), values reduce straight into one slot per key and the present
+    # slots are picked after: one scatter pass, no per-element group id. The group ids
+    # (``gid``) are built only when a second pass needs them (``expand``, ``select``).
+    _present: torch.Tensor | None = None
+    _keys: torch.Tensor | None = None
+    _gid: torch.Tensor | None = None
+
+    @property
+    def gid(self) -> torch.Tensor | None:
+        """The group of every stored element, or None when each is its own group."""
+        if self._gid is None and self._present is not None:
+            self._gid = (self._present.cumsum(0) - 1)[self._keys]
+        return self._gid
+
+    @gid.setter
+    def gid(self, value: torch.Tensor | None) -> None:
+        self._gid = value
+
+    _counted: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _count(self, mask: torch.Tensor) -> torch.Tensor:
+        """Per group, the number of True elements of a bool ``mask`` (int64); computed once
+        per mask object, so sum, mean, var and their result masks share one pass."""
+        if self._counted is None or self._counted[0] is not mask:
+            self._counted = (mask, self._count_pass(mask))
+        return self._counted[1]
+
+    def _count_pass(self, mask: torch.Tensor) -> torch.Tensor:
+        return self.reduce(mask.long(), "sum")
+
     # -- primitives --------------------------------------------------------------------
     def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
         v = values
+        if v.dtype == torch.bool and op in ("sum", "any") and not self.value_dims:
+            counts = self._count(v)
+            return counts if op == "sum" else counts > 0
         if op == "sum" and v.dtype == torch.bool:
             v = v.long()
         if self.value_dims:
             v = reduce_dense(v, self.value_dims, True, op)
         if self.single:
             v = reduce_dense(v, (0,), True, op) if v.shape[0] else v
+        elif self._present is not None:
+            slots = self._scatter(v, op, self._keys, self._present.numel())
+            v = slots.index_select(0, self._uniq)
         elif self.gid is not None:
-            v = self._scatter(v, op)
+            v = self._scatter(v, op, self.gid, self.ngroups)
         if self.value_dims and not self.keepdim:
             v = v.squeeze(self.value_dims)
         return v
 
-    def _scatter(self, v: torch.Tensor, op: str) -> torch.Tensor:
-        shape = (self.ngroups,) + tuple(v.shape[1:])
+    def _scatter(self, v: torch.Tensor, op: str, index: torch.Tensor, n: int) -> torch.Tensor:
+        shape = (n,) + tuple(v.shape[1:])
         if op == "sum":
-            return v.new_zeros(shape).index_add(0, self.gid, v)
+            return v.new_zeros(shape).index_add(0, index, v)
         if op in ("any", "all"):  # counting is several times faster than a bool scatter
             hits = (v if op == "any" else ~v.bool()).to(torch.int32)
             counts = torch.zeros(shape, dtype=torch.int32, device=v.device).index_add_(
-                0, self.gid, hits)
+                0, index, hits)
             return counts > 0 if op == "any" else counts == 0
-        index = self.gid.view((-1,) + (1,) * (v.dim() - 1)).expand_as(v)
+        index = index.view((-1,) + (1,) * (v.dim() - 1)).expand_as(v)
         # Note: scatter_reduce's backward shares the gradient of amax/amin with the initial
         # ``self`` value when it ties with the result, even with include_self=False; NaN
         # never ties.
@@ -155,18 +183,15 @@ class CooGrouping(Grouping):
         vdim = self.source.values.dim()
         nsparse = len(self.coords)
         device = self.source.values.device
-        pos = torch.zeros((), dtype=torch.long, device=device)
-        stride = 1
-        for d in reversed(self.dims):
+        coords = []
+        for d in self.dims:
             if d < nsparse:
-                coord = self.coords[d].long().view((-1,) + (1,) * (vdim - 1))
+                coords.append(self.coords[d].view((-1,) + (1,) * (vdim - 1)))
             else:
                 view = [1] * vdim
                 view[d - nsparse + 1] = shape[d]
-                coord = torch.arange(shape[d], device=device).view(view)
-            pos = pos + coord * stride
-            stride *= shape[d]
-        return pos
+                coords.append(torch.arange(shape[d], device=device).view(view))
+        return linearize(coords, [shape[d] for d in self.dims])
 
     def _element_groups(self) -> tuple[torch.Tensor, int]:
         """The flat output-element id of every element of the values, and their count."""
@@ -178,7 +203,7 @@ class CooGrouping(Grouping):
             base = torch.zeros(n, dtype=torch.long, device=values.device)
         else:
             base = torch.arange(n, device=values.device)
-        inner = _prod(self._dense_keepdim)
+        inner = math.prod(self._dense_keepdim)
         view = (-1,) + (1,) * (values.dim() - 1)
         local = torch.arange(inner, device=values.device).view(self._dense_keepdim)
         eg = base.view(view) * inner + local.expand(values.shape[1:])
@@ -208,7 +233,7 @@ class CooGrouping(Grouping):
                 v = out_values.new_zeros(out_values.shape[1:])
                 m = out_mask.new_zeros(out_mask.shape[1:])
             return get_layout("strided").build((), v, m, self.out_shape)
-        coo = get_layout("sparse_coo")
+        coo = self.coo
         if not self.sparse_dims and self.source.layout is coo:
             indices = self.source.index[0]  # the very same index tensor
         else:
@@ -221,23 +246,29 @@ class CooGrouping(Grouping):
         return self.source.with_values(values)
 
 
-class CsrGrouping(CooGrouping):
-    """A CSR storage grouped by its (row, col) coordinates; values in their own order.
+class CompressedGrouping(CooGrouping):
+    """A CSR (``axis=0``) or CSC (``axis=1``) storage grouped by its (row, col) coordinates;
+    values in their own order.
 
-    A reduction along the rows (``dims == (1,)``) of floating values runs as
-    ``torch.segment_reduce`` over ``crow_indices`` and broadcasts back with
-    ``repeat_interleave``: no per-element index is built. The result is CSR when it is 2-D
+    A reduction along the lines' inner axis (``dims == (1,)`` for CSR, ``(0,)`` for CSC) of
+    floating values runs as ``torch.segment_reduce`` over the line pointers and broadcasts
+    back with ``repeat_interleave``: no per-element index is built. Other reductions group
+    the (row, col) coordinates. The result is of the input's layout when it is 2-D
     (``keepdim=True``), else COO / strided.
     """
 
     _SEGMENT_OPS = {"sum": "sum", "prod": "prod", "amax": "max", "amin": "min"}
 
-    def __init__(self, storage: Storage, dims: tuple[int, ...], keepdim: bool) -> None:
-        crow, col = storage.index
-        self.by_rows = dims == (1,)
-        if not self.by_rows:
-            super().__init__(storage, dims, keepdim, [rows_from_crow(crow, col.numel()), col])
+    def __init__(self, storage: Storage, dims: tuple[int, ...], keepdim: bool,
+                 axis: int = 0) -> None:
+        ptr, idx = storage.index
+        self.by_lines = dims == (1 - axis,)
+        if not self.by_lines:
+            outer = rows_from_crow(ptr, idx.numel())
+            coords = [outer, idx] if axis == 0 else [idx, outer]
+            super().__init__(storage, dims, keepdim, coords, row_major=axis == 0)
             return
+        self.coo = get_layout("sparse_coo")
         self.source = storage
         self.dims = dims
         self.keepdim = keepdim
@@ -246,38 +277,45 @@ class CsrGrouping(CooGrouping):
         self.out_sparse_dim = 2 if keepdim else 1
         self.single = False
         self.gid = None
-        self.offsets = crow.long()
+        self.offsets = ptr.long()
         counts = self.offsets.diff()
         nonempty = counts > 0
-        self.rows = nonempty.nonzero().squeeze(1)
+        self.lines = nonempty.nonzero().squeeze(1)
         self.lengths = counts[nonempty]
-        self.ngroups = self.rows.numel()
-        zeros = torch.zeros(self.ngroups, dtype=torch.long, device=crow.device)
-        self.out_coords = [self.rows, zeros] if keepdim else [self.rows]
-        self.coords = [None, col]  # rows are built only if a per-element index is needed
+        self.ngroups = self.lines.numel()
+        zeros = torch.zeros(self.ngroups, dtype=torch.long, device=ptr.device)
+        lines_zeros = [self.lines, zeros] if axis == 0 else [zeros, self.lines]
+        self.out_coords = lines_zeros if keepdim else [self.lines]
+        self.coords = [None, None]  # per-element coordinates are built only if needed
+        self.coords[1 - axis] = idx
 
     def _with_gid(self) -> None:
-        if self.by_rows and self.gid is None:
+        if self.by_lines and self.gid is None:
             self.gid = torch.repeat_interleave(
-                torch.arange(self.ngroups, device=self.rows.device), self.lengths,
+                torch.arange(self.ngroups, device=self.lines.device), self.lengths,
                 output_size=self.source.values.shape[0])
 
     def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
-        if not self.by_rows:
+        if not self.by_lines:
             return super().reduce(values, op)
         if values.is_floating_point() and op in self._SEGMENT_OPS:
             seg = torch.segment_reduce(values, self._SEGMENT_OPS[op], offsets=self.offsets)
-            return seg.index_select(0, self.rows)
+            return seg.index_select(0, self.lines)
         if values.dtype == torch.bool and op in ("sum", "any", "all"):
-            hits = (values if op != "all" else ~values).to(torch.float64)
-            counts = torch.segment_reduce(hits, "sum", offsets=self.offsets)[self.rows]
-            return counts.long() if op == "sum" else (counts > 0 if op == "any" else
-                                                      counts == 0)
+            counts = self._count(values)
+            return counts if op == "sum" else (counts > 0 if op == "any" else
+                                               counts == self.lengths)
         self._with_gid()
         return super().reduce(values, op)
 
+    def _count_pass(self, mask: torch.Tensor) -> torch.Tensor:
+        if not self.by_lines:
+            return super()._count_pass(mask)
+        hits = torch.segment_reduce(mask.to(torch.float64), "sum", offsets=self.offsets)
+        return hits[self.lines].long()
+
     def expand(self, out: torch.Tensor) -> torch.Tensor:
-        if not self.by_rows:
+        if not self.by_lines:
             return super().expand(out)
         if self.keepdim:
             out = out.squeeze(1) if out.dim() > 1 else out
@@ -285,9 +323,9 @@ class CsrGrouping(CooGrouping):
                                        output_size=self.source.values.shape[0])
 
     def positions(self) -> torch.Tensor:
-        if not self.by_rows:
+        if not self.by_lines:
             return super().positions()
-        return self.coords[1].long()
+        return self.coords[self.dims[0]].long()
 
     def _element_groups(self) -> tuple[torch.Tensor, int]:
         self._with_gid()
@@ -308,21 +346,20 @@ class ViaCooGrouping(CooGrouping):
         super().__init__(storage.layout.to_coo(storage), dims, keepdim)
 
     def restore(self, values: torch.Tensor) -> Storage:
-        return self.original.layout.from_coo(self.source.with_values(values))
+        return self.original.layout.from_coo_like(self.source.with_values(values), self.original)
 
 
-def coo_group(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> CooGrouping:
-    """The sparse COO layout's ``group`` builder."""
-    return CooGrouping(storage, dims, keepdim)
+def group_by(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> Grouping:
+    """The :class:`Grouping` of ``storage`` for a reduction over ``dims``.
 
+    Uses the layout's ``group`` builder, else its COO form (O(nnz)).
 
-def csr_group(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> CsrGrouping:
-    """The sparse CSR layout's ``group`` builder."""
-    return CsrGrouping(storage, dims, keepdim)
-
-
-def via_coo(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> CooGrouping:
-    """The fallback grouping of a layout without a ``group`` builder."""
-    if storage.layout is get_layout("sparse_coo"):
-        return CooGrouping(storage, dims, keepdim)
+    >>> import torch, layouts
+    >>> s = layouts.get_layout("strided").from_torch(torch.ones(2, 3), torch.ones(2, 3).bool())
+    >>> group_by(s, (1,), keepdim=False).reduce(s.values, "sum").tolist()
+    [3.0, 3.0]
+    """
+    builder = storage.layout.group
+    if builder is not None:
+        return builder(storage, dims, keepdim)
     return ViaCooGrouping(storage, dims, keepdim)

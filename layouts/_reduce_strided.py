@@ -21,8 +21,13 @@ from __future__ import annotations
 
 import torch
 
-from ._grouping import BITS, Grouping, reduce_dense, reduced_shape, sort_order
+from ._grouping import Grouping, reduce_dense, reduced_shape, sort_order
+from ._index import linearize
 from .registry import Storage
+
+# Same-size integer views for a bitwise "where(mask, x, 0)" (Note [Fused masked sum]).
+BITS = {torch.float32: torch.int32, torch.float64: torch.int64, torch.int32: torch.int32,
+        torch.int64: torch.int64}
 
 
 class StridedGrouping(Grouping):
@@ -56,14 +61,12 @@ class StridedGrouping(Grouping):
     def positions(self) -> torch.Tensor:
         shape = self.source.shape
         device = self.source.values.device
-        pos = torch.zeros((), dtype=torch.long, device=device)
-        stride = 1
-        for d in reversed(self.dims):
+        coords = []
+        for d in self.dims:
             view = [1] * len(shape)
             view[d] = shape[d]
-            pos = pos + torch.arange(shape[d], device=device).view(view) * stride
-            stride *= shape[d]
-        return pos
+            coords.append(torch.arange(shape[d], device=device).view(view))
+        return linearize(coords, [shape[d] for d in self.dims])
 
     def select(self, values: torch.Tensor, mask: torch.Tensor,
                rank: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,11 +91,6 @@ class StridedGrouping(Grouping):
 
     def restore(self, values: torch.Tensor) -> Storage:
         return self.source.with_values(values)
-
-
-def group(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> StridedGrouping:
-    """The strided layout's ``group`` builder."""
-    return StridedGrouping(storage, dims, keepdim)
 
 
 _BLOCK = 1 << 18  # elements per row block (1-2 MB: stays in cache)
