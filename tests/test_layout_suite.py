@@ -292,8 +292,6 @@ def test_every_builtin_layout_is_covered():
     assert names[: len(BUILTIN)] == BUILTIN, "add new built-in layouts to BUILTIN"
 
 
-@pytest.mark.xfail(strict=False, reason="needs issue-14b: layout functions build storages of "
-                                        "their module's layout object, not of the copy")
 class TestReplacedCopies(LayoutSuite):
     """The suite over a ``dataclasses.replace`` copy of each built-in layout, registered under
     another name and without a torch layout: a copy must be a fully working layout."""
