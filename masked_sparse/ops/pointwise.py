@@ -143,6 +143,8 @@ def _fast_path(func: Any, args: tuple) -> Any:
     if len(args) > 2 or type(args[0]) is not MaskedTensor:
         return None
     s = args[0]._storage
+    if s.layout.unary or s.layout.binary:  # the layout may have its own kernel
+        return None
     if len(args) == 1:
         out = func(s.values)
     else:
@@ -167,6 +169,8 @@ def layout_kernel(func: Any, args: tuple) -> Any:
     for a in args:
         if isinstance(a, MaskedTensor):
             layout = a._storage.layout
+            if not (layout.unary or layout.binary):  # most layouts: no hashing of ``func``
+                return None
             return layout.unary.get(func) or layout.binary.get(func)
     return None
 
@@ -177,11 +181,11 @@ def apply_to_values(func: Any, args: tuple, kwargs: dict, inplace: bool) -> Any:
     summed = backward_masks.plain_sum(func, args, kwargs)  # Note [Masks of gradients]
     if summed is not NotImplemented:
         return summed
-    kernel = layout_kernel(func, args)
-    if not inplace and not kwargs and kernel is None:
+    if not inplace and not kwargs:
         fast = _fast_path(func, args)
         if fast is not None:
             return fast
+    kernel = layout_kernel(func, args)
     masked = [a for a in args if isinstance(a, MaskedTensor)]
     masked += [v for v in kwargs.values() if isinstance(v, MaskedTensor)]
     aligned = align(func, [m._storage for m in masked])
