@@ -24,8 +24,11 @@ from . import sparse_csc  # noqa: F401
 from . import sparse_bsr  # noqa: F401
 from ._grouping import Grouping, zero_unspecified
 from ._index import linearize
+from ._lines import Lines, lines_along
 from ._reduce_sparse import group_by
-from .convert import convert, drop_unspecified, read_at
+from ._size import storage_nbytes
+from ._validate import check_sparse_input
+from .convert import convert, drop_unspecified, expand_specified, read_at, read_broadcast
 from .registry import (
     Kernel,
     Layout,
@@ -41,15 +44,21 @@ __all__ = [
     "Grouping",
     "Kernel",
     "Layout",
+    "Lines",
     "Storage",
+    "check_sparse_input",
     "convert",
     "drop_unspecified",
+    "expand_specified",
     "get_layout",
     "read_at",
+    "read_broadcast",
     "group_by",
+    "lines_along",
     "linearize",
     "register_layout",
     "registered_layouts",
+    "storage_nbytes",
     "takes_layout",
     "unregister_layout",
     "zero_unspecified",

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from ._index import crow_from_rows, linearize, lookup, rows_from_crow
+from ._lines import compressed_lines
 from ._reduce_sparse import CompressedGrouping
 from ._shape_compressed import shape_ops
 from .registry import Layout, Storage, get_layout, takes_layout
@@ -237,7 +238,7 @@ class Compressed:
             raise ValueError(f"{name} masked tensor: {idx_name} must be sorted and distinct "
                              f"within each {self.line}")
 
-    def layout(self, name: str) -> Layout:
+    def layout(self, name: str, doc: str = "") -> Layout:
         """A :class:`Layout` record of this format (registered by the caller)."""
         fmt = self
 
@@ -276,8 +277,9 @@ class Compressed:
             to_torch=self.to_torch, gather=self.gather, to_coo=self.to_coo, from_coo=from_coo,
             validate=self.validate, format_options=self.format_options if self.blocked else None,
             group=None if self.blocked else partial(CompressedGrouping, axis=self.axis),
+            lines=None if self.blocked else partial(compressed_lines, axis=self.axis),
             shape_ops={} if self.blocked else shape_ops(self.axis),
-            doc=__doc__ or "")
+            doc=doc)
 
 
 def _pattern(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

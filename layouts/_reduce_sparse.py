@@ -33,6 +33,7 @@ import torch
 
 from ._grouping import Grouping, reduce_dense, reduced_shape, sort_order
 from ._index import linearize, rows_from_crow
+from ._reduce_strided import fused_masked_sum
 from .registry import Storage, get_layout
 
 _SLOTS_PER_NNZ = 4  # bincount grouping while the kept key space is <= 4 * nnz + 4096
@@ -131,6 +132,17 @@ class CooGrouping(Grouping):
 
     def _count_pass(self, mask: torch.Tensor) -> torch.Tensor:
         return self.reduce(mask.long(), "sum")
+
+    def masked_sum(self, values: torch.Tensor, mask: torch.Tensor,
+                   with_count: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.single and not self.value_dims:
+            # One group: the strided layout's blocked bitwise sum over the values, which also
+            # counts the mask for the result's mask (Note [Fused masked sum]).
+            fused = fused_masked_sum(values, mask, (0,), True, True)
+            if fused is not None:
+                self._counted = (mask, fused[1])
+                return fused[0], fused[1] if with_count else None
+        return super().masked_sum(values, mask, with_count)
 
     # -- primitives --------------------------------------------------------------------
     def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:

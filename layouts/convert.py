@@ -71,7 +71,8 @@ def read_at(source: Storage, like: Storage) -> tuple[torch.Tensor, torch.Tensor]
 
     Positions ``source`` does not store read as value 0, mask False. Works for any two
     layouts and patterns (no densification unless ``like`` is strided): free when both
-    share their index tensors, else through COO keys in O(nnz log nnz).
+    share their index tensors, else through COO keys in O(nnz log nnz). ``source`` may have
+    a shape that broadcasts to ``like.shape`` (:func:`read_broadcast`).
 
     >>> import torch, layouts
     >>> coo = layouts.get_layout("sparse_coo")
@@ -80,6 +81,8 @@ def read_at(source: Storage, like: Storage) -> tuple[torch.Tensor, torch.Tensor]
     >>> [t.tolist() for t in read_at(b, a)]
     [[0.0, 6.0], [False, True]]
     """
+    if source.shape != like.shape:
+        return read_broadcast(source, like)
     if source.same_index(like) and source.values.shape == like.values.shape:
         return source.values, source.mask
     if not like.index:  # every position stored: read the dense form of ``source``
@@ -101,3 +104,82 @@ def read_at(source: Storage, like: Storage) -> tuple[torch.Tensor, torch.Tensor]
     out_values[flat_ids] = values.expand(target.values.shape).reshape(-1)
     out_mask[flat_ids] = mask.expand(target.values.shape).reshape(-1)
     return out_values.view(like.values.shape), out_mask.view(like.values.shape)
+
+
+def element_coords(coo: Storage) -> torch.Tensor:
+    """Coordinates ``(ndim, numel)`` of every element of a COO storage's values, in the
+    order of ``coo.values.reshape(-1)`` (a hybrid tensor's dense dims are enumerated)."""
+    (indices,) = coo.index
+    dense = tuple(coo.values.shape[1:])
+    if not dense:
+        return indices
+    inner = torch.arange(coo.values[0].numel(), device=indices.device)
+    rows = [indices[d].repeat_interleave(inner.numel()) for d in range(indices.shape[0])]
+    for n in reversed(dense):
+        rows.insert(indices.shape[0], (inner % n).repeat(indices.shape[1]))
+        inner = inner // n
+    return torch.stack(rows)
+
+
+def read_broadcast(source: Storage, like: Storage) -> tuple[torch.Tensor, torch.Tensor]:
+    """``source``, whose shape broadcasts to ``like.shape``, read at ``like``'s positions.
+
+    Returns values and mask shaped like ``like.values`` (for a strided ``like``, possibly
+    shapes that broadcast to it). A sparse ``source`` is looked up by the element keys of
+    its COO form in O(nnz log nnz) -- its size-1 dims read coordinate 0 -- and is never
+    densified unless ``like`` is strided (then at most ``source``'s own, smaller, shape).
+
+    >>> import torch, layouts
+    >>> coo = layouts.get_layout("sparse_coo")
+    >>> like = coo.from_strided(torch.ones(2, 3), torch.eye(2, 3).bool())
+    >>> col = coo.from_strided(torch.tensor([[5.], [6.]]), torch.tensor([[True], [False]]))
+    >>> [t.tolist() for t in read_broadcast(col, like)]
+    [[5.0, 0.0], [True, False]]
+    """
+    if not like.index:
+        return source.densify(source.values, 0), source.densify(source.mask, False)
+    if not source.index:
+        gather = like.layout.gather
+        return (gather(like, source.values).expand_as(like.values),
+                gather(like, source.mask).expand_as(like.values))
+    src = source.layout.to_coo(source)
+    ids = torch.arange(like.values.numel(), device=like.values.device).view(like.values.shape)
+    target = like.layout.to_coo(like.with_values(ids))
+    coords = element_coords(target)[len(like.shape) - len(source.shape):]
+    sizes = torch.tensor(source.shape, device=coords.device)
+    coords = torch.where((sizes == 1)[:, None], 0, coords)
+    keys = linearize(element_coords(src), tuple(source.shape))
+    queries = linearize(coords, tuple(source.shape))
+    values, _ = lookup(keys, src.values.reshape(-1), queries)
+    mask, _ = lookup(keys, src.mask.reshape(-1), queries, fill=False)
+    flat_ids = target.values.reshape(-1)
+    out_values = values.new_empty(like.values.numel()).index_put_((flat_ids,), values)
+    out_mask = mask.new_empty(like.values.numel()).index_put_((flat_ids,), mask)
+    return out_values.view(like.values.shape), out_mask.view(like.values.shape)
+
+
+def expand_specified(storage: Storage, shape: tuple[int, ...]) -> Storage:
+    """The specified elements of ``storage`` broadcast to ``shape``, as a coalesced
+    fully sparse COO storage (O(output nnz log output nnz)).
+
+    For a binary op where no operand has the result's shape (``(3, 1) + (1, 4)``): the
+    expanded operand then plays the full-shape one.
+
+    >>> import torch, layouts
+    >>> coo = layouts.get_layout("sparse_coo")
+    >>> col = coo.from_strided(torch.tensor([[5.], [6.]]), torch.tensor([[True], [False]]))
+    >>> expand_specified(col, (2, 3)).index[0].tolist()
+    [[0, 0, 0], [0, 1, 2]]
+    """
+    coo = drop_unspecified(storage.layout.to_coo(storage))
+    coords = element_coords(coo)
+    values, mask = coo.values.reshape(-1), coo.mask.reshape(-1)
+    lead = len(shape) - len(storage.shape)
+    coords = torch.cat([coords.new_zeros(lead, coords.shape[1]), coords])
+    for d, (had, n) in enumerate(zip((1,) * lead + tuple(storage.shape), shape)):
+        if had == 1 and n != 1:
+            coords = coords.repeat_interleave(n, dim=1)
+            coords[d] = torch.arange(n, device=coords.device).repeat(values.numel())
+            values, mask = values.repeat_interleave(n), mask.repeat_interleave(n)
+    order = torch.argsort(linearize(coords, tuple(shape)))
+    return get_layout("sparse_coo").build((coords[:, order],), values[order], mask[order], shape)

@@ -55,6 +55,8 @@ it then converts to the original, which :func:`layouts.convert` rejects).
   the same format (``{"blocksize": (2, 3)}``); needed when ``from_coo`` takes options.
 - ``group(storage, dims, keepdim) -> Grouping``: how the layout groups its stored values for
   a reduction (see :mod:`layouts._grouping`); without it reductions go through COO.
+- ``lines(storage, dim) -> Lines``: the same for scans and sorts along one dim (see
+  :mod:`layouts._lines`); without it they go through COO.
 - ``refuses``: ``{op name: (reason, fix)}``, the ops the layout declines on purpose (a
   shape op that would store every broadcast copy, ...). The core raises
   ``NotImplementedError`` with that reason and fix, naming the layouts that do have the op.
@@ -185,6 +187,7 @@ class Layout:
     get_data: Kernel | None = None
     conversions: Mapping[str, Kernel] = field(default_factory=dict)
     group: Kernel | None = None
+    lines: Kernel | None = None
     refuses: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     format_options: Kernel | None = None
     doc: str = ""
@@ -227,7 +230,7 @@ class Layout:
 _REQUIRED = ("from_torch", "from_strided", "densify", "to_torch", "gather", "to_coo",
              "from_coo", "validate")
 _TABLES = ("unary", "binary", "reduction", "shape_ops", "conversions", "refuses")
-_OPTIONAL = ("format_options", "group", "to_tensor", "get_data")
+_OPTIONAL = ("format_options", "group", "lines", "to_tensor", "get_data")
 _BY_KEY: dict[Any, Layout] = {}
 _ORDER: list[Layout] = []
 

@@ -39,4 +39,4 @@ from __future__ import annotations
 from ._compressed import BSR
 from .registry import register_layout
 
-register_layout(BSR.layout("sparse_bsr"))
+register_layout(BSR.layout("sparse_bsr", doc=__doc__ or ""))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ._index import coalesce_coo, linearize, lookup
+from ._lines import sparse_lines
 from ._reduce_sparse import CooGrouping
 from ._shape_coo import SHAPE_OPS as _SHAPE_OPS
 from .registry import Layout, Storage, register_layout, takes_layout
@@ -122,6 +123,7 @@ register_layout(Layout(
     from_coo=_from_coo,
     validate=_validate,
     group=CooGrouping,
+    lines=sparse_lines,
     shape_ops=_SHAPE_OPS,
     refuses=REFUSES,
     doc=__doc__ or "",

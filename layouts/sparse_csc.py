@@ -24,4 +24,4 @@ Invariants
 from ._compressed import CSC
 from .registry import register_layout
 
-register_layout(CSC.layout("sparse_csc"))
+register_layout(CSC.layout("sparse_csc", doc=__doc__ or ""))

@@ -22,4 +22,4 @@ REFUSES = {
                 "lost", "assign into mt.to_dense() (or build a new masked tensor) instead"),
 }
 
-register_layout(dataclasses.replace(CSR.layout("sparse_csr"), refuses=REFUSES))
+register_layout(dataclasses.replace(CSR.layout("sparse_csr", doc=__doc__ or ""), refuses=REFUSES))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ._lines import dense_lines
 from ._reduce_strided import StridedGrouping
 from ._shape_strided import SHAPE_OPS as _SHAPE_OPS
 from .registry import Layout, Storage, get_layout, register_layout, takes_layout
@@ -63,6 +64,7 @@ register_layout(Layout(
     from_coo=_from_coo,
     validate=_validate,
     group=StridedGrouping,
+    lines=dense_lines,
     shape_ops=_SHAPE_OPS,
     doc=__doc__ or "",
 ))

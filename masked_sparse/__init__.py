@@ -12,10 +12,33 @@ tensor([[0.0000, 1.4142],
         [1.7321, 0.0000]])
 """
 
-from . import ops, optim  # noqa: F401  (ops registers the op tables; ms.optim: optimizers)
+from . import _collate, functional, ops, optim  # noqa: F401  (ops registers the op tables)
 from ._construct import as_masked_tensor, masked_tensor
 from ._serialize import _rebuild_masked  # noqa: F401  (allow-listed for torch.load)
 from ._tensor import MaskedTensor, is_masked_tensor, layout_of
+
+# torch.masked's functional API at ms.sum, ms.softmax, ...: attributes, not in __all__, so that
+# ``from masked_sparse import *`` never shadows the builtins sum / min / max.
+from .functional import (  # noqa: F401
+    amax,
+    amin,
+    argmax,
+    argmin,
+    cumprod,
+    cumsum,
+    log_softmax,
+    logsumexp,
+    mean,
+    median,
+    norm,
+    normalize,
+    prod,
+    softmax,
+    softmin,
+    std,
+    sum,
+    var,
+)
 from .interop import from_numpy, from_scipy, to_numpy, to_scipy
 from .ops.conversion import to_layout
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 import layouts
@@ -35,10 +37,20 @@ def storage_from_tensors(data: torch.Tensor, mask: torch.Tensor, op: str) -> Sto
     if data.device != mask.device:
         raise ValueError(f"{op}: data is on {data.device} but mask is on {mask.device}; "
                          f"move them to one device")
+    if not torch.compiler.is_compiling():  # O(nnz) index checks (data-dependent: eager only)
+        layouts.check_sparse_input(op, data=data, mask=mask)
     layout = layouts.get_layout(data.layout)
     storage = layout.from_torch(data, mask)
     layout.validate(storage)
     return storage
+
+
+def warn_if_requires_grad(data: object) -> None:
+    """``torch.masked``'s warning for a new MaskedTensor built from data that requires grad."""
+    if isinstance(data, torch.Tensor) and data.requires_grad:
+        warnings.warn("It is not recommended to create a MaskedTensor with a tensor that "
+                      "requires_grad. To avoid this, you can use data.detach().clone()",
+                      UserWarning, stacklevel=3)
 
 
 def masked_tensor(data: torch.Tensor, mask: torch.Tensor, *,
@@ -57,6 +69,7 @@ def masked_tensor(data: torch.Tensor, mask: torch.Tensor, *,
     )
     """
     if isinstance(data, torch.Tensor) and not isinstance(data, MaskedTensor):
+        warn_if_requires_grad(data)
         data = data.detach()
     storage = storage_from_tensors(data, mask, "masked_tensor")
     storage = storage.with_values(storage.values.clone(), storage.mask.clone())

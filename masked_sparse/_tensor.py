@@ -27,7 +27,7 @@ import layouts
 from layouts import Storage
 
 from . import _registry
-from ._repr import _SUMMARY_NUMEL, masked_repr, summary_repr
+from ._repr import storage_repr
 
 
 class MaskedTensor(torch.Tensor):
@@ -47,8 +47,9 @@ class MaskedTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, data: torch.Tensor, mask: torch.Tensor, requires_grad: bool = False):
-        from ._construct import storage_from_tensors
+        from ._construct import storage_from_tensors, warn_if_requires_grad
 
+        warn_if_requires_grad(data)
         return _wrap(storage_from_tensors(data, mask, "MaskedTensor"), requires_grad)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -92,18 +93,18 @@ class MaskedTensor(torch.Tensor):
                              f"{tuple(s.mask.shape)}")
         return self
 
+    def is_sparse_coo(self) -> bool:
+        """True if stored sparse COO (``torch.masked``'s method; see also ``mt.layout``)."""
+        return self._storage.layout.torch_layout is torch.sparse_coo
+
     @property
     def masked_data(self) -> torch.Tensor:
         """The data tensor, as the first MaskedTensor prototype named it."""
         return self.get_data()
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
-        s = self._storage
-        if s.index and self.numel() > _SUMMARY_NUMEL:
-            return summary_repr(s.layout.name, s.shape, self.dtype, s.values.shape[0],
-                                int(s.mask.sum()))
         with torch.no_grad():
-            return masked_repr(s.densify(s.values, 0), s.densify(s.mask, False))
+            return storage_repr(self._storage, self.dtype)
 
     __str__ = __repr__
 

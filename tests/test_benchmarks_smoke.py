@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import bench_core, harness, run  # noqa: E402
+from benchmarks import bench_core, bench_order, harness, run  # noqa: E402
 
 
 def _raise() -> None:
@@ -74,3 +74,13 @@ def test_modules_and_entry_point(capsys):
         script["main"](["--help"])
     assert exit_info.value.code == 0
     assert "--quick" in capsys.readouterr().out
+
+
+def test_order_cases_run_on_a_small_matrix():
+    gen = torch.Generator().manual_seed(0)
+    cases = {c[0]: c for c in bench_order.sparse_cases(100, 1000, gen)}
+    assert "csr nnz=1e3 topk(10, dim=1)" in cases
+    r = harness.run_case(cases["coo nnz=1e3 sort(dim=1)"], min_run_time=0.001,
+                         use_probe=False, rounds=1)
+    assert r["status"] == "ok" and "ratio" in r["baselines"]["floor"]
+    assert "order" in " ".join(run.module_names())

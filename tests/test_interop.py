@@ -428,3 +428,21 @@ def test_bad_input_messages():
                     "coo", matrix=True)
     with pytest.raises(ValueError, match="CSR"):
         ms.from_scipy(sp.coo_array(np.ones(3)), layout=torch.sparse_csr)
+
+
+@given(a=masked_arrays())
+def test_numpy_ma_round_trip_keeps_fill_value_and_data_under_the_mask(a):
+    a = np.ma.MaskedArray(a, fill_value=a.dtype.type(3))  # not numpy's default
+    back = ms.to_numpy(ms.from_numpy(a))
+    assert back.fill_value == a.fill_value
+    assert np.array_equal(np.ma.getmaskarray(back), np.ma.getmaskarray(a))
+    assert np.array_equal(back.data, a.data, equal_nan=a.dtype.kind in "fc")
+    assert np.array_equal(back.filled(), a.filled(), equal_nan=a.dtype.kind in "fc")
+    explicit = ms.to_numpy(ms.from_numpy(a), fill_value=a.dtype.type(1))
+    assert explicit.fill_value == a.dtype.type(1)
+    assert np.array_equal(explicit.data, a.data, equal_nan=a.dtype.kind in "fc")
+    for layout in (torch.sparse_coo,) if a.ndim else ():  # sparse: data stored where specified
+        sparse_back = ms.to_numpy(ms.from_numpy(a, layout=layout))
+        assert sparse_back.fill_value == a.fill_value
+        assert np.array_equal(sparse_back.compressed(), a.compressed(),
+                              equal_nan=a.dtype.kind in "fc")

@@ -414,8 +414,8 @@ def test_unsupported_gradient_forms_raise_type_error():
 
 def test_bad_arguments():
     p = [torch.nn.Parameter(torch.zeros(2))]
-    with pytest.raises(NotImplementedError, match="fused"):
-        ms.optim.Adam(p, fused=True)
+    with pytest.raises(NotImplementedError, match="capturable"):
+        ms.optim.Adam(p, capturable=True)
     with pytest.raises(ValueError, match="Nesterov"):
         ms.optim.SGD(p, lr=0.1, nesterov=True)
     with pytest.raises(ValueError, match="lr"):

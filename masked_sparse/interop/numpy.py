@@ -21,6 +21,7 @@ import torch
 
 import layouts
 
+from .._memory import check_fits
 from .._tensor import MaskedTensor, _wrap
 
 # numpy's (kind, itemsize) -> torch dtype: independent of byte order and of C type aliases.
@@ -129,16 +130,33 @@ def from_numpy(array: Any, *, mask: Any = None, layout: Any = torch.strided,
     values = array_to_tensor(data, where, dtype)
     storage = layouts.get_layout(torch.strided).build(
         (), values, torch.from_numpy(np.array(valid, dtype=bool, copy=True)), values.shape)
-    return _wrap(layouts.convert(storage, layout))
+    out = _wrap(layouts.convert(storage, layout))
+    if isinstance(array, np.ma.MaskedArray):  # Note [numpy.ma round trip]
+        with np.errstate(over="ignore"):  # numpy's default (1e20) overflows float16
+            fill = array.fill_value
+            if fill != np.ma.default_fill_value(array):
+                out._numpy_fill_value = fill
+    return out
 
 
 def to_numpy(mt: MaskedTensor, fill_value: Any = None) -> np.ma.MaskedArray:
     """``mt`` as a ``numpy.ma.MaskedArray`` (dense; mask True = masked out).
 
-    The data under the mask is ``fill_value`` (0 when omitted), which also becomes the
-    array's ``fill_value``, so ``to_numpy(mt, v).filled()`` equals ``mt.to_tensor(v)``.
-    The result is a copy, detached from autograd. Sparse layouts are densified: numpy.ma
-    is dense, and asking for it is asking for a dense result.
+    The data under the mask is ``mt``'s data there (0 where a sparse layout stores
+    nothing); ``fill_value`` becomes the array's ``fill_value``, so ``to_numpy(mt,
+    v).filled()`` equals ``mt.to_tensor(v)``. Omitted, it is the ``fill_value`` of the
+    array ``mt`` was read from by :func:`from_numpy`, else numpy's default: a round trip
+    keeps both (Note [numpy.ma round trip]). The result is a copy, detached from autograd.
+    Sparse layouts are densified: numpy.ma is dense, and asking for it is asking for a
+    dense result.
+
+    Note [numpy.ma round trip]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~
+    ``from_numpy`` keeps the array's ``fill_value`` on the MaskedTensor it returns (a plain
+    Python attribute: not part of the storage, so op results and copies do not carry it,
+    as numpy.ma's own results often fall back to the default), and a strided MaskedTensor
+    keeps the data under the mask; so ``to_numpy(from_numpy(a))`` equals ``a`` in data,
+    mask and ``fill_value``.
 
     Examples
     --------
@@ -155,12 +173,14 @@ def to_numpy(mt: MaskedTensor, fill_value: Any = None) -> np.ma.MaskedArray:
                         f"t.numpy() for plain tensors")
     s = mt._storage
     numpy_dtype(s.values.dtype, "to_numpy")
+    check_fits(f"to_numpy of a {s.layout.name} MaskedTensor", "strided", s.shape,
+               s.values.numel(), s.values.dtype, s.values.device,
+               "numpy.ma is dense: keep it sparse (ms.to_scipy for scipy.sparse), or reduce or "
+               "slice it first")
     with torch.no_grad():
-        values = s.values.masked_fill(~s.mask, 0)
-        data = tensor_to_array(s.densify(values, 0), "to_numpy")
+        data = tensor_to_array(s.densify(s.values, 0), "to_numpy")
         valid = tensor_to_array(s.densify(s.mask, False), "to_numpy")
-    out = np.ma.MaskedArray(np.array(data, copy=True), mask=~valid, fill_value=fill_value,
-                            shrink=False)
-    if fill_value is not None:
-        np.copyto(out.data, out.fill_value, where=out.mask)
-    return out
+    if fill_value is None:
+        fill_value = mt.__dict__.get("_numpy_fill_value")
+    return np.ma.MaskedArray(np.array(data, copy=True), mask=~valid, fill_value=fill_value,
+                             shrink=False)

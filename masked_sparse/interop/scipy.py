@@ -31,6 +31,7 @@ import torch
 import layouts
 from layouts import Storage
 
+from .._memory import check_fits
 from .._tensor import MaskedTensor, _wrap
 from .numpy import array_to_tensor, numpy_dtype, tensor_to_array, torch_dtype
 
@@ -123,6 +124,11 @@ def from_scipy(m: Any, *, layout: Any = None, dtype: torch.dtype | None = None
         raise TypeError(f"from_scipy: expected a scipy.sparse array or matrix, got "
                         f"{type(m).__module__}.{type(m).__qualname__}{hint}")
     torch_dtype(m.dtype, f"from_scipy({type(m).__name__})")
+    if layout is not None:
+        target = layouts.get_layout(layout)
+        check_fits(f"from_scipy(layout={target.name!r})", target.name, m.shape, m.nnz,
+                   dtype or torch_dtype(m.dtype, "from_scipy"), torch.device("cpu"),
+                   "leave layout= out to stay sparse (CSR/COO)")
     csr_like = m.format in _CSR_LIKE and m.ndim == 2
     storage = _compressed_storage(m, dtype, layout) if csr_like else _coo_storage(m, dtype)
     storage.layout.validate(storage, full=True)

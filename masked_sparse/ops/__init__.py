@@ -2,16 +2,21 @@
 
 ``basic`` (properties, copies, casts), ``pointwise`` (the generic elementwise kernel),
 ``conversion`` (get_data, to_tensor, layouts), ``where``, ``reductions``, ``softmax``,
-``shape`` / ``indexing`` / ``joining`` (ops that move elements).
+``shape`` / ``indexing`` / ``joining`` (ops that move elements), ``exits``, ``foreach``
+(``torch._foreach_*`` lists), ``scans`` and ``order`` (cumulative ops, sorting).
 """
 
 from . import (  # noqa: F401
     basic,
     conversion,
+    exits,
+    foreach,
     indexing,
     joining,
+    order,
     pointwise,
     reductions,
+    scans,
     shape,
     softmax,
     where,

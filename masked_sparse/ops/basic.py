@@ -24,9 +24,45 @@ def _is_sparse(op: Any, mt: MaskedTensor) -> bool:
     return mt._storage.layout.torch_layout is torch.sparse_coo
 
 
+class LayoutFlag:
+    """A bool that can also be called: ``mt.is_sparse_csr`` and ``mt.is_sparse_csr()``.
+
+    Note [is_sparse_csr, property and method]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    ``torch.Tensor.is_sparse_csr`` is a property, which torch's own Python code reads as a
+    bool; ``torch.masked.MaskedTensor.is_sparse_csr`` is a method, which its users call. A
+    plain method would make every ``if t.is_sparse_csr:`` in torch true; a plain bool would
+    break ``mt.is_sparse_csr()``. This small value answers both.
+
+    >>> flag = LayoutFlag(False)
+    >>> bool(flag), flag(), flag == False
+    (False, False, True)
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bool) -> None:
+        self.value = value
+
+    def __bool__(self) -> bool:
+        return self.value
+
+    def __call__(self) -> bool:
+        return self.value
+
+    def __eq__(self, other: object) -> bool:
+        return self.value == other
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
 @implements(torch.Tensor.is_sparse_csr.__get__)
-def _is_sparse_csr(op: Any, mt: MaskedTensor) -> bool:
-    return mt._storage.layout.torch_layout is torch.sparse_csr
+def _is_sparse_csr(op: Any, mt: MaskedTensor) -> LayoutFlag:
+    return LayoutFlag(mt._storage.layout.torch_layout is torch.sparse_csr)
 
 
 # -- same pattern, new values --------------------------------------------------------------

@@ -14,6 +14,7 @@ import layouts
 from layouts import Storage
 
 from .._autograd import grad_on, on_values
+from .._memory import check_fits
 from .._registry import implements
 from .._tensor import MaskedTensor, _wrap, requires_grad_of
 
@@ -53,12 +54,14 @@ def _fill(s: Storage, value: Any) -> torch.Tensor:
     out = own(s, value) if own is not None else NotImplemented
     if out is not NotImplemented:
         return out
-    filled = s.values.masked_fill(~s.mask, value)
     if not s.index:
-        return filled
+        return s.values.masked_fill(~s.mask, value)
     if isinstance(value, (int, float, bool)) and value == 0:
-        return s.layout.to_torch(s, filled)
-    return s.densify(filled, value)
+        return s.layout.to_torch(s, s.values.masked_fill(~s.mask, value))
+    check_fits(f"to_tensor({value!r}) of a {s.layout.name} MaskedTensor", "strided", s.shape,
+               s.values.numel(), s.values.dtype, s.values.device,
+               "to_tensor(0) stays sparse; or reduce or slice it before filling")
+    return s.densify(s.values.masked_fill(~s.mask, value), value)
 
 
 class _ToTensor(torch.autograd.Function):
@@ -102,6 +105,11 @@ def to_layout(mt: MaskedTensor, layout: Any, **options: Any) -> MaskedTensor:
     s = mt._storage
     if s.layout is target and (not options or options == target.options_of(s)):
         return mt
+    if s.index:  # from a sparse layout, the result may grow with the shape (Note [Memory rule])
+        check_fits(f"converting a {s.layout.name} MaskedTensor to {target.name}", target.name,
+                   s.shape, s.values.numel(), s.values.dtype, s.values.device,
+                   f"keep it in {s.layout.name} (its ops never densify; to_tensor(0) stays "
+                   f"sparse), or reduce or slice it first", options)
     return on_values(_convert, [mt], target, options)
 
 

@@ -46,8 +46,15 @@ def _tensors(tensors: Any, op: str, one_layout: bool = True) -> list[MaskedTenso
     return tensors
 
 
+def _no_out(out: Any, op: str) -> None:
+    if out is not None:
+        raise TypeError(f"{op}: out= is not supported for MaskedTensors (the result's mask "
+                        f"and storage come from the inputs); use out = torch.{op}(tensors)")
+
+
 @implements(torch.cat, torch.concat, torch.concatenate, aten.cat.default)
-def _cat(op: Any, tensors: Any, dim: int = 0, *, axis: Any = None) -> Any:
+def _cat(op: Any, tensors: Any, dim: int = 0, *, axis: Any = None, out: Any = None) -> Any:
+    _no_out(out, "cat")
     ts = _tensors(tensors, "cat")
     dim = dim if axis is None else axis
     torch.cat([meta(t) for t in ts], dim)
@@ -55,7 +62,8 @@ def _cat(op: Any, tensors: Any, dim: int = 0, *, axis: Any = None) -> Any:
 
 
 @implements(torch.stack, aten.stack.default)
-def _stack(op: Any, tensors: Any, dim: int = 0) -> Any:
+def _stack(op: Any, tensors: Any, dim: int = 0, *, out: Any = None) -> Any:
+    _no_out(out, "stack")
     ts = _tensors(tensors, "stack")
     torch.stack([meta(t) for t in ts], dim)
     return run(op, Call("stack", aten.stack.default, ts, (int(dim) % (ts[0].dim() + 1),)))

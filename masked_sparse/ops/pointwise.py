@@ -86,6 +86,76 @@ def align(func: Any, storages: list[Storage]) -> list[Storage]:
         f"b.to_tensor(0), a.get_mask() & b.get_mask())")
 
 
+def _broadcast_shape(func: Any, storages: list[Storage]) -> torch.Size:
+    try:
+        return torch.Size(torch.broadcast_shapes(*(s.shape for s in storages)))
+    except RuntimeError:
+        shapes = ", ".join(str(tuple(s.shape)) for s in storages)
+        raise ValueError(f"{op_name(func)}: MaskedTensor operands of shapes {shapes} do not "
+                         f"broadcast to one shape") from None
+
+
+def broadcast(func: Any, storages: list[Storage]) -> list[Storage]:
+    """Storages of operands with different shapes, all read at one result pattern.
+
+    Note [Broadcasting masked operands]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Each mask broadcasts with its data; the result is specified where every broadcast mask
+    is True. The operands that already have the result's shape must have equal masks (the
+    same-shape rule, :func:`align`) and their stored pattern is the result's: the smaller
+    operands are read at those stored positions only (``layouts.read_broadcast``, O(nnz)),
+    and must not take away a specified element of a full-shape operand -- that would make
+    ``mt / mt.sum(1, keepdim=True)`` silently drop data, so it raises ``ValueError`` with
+    the count (inside a backward pass it is the intersection, Note [Masks of gradients]).
+    When no operand has the result's shape (``(3, 1) + (1, 4)``) the result is the
+    intersection; a sparse first operand is expanded over its specified elements first.
+    The returned storages share the index tensors and the mask of the result; a broadcast
+    operand's values are read in the shape of the result's values (strided: broadcastable).
+    """
+    shape = _broadcast_shape(func, storages)
+    full = [i for i, s in enumerate(storages) if s.shape == shape]
+    if full:
+        aligned = align(func, [storages[i] for i in full])
+        ref = aligned[0]
+        done = dict(zip(full, aligned))
+    else:
+        first = storages[0]
+        if first.index:
+            first = layouts.expand_specified(first, shape)
+            first = first if storages[0].layout is first.layout else _try_layout(first,
+                                                                              storages[0])
+        else:
+            first = Storage(first.layout, (), first.values, first.mask.expand(shape), shape)
+        ref, done = first, {0: first}
+    mask = ref.mask
+    reads = {}
+    for i, s in enumerate(storages):
+        if i not in done:
+            reads[i] = layouts.read_broadcast(s, ref)
+            mask = mask & reads[i][1]
+    if full and reads:
+        lost = ref.mask & ~mask
+        if not backward_masks.in_backward() and bool(lost.any()):
+            raise ValueError(
+                f"{op_name(func)}: broadcasting MaskedTensor operands of shapes "
+                f"{', '.join(str(tuple(s.shape)) for s in storages)} would lose "
+                f"{int(lost.sum())} specified element(s) of the operand of shape "
+                f"{tuple(shape)} (the smaller operand's mask is False there); fill it first, "
+                f"e.g. small.to_tensor(value), or mask the large operand to match")
+        if not backward_masks.in_backward():
+            mask = ref.mask  # the same set: keep the object (Note [Index sharing])
+    return [Storage(ref.layout, ref.index, done[i].values if i in done else reads[i][0], mask,
+                    shape) for i in range(len(storages))]
+
+
+def _try_layout(coo: Storage, like: Storage) -> Storage:
+    """``coo`` in ``like``'s layout and format when it can hold it, else COO."""
+    try:
+        return like.layout.from_coo_like(coo, like)
+    except ValueError:
+        return coo
+
+
 def broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
     """True when ``shape`` broadcasts to ``target`` exactly (the result has ``target``).
 
@@ -188,7 +258,15 @@ def apply_to_values(func: Any, args: tuple, kwargs: dict, inplace: bool) -> Any:
     kernel = layout_kernel(func, args)
     masked = [a for a in args if isinstance(a, MaskedTensor)]
     masked += [v for v in kwargs.values() if isinstance(v, MaskedTensor)]
-    aligned = align(func, [m._storage for m in masked])
+    storages = [m._storage for m in masked]
+    shape = storages[0].shape
+    if all(s.shape == shape for s in storages):
+        aligned = align(func, storages)
+    else:
+        aligned = broadcast(func, storages)
+        if inplace and isinstance(args[0], MaskedTensor) and args[0].shape != aligned[0].shape:
+            raise ValueError(f"{op_name(func)}: in-place result of shape {tuple(args[0].shape)} "
+                             f"cannot hold the broadcast shape {tuple(aligned[0].shape)}")
     by_id = {id(m): s for m, s in zip(masked, aligned)}
     ref = aligned[0]
 

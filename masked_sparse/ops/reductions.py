@@ -71,6 +71,7 @@ KEYS: dict[str, Any] = {
     "std_mean": aten.std_mean.correction, "logsumexp": aten.logsumexp.default,
     "median": aten.median.dim, "nanmedian": aten.nanmedian.dim,
     "softmax": aten._softmax.default, "log_softmax": aten._log_softmax.default,
+    "kthvalue": aten.kthvalue.default,
 }
 
 
@@ -78,7 +79,7 @@ KEYS: dict[str, Any] = {
 def _reduce(storages: list[Storage], key: Any, kernel: Kernel, dims: tuple[int, ...],
             keepdim: bool, extra: tuple) -> Any:
     s = storages[0]
-    own = s.layout.reduction.get(key)
+    own = s.layout.reduction.get(key) if key is not None else None
     out = own(s, dims, keepdim, *extra) if own is not None else NotImplemented
     if out is not NotImplemented:
         return out
@@ -93,7 +94,7 @@ def run(op: Any, name: str, kernel: Kernel, mt: MaskedTensor, dims: tuple[int, .
     A Python-level ``op`` runs through ``on_values`` (gradients carry ``mt``'s mask); an
     aten overload (called below autograd, from C++) runs forward only.
     """
-    key = KEYS[name]
+    key = KEYS.get(name)  # None: an op without an aten overload (functional.normalize)
     if not is_aten(op):
         return on_values(_reduce, [mt], key, kernel, dims, keepdim, extra)
     with torch.no_grad():
@@ -134,11 +135,12 @@ def source(g: Grouping, dtype: torch.dtype | None = None,
 
 
 def safe_root(s: torch.Tensor, p: float) -> torch.Tensor:
-    """``s ** (1/p)`` with value and gradient 0 where ``s == 0``."""
-    pos = s > 0
-    safe = torch.where(pos, s, _full(1, s))
+    """``s ** (1/p)`` with value and gradient 0 where ``s == 0`` (NaN and inf pass through,
+    as in torch's norms)."""
+    zero = s == 0
+    safe = torch.where(zero, _full(1, s), s)
     root = safe.sqrt() if p == 2 else safe.pow(1.0 / p)
-    return torch.where(pos, root, _full(0, root))
+    return torch.where(zero, _full(0, root), root)
 
 
 # -- kernels: (grouping, *params) -> Storage | tuple -------------------------------------
@@ -181,6 +183,13 @@ def k_count_nonzero(g: Grouping) -> Storage:
 
 def k_norm(g: Grouping, ord: float, dtype: torch.dtype | None, out_dtype: torch.dtype) -> Storage:
     v, m = source(g, dtype)
+    out, specified = group_norm(g, v, m, ord)
+    return g.build(zero_unspecified(out, specified).to(out_dtype), specified)
+
+
+def group_norm(g: Grouping, v: torch.Tensor, m: torch.Tensor,
+               ord: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``ord``-norm of the specified elements of each group, and which groups have one."""
     a = fill(v, m, 0).abs()
     specified = g.reduce(m, "any")
     if ord == math.inf:
@@ -198,7 +207,7 @@ def k_norm(g: Grouping, ord: float, dtype: torch.dtype | None, out_dtype: torch.
         if ord < 0:
             powered = fill(powered, m, 0)
         out = safe_root(g.reduce(powered, "sum"), ord)
-    return g.build(zero_unspecified(out, specified).to(out_dtype), specified)
+    return out, specified
 
 
 def k_var(g: Grouping, correction: float, std: bool, with_mean: bool) -> Any:

@@ -1,7 +1,8 @@
 """Optimizers for dense, sparse and masked gradients: ``ms.optim``.
 
-``Adagrad``, ``SGD``, ``Adam`` and ``AdamW`` are ``torch.optim.Optimizer`` subclasses with
-torch's arguments. Gradients may be dense tensors, torch sparse COO tensors (as
+``Adagrad``, ``SGD``, ``Adam``, ``AdamW`` and ``SparseAdam`` are ``torch.optim.Optimizer``
+subclasses with torch's arguments and numbers; ``clip_grad_norm_`` / ``clip_grad_value_``
+are torch's clipping functions. Gradients may be dense tensors, torch sparse COO tensors (as
 ``nn.Embedding(sparse=True)`` produces, uncoalesced and hybrid) or MaskedTensors of any
 layout; parameters may be MaskedTensors. Sparse and masked gradients update lazily: only
 the specified entries of the parameter and of the state are read and written, in
@@ -19,7 +20,9 @@ from . import functional
 from ._scatter import add_at_, as_masked_grad, read_at
 from .adagrad import Adagrad
 from .adam import Adam, AdamW
+from .clip import clip_grad_norm_, clip_grad_value_
 from .sgd import SGD
+from .sparse_adam import SparseAdam
 
-__all__ = ["SGD", "Adagrad", "Adam", "AdamW", "add_at_", "as_masked_grad", "functional",
-           "read_at"]
+__all__ = ["SGD", "Adagrad", "Adam", "AdamW", "SparseAdam", "add_at_", "as_masked_grad",
+           "clip_grad_norm_", "clip_grad_value_", "functional", "read_at"]

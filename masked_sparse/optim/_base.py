@@ -19,8 +19,15 @@ def check_flags(name: str, **flags: Any) -> None:
     """Refuse the torch.optim implementation switches that change what a step computes."""
     for flag, value in flags.items():
         if value:
-            raise NotImplementedError(f"ms.optim.{name}: {flag}=True is not supported (one "
-                                      f"code path for every gradient form); leave it unset")
+            raise NotImplementedError(f"ms.optim.{name}: {flag}=True is not supported "
+                                      f"(sparse and masked gradients have one lazy code "
+                                      f"path); leave it unset")
+
+
+def check_switches(name: str, foreach: bool | None, fused: bool | None) -> None:
+    """torch's rule for the two implementation switches (Note [Dense gradients])."""
+    if foreach and fused:
+        raise RuntimeError(f"ms.optim.{name}: `fused` and `foreach` cannot be `True` together.")
 
 
 def check_nonnegative(name: str, **values: Any) -> None:
@@ -49,7 +56,10 @@ class MaskedOptimizer(torch.optim.Optimizer):
         return torch.full_like(target_of(p), value, memory_format=torch.preserve_format)
 
     @staticmethod
-    def new_step() -> torch.Tensor:
+    def new_step(p: torch.Tensor, fused: bool | None) -> torch.Tensor:
+        """``state["step"]`` as torch.optim makes it (float32 on the device when fused)."""
+        if fused:
+            return torch.zeros((), dtype=torch.float32, device=p.device)
         return torch.tensor(0.0, dtype=scalar_dtype())
 
     @staticmethod

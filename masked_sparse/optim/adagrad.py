@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from . import functional as F
-from ._base import MaskedOptimizer, check_flags, check_nonnegative
+from ._base import MaskedOptimizer, check_flags, check_nonnegative, check_switches
 
 
 class Adagrad(MaskedOptimizer):
@@ -18,9 +18,10 @@ class Adagrad(MaskedOptimizer):
     MaskedTensors of any layout; parameters may be MaskedTensors, of which only the
     specified entries are updated. Unlike ``torch.optim.Adagrad``, ``weight_decay`` works
     with sparse gradients: it decays the entries the gradient specifies (Note [Lazy weight
-    decay]). ``foreach`` is accepted and ignored; ``fused`` / ``differentiable`` are not
-    supported. The state (``"step"``, ``"sum"``) has torch's keys, so state dicts move
-    between the two classes.
+    decay]). Dense gradients take torch's own multi-tensor step (Note [Dense gradients]);
+    ``foreach`` / ``fused`` choose it as in torch, ``differentiable`` is not supported.
+    The state (``"step"``, ``"sum"``) has torch's keys, so state dicts move between the
+    two classes.
 
     >>> import torch, masked_sparse as ms
     >>> emb = torch.nn.Embedding(10, 3, sparse=True)
@@ -39,10 +40,11 @@ class Adagrad(MaskedOptimizer):
                  differentiable: bool = False, fused: bool | None = None) -> None:
         check_nonnegative("Adagrad", lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
                           initial_accumulator_value=initial_accumulator_value, eps=eps)
-        check_flags("Adagrad", differentiable=differentiable, fused=fused)
+        check_flags("Adagrad", differentiable=differentiable)
+        check_switches("Adagrad", foreach, fused)
         defaults = dict(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay,
-                        initial_accumulator_value=initial_accumulator_value, foreach=None,
-                        maximize=maximize, differentiable=False, fused=None)
+                        initial_accumulator_value=initial_accumulator_value, foreach=foreach,
+                        maximize=maximize, differentiable=False, fused=fused)
         super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:
@@ -50,7 +52,7 @@ class Adagrad(MaskedOptimizer):
 
     def _init_state(self, p: torch.Tensor, group: dict[str, Any]) -> None:
         state = self.state[p]
-        state["step"] = self.new_step()
+        state["step"] = self.new_step(p, group["fused"])
         state["sum"] = self.zeros(p, group["initial_accumulator_value"])
 
     @torch.no_grad()
@@ -66,7 +68,8 @@ class Adagrad(MaskedOptimizer):
                 grads.append(p.grad)
                 sums.append(state["sum"])
                 steps.append(state["step"])
-            F.adagrad(params, grads, sums, steps, lr=float(group["lr"]),
+            F.adagrad(params, grads, sums, steps, group["foreach"], group["fused"],
+                      lr=group["lr"],
                       lr_decay=group["lr_decay"], weight_decay=group["weight_decay"],
                       eps=group["eps"], maximize=group["maximize"])
         return loss

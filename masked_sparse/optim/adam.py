@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from . import functional as F
-from ._base import MaskedOptimizer, check_flags, check_nonnegative
+from ._base import MaskedOptimizer, check_flags, check_nonnegative, check_switches
 
 
 class Adam(MaskedOptimizer):
@@ -19,8 +19,9 @@ class Adam(MaskedOptimizer):
     for COO gradients only, and without ``weight_decay`` or ``amsgrad``, both supported
     here (Note [Lazy weight decay]). On dense gradients it is ``torch.optim.Adam``; Note
     [Adam and SparseAdam] gives the one difference from SparseAdam (where ``eps`` is added).
-    ``decoupled_weight_decay=True`` is AdamW. ``foreach`` is accepted and ignored;
-    ``capturable`` / ``differentiable`` / ``fused`` are not supported. State keys are
+    ``decoupled_weight_decay=True`` is AdamW. Dense gradients take torch's own
+    multi-tensor step (Note [Dense gradients]); ``foreach`` / ``fused`` choose it as in
+    torch, ``capturable`` / ``differentiable`` are not supported. State keys are
     torch's (``"step"``, ``"exp_avg"``, ``"exp_avg_sq"``, ``"max_exp_avg_sq"``).
 
     >>> import torch, masked_sparse as ms
@@ -43,10 +44,11 @@ class Adam(MaskedOptimizer):
         for i, beta in enumerate(betas):
             if not 0.0 <= float(beta) < 1.0:
                 raise ValueError(f"ms.optim.{name}: invalid beta parameter at index {i}: {beta}")
-        check_flags(name, capturable=capturable, differentiable=differentiable, fused=fused)
+        check_flags(name, capturable=capturable, differentiable=differentiable)
+        check_switches(name, foreach, fused)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                        amsgrad=amsgrad, maximize=maximize, foreach=None, capturable=False,
-                        differentiable=False, fused=None,
+                        amsgrad=amsgrad, maximize=maximize, foreach=foreach, capturable=False,
+                        differentiable=False, fused=fused,
                         decoupled_weight_decay=decoupled_weight_decay)
         super().__init__(params, defaults)
 
@@ -58,7 +60,7 @@ class Adam(MaskedOptimizer):
             params, grads, avgs, avg_sqs, max_sqs, steps = [], [], [], [], [], []
             for p, state in self._with_grads(group):
                 if not state:
-                    state["step"] = self.new_step()
+                    state["step"] = self.new_step(p, group["fused"])
                     state["exp_avg"] = self.zeros(p)
                     state["exp_avg_sq"] = self.zeros(p)
                     if group["amsgrad"]:
@@ -71,11 +73,11 @@ class Adam(MaskedOptimizer):
                     max_sqs.append(state["max_exp_avg_sq"])
                 steps.append(state["step"])
             beta1, beta2 = group["betas"]
-            F.adam(params, grads, avgs, avg_sqs, max_sqs, steps, amsgrad=group["amsgrad"],
-                   beta1=float(beta1), beta2=float(beta2), lr=float(group["lr"]),
+            F.adam(params, grads, avgs, avg_sqs, max_sqs, steps, group["foreach"],
+                   group["fused"], group["decoupled_weight_decay"], amsgrad=group["amsgrad"],
+                   beta1=beta1, beta2=beta2, lr=group["lr"],
                    weight_decay=group["weight_decay"], eps=group["eps"],
-                   maximize=group["maximize"],
-                   decoupled_weight_decay=group["decoupled_weight_decay"])
+                   maximize=group["maximize"])
         return loss
 
 

@@ -1,12 +1,14 @@
 """Functional optimizers: one code path per algorithm, for every gradient form and layout.
 
-Each function has the signature of its ``torch.optim`` counterpart (without the
-``foreach`` / ``fused`` switches) and reads like the dense algorithm: the gradient
-becomes a MaskedTensor once (:func:`~masked_sparse.optim.as_masked_grad`), the state is
-read where it is specified (:func:`~masked_sparse.optim.read_at`), masked ops compute the
-update and :func:`~masked_sparse.optim.add_at_` writes it back. Nothing asks for the
+Each function has the signature of its ``torch.optim`` counterpart and reads like the
+dense algorithm: the gradient becomes a MaskedTensor once
+(:func:`~masked_sparse.optim.as_masked_grad`), the state is read where it is specified
+(:func:`~masked_sparse.optim.read_at`), masked ops compute the update and
+:func:`~masked_sparse.optim.add_at_` writes it back. Nothing asks for the
 layout, so dense, torch sparse COO (uncoalesced, hybrid) and MaskedTensor gradients in
-strided, COO, CSR -- or any registered layout -- go through the same lines.
+strided, COO, CSR -- or any registered layout -- go through the same lines. Dense
+gradients of plain parameters are first handed to torch's own multi-tensor optimizers
+(Note [Dense gradients] in ``_dense.py``): same numbers, torch's speed.
 
 Note [Lazy updates]
 ~~~~~~~~~~~~~~~~~~~
@@ -30,10 +32,22 @@ Note [Adam and SparseAdam]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~
 ``adam`` keeps the moments exactly as ``SparseAdam`` does (``m += (1 - beta1) * (g - m)``
 written as a sparse increment) and applies the update as ``torch.optim.Adam`` does,
-``lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)``. ``SparseAdam`` adds ``eps`` before the
-bias correction (``sqrt(v) + eps``), i.e. uses ``eps * sqrt(bc2)`` in Adam's formula; the
-two agree exactly for ``eps = 0`` and to O(eps) otherwise. Adam's placement is kept so
-that ``Adam`` / ``AdamW`` on dense gradients are the dense torch algorithms.
+``lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)``. ``sparse_adam`` is
+``torch.optim.SparseAdam``'s step operation for operation: ``eps`` is added *before* the
+bias correction, ``lr * sqrt(bc2) / bc1 * m / (sqrt(v) + eps)``, i.e. Adam with
+``eps * sqrt(bc2)``. The two agree where ``sqrt(v)`` dwarfs ``eps / sqrt(bc2)`` (3.2e-7
+at the first step with ``beta2 = 0.999``); below that -- embedding gradients of ~1e-7, or
+the rare tiny entry of larger ones -- their updates differ by a large fraction of ``lr``
+(measured in the README, "Optimizers"). ``Adam`` / ``AdamW`` keep Adam's placement so that on dense
+gradients they are the dense torch algorithms; ``SparseAdam`` is the drop-in for
+``torch.optim.SparseAdam``.
+
+Note [SGD without state]
+~~~~~~~~~~~~~~~~~~~~~~~~
+SGD with neither momentum nor weight decay on a torch sparse COO gradient of a plain
+parameter is ``param.add_(grad, alpha=-lr)``: torch's own lazy step (only the stored
+entries move), in O(nnz), without coalescing -- duplicates are added one by one, as
+``torch.optim.SGD`` adds them. Any other sparse or masked case takes the masked path.
 """
 
 from __future__ import annotations
@@ -41,10 +55,15 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.optim import adagrad as _torch_adagrad
+from torch.optim import adam as _torch_adam
+from torch.optim import sgd as _torch_sgd
 
+from .._tensor import MaskedTensor
+from ._dense import has_complex, pick, split, switches
 from ._scatter import add_at_, grad_for, read_at
 
-__all__ = ["adagrad", "adam", "sgd"]
+__all__ = ["adagrad", "adam", "sgd", "sparse_adam"]
 
 
 def _step_value(step_t: torch.Tensor, where: str) -> float:
@@ -55,13 +74,22 @@ def _step_value(step_t: torch.Tensor, where: str) -> float:
     return float(step_t)
 
 
+def _is_plain_coo_pair(param: torch.Tensor, grad: object) -> bool:
+    return (isinstance(grad, torch.Tensor) and not isinstance(grad, MaskedTensor)
+            and not isinstance(param, MaskedTensor) and grad.layout == torch.sparse_coo
+            and grad.shape == param.shape)
+
+
 def adagrad(params: list[torch.Tensor], grads: list[torch.Tensor],
-            state_sums: list[torch.Tensor], state_steps: list[torch.Tensor], *, lr: float,
+            state_sums: list[torch.Tensor], state_steps: list[torch.Tensor],
+            foreach: bool | None = None, fused: bool | None = None, *, lr: float,
             lr_decay: float, weight_decay: float, eps: float, maximize: bool) -> None:
     """Adagrad on dense, sparse or masked gradients (lazy for sparse ones).
 
     ``state_sums[i]`` has the shape of ``params[i]`` (of its stored values for a
     MaskedTensor parameter); ``state_steps[i]`` is a 0-d tensor, incremented in place.
+    Dense gradients of plain parameters run through ``torch.optim.adagrad.adagrad`` with
+    ``foreach`` / ``fused`` (Note [Dense gradients]).
 
     >>> import torch, masked_sparse as ms
     >>> param, state_sum = torch.zeros(4), torch.zeros(4)
@@ -71,8 +99,17 @@ def adagrad(params: list[torch.Tensor], grads: list[torch.Tensor],
     >>> param
     tensor([ 0.0000, -0.1000,  0.0000,  0.1000])
     """
-    for param, grad, state_sum, step_t in zip(params, grads, state_sums, state_steps,
-                                              strict=True):
+    dense, lazy = split(params, grads)
+    if dense:
+        p = pick(params, dense)
+        _torch_adagrad.adagrad(p, pick(grads, dense), pick(state_sums, dense),
+                               pick(state_steps, dense), has_complex=has_complex(p),
+                               **switches(foreach, fused, lr), lr=lr,
+                               weight_decay=weight_decay, lr_decay=lr_decay, eps=eps,
+                               maximize=maximize)
+    lr = float(lr)
+    for i in lazy:
+        param, grad, state_sum, step_t = params[i], grads[i], state_sums[i], state_steps[i]
         param, g = grad_for(param, grad, "adagrad")
         step = _step_value(step_t, "adagrad")
         if maximize:
@@ -86,15 +123,19 @@ def adagrad(params: list[torch.Tensor], grads: list[torch.Tensor],
 
 
 def sgd(params: list[torch.Tensor], d_p_list: list[torch.Tensor],
-        momentum_buffer_list: list[torch.Tensor | None], *, weight_decay: float,
-        momentum: float, lr: float, dampening: float, nesterov: bool, maximize: bool) -> None:
+        momentum_buffer_list: list[torch.Tensor | None], foreach: bool | None = None,
+        fused: bool | None = None, *, weight_decay: float, momentum: float, lr: float,
+        dampening: float, nesterov: bool, maximize: bool) -> None:
     """SGD with momentum, dampening, Nesterov and weight decay (lazy for sparse gradients).
 
     ``momentum_buffer_list[i]`` is None before the first step; it is then created (dense,
     shaped like the parameter's target) and stored back into the list, as torch does. The
     first step copies the gradient into the buffer; later ones apply
     ``buf = momentum * buf + (1 - dampening) * g`` at the specified entries, written as an
-    increment so that the stored buffer is exactly the one used for the update.
+    increment so that the stored buffer is exactly the one used for the update. Dense
+    gradients of plain parameters run through ``torch.optim.sgd.sgd`` with ``foreach`` /
+    ``fused`` (Note [Dense gradients]), and a COO gradient without momentum or weight decay
+    is added as torch adds it (Note [SGD without state]).
 
     >>> import torch, masked_sparse as ms
     >>> param = torch.ones(3)
@@ -104,7 +145,21 @@ def sgd(params: list[torch.Tensor], d_p_list: list[torch.Tensor],
     >>> param
     tensor([1.0000, 1.0000, 0.5000])
     """
-    for i, (param, grad) in enumerate(zip(params, d_p_list, strict=True)):
+    dense, lazy = split(params, d_p_list)
+    if dense:
+        buffers = pick(momentum_buffer_list, dense)
+        _torch_sgd.sgd(pick(params, dense), pick(d_p_list, dense), buffers,
+                       **switches(foreach, fused, lr), weight_decay=weight_decay,
+                       momentum=momentum, lr=lr, dampening=dampening, nesterov=nesterov,
+                       maximize=maximize)
+        for i, buf in zip(dense, buffers):
+            momentum_buffer_list[i] = buf
+    lr = float(lr)
+    for i in lazy:
+        param, grad = params[i], d_p_list[i]
+        if momentum == 0 and weight_decay == 0 and _is_plain_coo_pair(param, grad):
+            param.add_(grad, alpha=lr if maximize else -lr)  # Note [SGD without state]
+            continue
         param, g = grad_for(param, grad, "sgd")
         if maximize:
             g = -g
@@ -126,13 +181,16 @@ def sgd(params: list[torch.Tensor], d_p_list: list[torch.Tensor],
 
 def adam(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
          exp_avg_sqs: list[torch.Tensor], max_exp_avg_sqs: list[torch.Tensor],
-         state_steps: list[torch.Tensor], *, amsgrad: bool, beta1: float, beta2: float,
-         lr: float, weight_decay: float, eps: float, maximize: bool,
-         decoupled_weight_decay: bool = False) -> None:
+         state_steps: list[torch.Tensor], foreach: bool | None = None,
+         fused: bool | None = None, decoupled_weight_decay: bool = False, *, amsgrad: bool,
+         beta1: float, beta2: float, lr: float, weight_decay: float, eps: float,
+         maximize: bool) -> None:
     """Adam / AdamW (``decoupled_weight_decay=True``), lazy for sparse gradients.
 
     See Note [Adam and SparseAdam] for how it relates to ``torch.optim.SparseAdam``.
-    ``max_exp_avg_sqs`` is only read when ``amsgrad`` is True.
+    ``max_exp_avg_sqs`` is only read when ``amsgrad`` is True. Dense gradients of plain
+    parameters run through ``torch.optim.adam.adam`` with ``foreach`` / ``fused`` (Note
+    [Dense gradients]).
 
     >>> import torch, masked_sparse as ms
     >>> param, m, v = torch.zeros(3), torch.zeros(3), torch.zeros(3)
@@ -143,8 +201,19 @@ def adam(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[t
     >>> param
     tensor([-0.1000,  0.0000,  0.0000])
     """
-    for i, (param, grad) in enumerate(zip(params, grads, strict=True)):
-        param, g = grad_for(param, grad, "adam")
+    dense, lazy = split(params, grads)
+    if dense:
+        p = pick(params, dense)
+        _torch_adam.adam(p, pick(grads, dense), pick(exp_avgs, dense), pick(exp_avg_sqs, dense),
+                         pick(max_exp_avg_sqs, dense) if amsgrad else [],
+                         pick(state_steps, dense), **switches(foreach, fused, lr),
+                         has_complex=has_complex(p),
+                         decoupled_weight_decay=decoupled_weight_decay, amsgrad=amsgrad,
+                         beta1=beta1, beta2=beta2, lr=lr, weight_decay=weight_decay, eps=eps,
+                         maximize=maximize)
+    lr, beta1, beta2 = float(lr), float(beta1), float(beta2)
+    for i in lazy:
+        param, g = grad_for(params[i], grads[i], "adam")
         step = _step_value(state_steps[i], "adam")
         if maximize:
             g = -g
@@ -170,3 +239,38 @@ def adam(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[t
         if p is not None and decoupled_weight_decay:
             update = update - p * (lr * weight_decay)  # Note [Lazy weight decay]
         add_at_(param, update)
+
+
+def sparse_adam(params: list[torch.Tensor], grads: list[torch.Tensor],
+                exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
+                state_steps: list[int], *, eps: float, beta1: float, beta2: float, lr: float,
+                maximize: bool) -> None:
+    """``torch.optim.SparseAdam``'s step for every gradient form (Note [Adam and SparseAdam]).
+
+    The operations of ``torch.optim._functional.sparse_adam``, in its order, on the
+    specified entries: on a COO gradient the same numbers. ``state_steps[i]`` is the step
+    count after this step (an int, incremented by the caller, as torch does). A dense
+    gradient is specified everywhere; a MaskedTensor gradient where its mask says.
+
+    >>> import torch, masked_sparse as ms
+    >>> param, m, v = torch.zeros(3), torch.zeros(3), torch.zeros(3)
+    >>> grad = torch.sparse_coo_tensor([[0]], [2.], (3,))
+    >>> ms.optim.functional.sparse_adam([param], [grad], [m], [v], [1], eps=1e-8,
+    ...                                 beta1=0.9, beta2=0.999, lr=0.1, maximize=False)
+    >>> param
+    tensor([-0.1000,  0.0000,  0.0000])
+    """
+    for i, (param, grad) in enumerate(zip(params, grads, strict=True)):
+        param, g = grad_for(param, grad, "sparse_adam")
+        if maximize:
+            g = -g
+        m, v = read_at(exp_avgs[i], g), read_at(exp_avg_sqs[i], g)
+        dm = (g - m) * (1 - beta1)
+        dv = (g.pow(2) - v) * (1 - beta2)
+        # Both sums before the writes: for a strided g, m and v are the state itself.
+        numer, denom = dm + m, (dv + v).sqrt() + eps
+        add_at_(exp_avgs[i], dm)
+        add_at_(exp_avg_sqs[i], dv)
+        step = state_steps[i]
+        step_size = lr * math.sqrt(1 - beta2 ** step) / (1 - beta1 ** step)
+        add_at_(param, (numer / denom) * -step_size)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from . import functional as F
-from ._base import MaskedOptimizer, check_flags, check_nonnegative
+from ._base import MaskedOptimizer, check_flags, check_nonnegative, check_switches
 
 
 class SGD(MaskedOptimizer):
@@ -18,7 +18,9 @@ class SGD(MaskedOptimizer):
     buffer is dense but read and written only where the gradient is specified, so an entry
     the gradient skips keeps its buffer -- torch's SGD instead grows a sparse buffer that
     decays everywhere it was ever touched. Without momentum both give the same parameters.
-    The state key is torch's ``"momentum_buffer"``.
+    The state key is torch's ``"momentum_buffer"``. Dense gradients take torch's own
+    multi-tensor step (Note [Dense gradients]); ``foreach`` / ``fused`` choose it as in
+    torch, ``differentiable`` is not supported.
 
     >>> import torch, masked_sparse as ms
     >>> w = torch.nn.Parameter(torch.ones(4))
@@ -35,13 +37,14 @@ class SGD(MaskedOptimizer):
                  foreach: bool | None = None, differentiable: bool = False,
                  fused: bool | None = None) -> None:
         check_nonnegative("SGD", lr=lr, momentum=momentum, weight_decay=weight_decay)
-        check_flags("SGD", differentiable=differentiable, fused=fused)
+        check_flags("SGD", differentiable=differentiable)
+        check_switches("SGD", foreach, fused)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("ms.optim.SGD: Nesterov momentum requires a momentum and zero "
                              "dampening")
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
                         weight_decay=weight_decay, nesterov=nesterov, maximize=maximize,
-                        foreach=None, differentiable=False, fused=None)
+                        foreach=foreach, differentiable=False, fused=fused)
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -49,13 +52,17 @@ class SGD(MaskedOptimizer):
         """Perform one optimization step (``closure`` re-evaluates the loss)."""
         loss = self.run_closure(closure)
         for group in self.param_groups:
-            pairs = list(self._with_grads(group))
-            buffers = [state.get("momentum_buffer") for _, state in pairs]
-            F.sgd([p for p, _ in pairs], [p.grad for p, _ in pairs], buffers,
-                  weight_decay=group["weight_decay"], momentum=group["momentum"],
-                  lr=float(group["lr"]), dampening=group["dampening"],
-                  nesterov=group["nesterov"], maximize=group["maximize"])
-            if group["momentum"] != 0:
-                for (_, state), buf in zip(pairs, buffers):
-                    state["momentum_buffer"] = buf
+            params = [p for p in group["params"] if p.grad is not None]
+            grads = [p.grad for p in params]
+            momentum = group["momentum"]
+            # As torch: the state is only looked at when there is a momentum buffer.
+            buffers = ([self.state[p].get("momentum_buffer") for p in params] if momentum != 0
+                       else [None] * len(params))
+            F.sgd(params, grads, buffers, group["foreach"], group["fused"],
+                  weight_decay=group["weight_decay"], momentum=momentum, lr=group["lr"],
+                  dampening=group["dampening"], nesterov=group["nesterov"],
+                  maximize=group["maximize"])
+            if momentum != 0:
+                for p, buf in zip(params, buffers):
+                    self.state[p]["momentum_buffer"] = buf
         return loss

@@ -1,0 +1,272 @@
+"""``torch.masked``'s functional reductions and normalizations, returning MaskedTensors.
+
+Each function takes a plain tensor of any registered layout plus ``mask=`` (True =
+specified), with ``torch.masked``'s names and arguments (``torch.masked.sum(input, dim,
+*, keepdim, dtype, mask)`` ...), and returns a :class:`MaskedTensor` computed by the masked
+op on ``as_masked_tensor(input, mask)``: differentiable with respect to ``input``, never
+densifying a sparse input. Where ``torch.masked`` returns a plain tensor that holds an
+arbitrary value for a fully masked group (0 for ``sum``, NaN for ``mean``, ...), the result
+here leaves that element unspecified.
+
+``mask`` may be omitted: a strided input is then specified everywhere; a sparse input at
+its stored elements (its explicit zeros included, as ``ms.from_scipy`` reads scipy
+matrices), since specifying the implicit zeros would densify it. A strided mask may be
+given for a sparse input (its True positions are stored) and broadcasts to a strided input.
+A MaskedTensor input is used with its own mask (``mask`` must then be omitted).
+
+>>> import torch, masked_sparse as ms
+>>> x = torch.tensor([[1., 2.], [3., 4.]])
+>>> ms.functional.sum(x, 1, mask=torch.tensor([[True, False], [False, False]]))
+MaskedTensor(
+  [  1.0000,       --]
+)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import layouts
+
+from ._construct import as_masked_tensor
+from ._tensor import MaskedTensor
+from .ops import reductions_args as A
+from .ops.reductions import group_norm, run, source, zero_unspecified
+
+__all__ = ["amax", "amin", "argmax", "argmin", "cumprod", "cumsum", "log_softmax", "logsumexp",
+           "mean", "median", "norm", "normalize", "prod", "softmax", "softmin", "std", "sum",
+           "var"]
+
+def _masked(input: Any, mask: Any, op: str, dtype: torch.dtype | None = None) -> MaskedTensor:
+    """``input`` with ``mask`` as a MaskedTensor (cast to ``dtype``), differentiable."""
+    if isinstance(input, MaskedTensor):
+        if mask is not None:
+            raise TypeError(f"masked_sparse.functional.{op}: input is a MaskedTensor, which "
+                            f"carries its own mask; omit mask=")
+        mt = input
+    elif not isinstance(input, torch.Tensor):
+        raise TypeError(f"masked_sparse.functional.{op}: input must be a torch.Tensor, got "
+                        f"{type(input).__name__}")
+    else:
+        mt = as_masked_tensor(input, _mask_for(input, mask, op))
+    return mt if dtype is None or dtype == mt.dtype else mt.to(dtype)
+
+
+def _mask_for(input: torch.Tensor, mask: Any, op: str) -> torch.Tensor:
+    if mask is not None and not isinstance(mask, torch.Tensor):
+        raise TypeError(f"masked_sparse.functional.{op}: mask must be a bool torch.Tensor or "
+                        f"None, got {type(mask).__name__}")
+    if input.layout == torch.strided:
+        if mask is None:
+            return torch.ones(input.shape, dtype=torch.bool, device=input.device)
+        if mask.layout != torch.strided:
+            mask = mask.to_dense()
+        return mask.expand(input.shape)
+    if mask is None:  # the input's own pattern: every stored element is specified
+        layout = layouts.get_layout(input.layout)
+        plain = input.detach()
+        s = layout.from_torch(plain, plain)
+        return layout.to_torch(s, torch.ones(s.values.shape, dtype=torch.bool,
+                                             device=input.device))
+    if mask.layout == torch.strided:
+        return _stored_at(mask.expand(input.shape), input.layout)
+    if mask.layout != input.layout:  # sparse to sparse: O(nnz)
+        return _stored_at(mask, input.layout)
+    return mask
+
+
+def _stored_at(mask: torch.Tensor, layout: torch.layout) -> torch.Tensor:
+    """``mask`` in the sparse ``layout`` (a strided mask: storing exactly its True elements)."""
+    if layout == torch.sparse_coo:
+        return mask.to_sparse_coo()
+    return mask.to_sparse(layout=layout)
+
+
+def _dims(dim: Any) -> Any:
+    return () if dim is None else dim
+
+
+# -- reductions -------------------------------------------------------------------------
+def sum(input: torch.Tensor, dim: Any = None, *, keepdim: bool = False,
+        dtype: torch.dtype | None = None, mask: torch.Tensor | None = None) -> MaskedTensor:
+    """Sum of the specified elements over ``dim`` (all dims when None), as ``torch.masked.sum``.
+
+    >>> import torch, masked_sparse as ms
+    >>> ms.functional.sum(torch.tensor([1., 2., 4.]), mask=torch.tensor([True, False, True]))
+    MaskedTensor(  5.0000, True)
+    """
+    mt = _masked(input, mask, "sum")
+    return torch.sum(mt, _all_dims(dim, mt), keepdim=keepdim, dtype=dtype)
+
+
+def _all_dims(dim: Any, mt: MaskedTensor) -> Any:
+    return tuple(range(mt.dim())) if dim is None else dim
+
+
+def prod(input: torch.Tensor, dim: Any = None, *, keepdim: bool = False,
+         dtype: torch.dtype | None = None, mask: torch.Tensor | None = None) -> MaskedTensor:
+    """Product of the specified elements over one ``dim`` (all when None)."""
+    mt = _masked(input, mask, "prod")
+    if dim is None:
+        out = torch.prod(mt, dtype=dtype)
+        return out.reshape((1,) * mt.dim()) if keepdim else out
+    if isinstance(dim, (tuple, list)):
+        if len(dim) != 1:
+            raise TypeError(f"masked_sparse.functional.prod: dim must be one int, got {dim}")
+        dim = dim[0]
+    return torch.prod(mt, dim, keepdim=keepdim, dtype=dtype)
+
+
+def amax(input: torch.Tensor, dim: Any = None, *, keepdim: bool = False,
+         dtype: torch.dtype | None = None, mask: torch.Tensor | None = None) -> MaskedTensor:
+    """Maximum of the specified elements over ``dim`` (all dims when None)."""
+    return torch.amax(_masked(input, mask, "amax", dtype), _dims(dim), keepdim=keepdim)
+
+
+def amin(input: torch.Tensor, dim: Any = None, *, keepdim: bool = False,
+         dtype: torch.dtype | None = None, mask: torch.Tensor | None = None) -> MaskedTensor:
+    """Minimum of the specified elements over ``dim`` (all dims when None)."""
+    return torch.amin(_masked(input, mask, "amin", dtype), _dims(dim), keepdim=keepdim)
+
+
+def argmax(input: torch.Tensor, dim: int | None = None, *, keepdim: bool = False,
+           dtype: torch.dtype | None = None, mask: torch.Tensor | None = None) -> MaskedTensor:
+    """Index of the first maximum among the specified elements along ``dim``."""
+    return torch.argmax(_masked(input, mask, "argmax", dtype), dim, keepdim=keepdim)
+
+
+def argmin(input: torch.Tensor, dim: int | None = None, *, keepdim: bool = False,
+           dtype: torch.dtype | None = None, mask: torch.Tensor | None = None) -> MaskedTensor:
+    """Index of the first minimum among the specified elements along ``dim``."""
+    return torch.argmin(_masked(input, mask, "argmin", dtype), dim, keepdim=keepdim)
+
+
+def mean(input: torch.Tensor, dim: Any = None, *, keepdim: bool = False,
+         dtype: torch.dtype | None = None, mask: torch.Tensor | None = None) -> MaskedTensor:
+    """Mean of the specified elements over ``dim`` (all dims when None)."""
+    mt = _masked(input, mask, "mean")
+    return torch.mean(mt, _all_dims(dim, mt), keepdim=keepdim, dtype=dtype)
+
+
+def median(input: torch.Tensor, dim: int = -1, *, keepdim: bool = False,
+           dtype: torch.dtype | None = None, mask: torch.Tensor | None = None) -> MaskedTensor:
+    """Lower median of the specified elements along one ``dim`` (values only, as
+    ``torch.masked.median``)."""
+    return torch.median(_masked(input, mask, "median", dtype), dim, keepdim=keepdim).values
+
+
+def logsumexp(input: torch.Tensor, dim: Any = None, *, keepdim: bool = False,
+              dtype: torch.dtype | None = None, mask: torch.Tensor | None = None) -> MaskedTensor:
+    """``log(sum(exp(x)))`` of the specified elements over ``dim`` (all dims when None)."""
+    mt = _masked(input, mask, "logsumexp", dtype)
+    return torch.logsumexp(mt, _all_dims(dim, mt), keepdim=keepdim)
+
+
+def norm(input: torch.Tensor, ord: float = 2.0, dim: Any = None, *, keepdim: bool = False,
+         dtype: torch.dtype | None = None, mask: torch.Tensor | None = None) -> MaskedTensor:
+    """Vector ``ord``-norm of the specified elements over ``dim`` (all dims when None)."""
+    mt = _masked(input, mask, "norm")
+    return torch.linalg.vector_norm(mt, ord, dim, keepdim, dtype=dtype)
+
+
+def var(input: torch.Tensor, dim: Any = None, unbiased: bool | None = None, *,
+        correction: float | None = None, keepdim: bool = False,
+        dtype: torch.dtype | None = None, mask: torch.Tensor | None = None) -> MaskedTensor:
+    """Variance of the specified elements; a group needs more than ``correction`` of them."""
+    return _spread(torch.var, "var", input, dim, unbiased, correction, keepdim, dtype, mask)
+
+
+def std(input: torch.Tensor, dim: Any = None, unbiased: bool | None = None, *,
+        correction: float | None = None, keepdim: bool = False,
+        dtype: torch.dtype | None = None, mask: torch.Tensor | None = None) -> MaskedTensor:
+    """Standard deviation of the specified elements (see :func:`var`)."""
+    return _spread(torch.std, "std", input, dim, unbiased, correction, keepdim, dtype, mask)
+
+
+def _spread(fn: Any, op: str, input: Any, dim: Any, unbiased: Any, correction: Any,
+            keepdim: bool, dtype: Any, mask: Any) -> MaskedTensor:
+    mt = _masked(input, mask, op, dtype)
+    if unbiased is not None:
+        if correction is not None:
+            raise TypeError(f"masked_sparse.functional.{op}: pass either unbiased or "
+                            f"correction, not both")
+        correction = int(unbiased)
+    return fn(mt, _all_dims(dim, mt), correction=1 if correction is None else correction,
+              keepdim=keepdim)
+
+
+# -- normalizations ---------------------------------------------------------------------
+def softmax(input: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None,
+            mask: torch.Tensor | None = None) -> MaskedTensor:
+    """Softmax over the specified elements of each slice along ``dim``; keeps the mask."""
+    return torch.softmax(_masked(input, mask, "softmax"), dim, dtype=dtype)
+
+
+def log_softmax(input: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None,
+                mask: torch.Tensor | None = None) -> MaskedTensor:
+    """Log-softmax over the specified elements of each slice along ``dim``; keeps the mask."""
+    return torch.log_softmax(_masked(input, mask, "log_softmax"), dim, dtype=dtype)
+
+
+def softmin(input: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None,
+            mask: torch.Tensor | None = None) -> MaskedTensor:
+    """``softmax(-input)`` over the specified elements along ``dim``; keeps the mask."""
+    return torch.softmax(-_masked(input, mask, "softmin"), dim, dtype=dtype)
+
+
+def _k_normalize(g: layouts.Grouping, ord: float, eps: float,
+                 dtype: torch.dtype | None) -> layouts.Storage:
+    v, m = source(g, dtype)
+    norms, _ = group_norm(g, v, m, ord)
+    out = v / g.expand(torch.clamp_min(norms, eps))
+    return g.restore(zero_unspecified(out, m))
+
+
+def normalize(input: torch.Tensor, ord: float, dim: int, *, eps: float = 1e-12,
+              dtype: torch.dtype | None = None,
+              mask: torch.Tensor | None = None) -> MaskedTensor:
+    """Each slice along ``dim`` divided by ``max(norm of its specified elements, eps)``.
+
+    >>> import torch, masked_sparse as ms
+    >>> ms.functional.normalize(torch.tensor([3., 9., 4.]), 2.0, 0,
+    ...                         mask=torch.tensor([True, False, True]))
+    MaskedTensor(
+      [  0.6000,       --,   0.8000]
+    )
+    """
+    mt = _masked(input, mask, "normalize")
+    if not (mt.dtype.is_floating_point or mt.dtype.is_complex) and dtype is None:
+        raise TypeError(f"masked_sparse.functional.normalize: expected a floating point "
+                        f"input, got {mt.dtype}; pass dtype=torch.float32")
+    dims = A.one_dim(dim, mt.dim(), "normalize")
+    return run(normalize, "normalize", _k_normalize, mt, dims, True, float(ord), float(eps),
+               dtype)
+
+
+# -- scans --------------------------------------------------------------------------------
+def cumsum(input: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None,
+           mask: torch.Tensor | None = None) -> MaskedTensor:
+    """Running sum of the specified elements along ``dim``; keeps the mask."""
+    return _scan("cumsum", input, dim, dtype, mask, 0)
+
+
+def cumprod(input: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None,
+            mask: torch.Tensor | None = None) -> MaskedTensor:
+    """Running product of the specified elements along ``dim``; keeps the mask."""
+    return _scan("cumprod", input, dim, dtype, mask, 1)
+
+
+def _scan(op: str, input: Any, dim: int, dtype: Any, mask: Any, identity: int) -> MaskedTensor:
+    mt = _masked(input, mask, op)
+    try:
+        return getattr(torch, op)(mt, dim, dtype=dtype)
+    except NotImplementedError:
+        if mt.layout != torch.strided:
+            raise
+    # Note [Scans before the core has them]: until the core's scan kernels are registered,
+    # the strided scan is the plain one over the identity-filled data, mask kept.
+    data, m = mt.get_data(), mt.get_mask()
+    filled = torch.where(m, data, torch.full((), identity, dtype=data.dtype))
+    return as_masked_tensor(getattr(torch, op)(filled, dim, dtype=dtype), m)

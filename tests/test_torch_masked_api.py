@@ -1,0 +1,208 @@
+"""torch.masked's API on masked_sparse: ``masked_sparse.functional`` against torch.masked's
+own functions and dense references, ``is_sparse_coo()`` / ``is_sparse_csr()``, the
+requires-grad warning, and the plain exits (``tolist``, ``numpy``, ``np.asarray``, format).
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.masked
+from conftest import make_masked
+
+import masked_sparse as ms
+import masked_sparse.functional as MF
+
+SPARSE = [torch.sparse_coo, torch.sparse_csr, torch.sparse_csc]
+# name -> positional arguments after the input (torch.masked's signatures)
+ARGS = {"norm": (2.0, 1), "normalize": (2.0, 1), "median": (1,), "softmax": (1,),
+        "log_softmax": (1,), "softmin": (1,), "cumsum": (1,), "cumprod": (1,)}
+FUNCS = sorted(MF.__all__)
+
+
+def _inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(4, 5, generator=g, dtype=torch.float64)
+    mask = torch.rand(4, 5, generator=g) < 0.5
+    mask[0] = False       # a fully masked row: unspecified in every reduction along dim 1
+    mask[1, :3] = True    # at least two specified elements for var/std
+    return x, mask
+
+
+def _close_where_specified(out, ref):
+    got = out.to_dense()
+    spec = got.get_mask()
+    torch.testing.assert_close(got.to_tensor(0), torch.where(spec, ref.to(got.dtype), 0),
+                               equal_nan=True)
+    return spec
+
+
+@pytest.mark.parametrize("name", FUNCS)
+def test_functional_matches_torch_masked(name):
+    x, mask = _inputs()
+    args = ARGS.get(name, (1,))
+    out = getattr(MF, name)(x, *args, mask=mask)
+    ref = getattr(torch.masked, name)(x, *args, mask=mask)
+    assert isinstance(out, ms.MaskedTensor)
+    spec = _close_where_specified(out, ref)
+    if name in ("softmax", "log_softmax", "softmin", "normalize", "cumsum", "cumprod"):
+        assert torch.equal(spec, mask)  # elementwise in shape: the input's mask
+    elif name in ("var", "std"):
+        assert torch.equal(spec, mask.sum(1) > 1)
+    else:
+        assert torch.equal(spec, mask.any(1))
+
+
+@pytest.mark.parametrize("name", ["sum", "prod", "amax", "amin", "mean", "logsumexp", "norm",
+                                  "var", "std", "argmax", "argmin"])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_functional_full_and_keepdim_against_dense(name, keepdim):
+    x, mask = _inputs(1)
+    fn = getattr(MF, name)
+    sel = x[mask]
+    full = fn(x, mask=mask) if name != "norm" else fn(x, 2.0, mask=mask)
+    ref = {"sum": sel.sum(), "prod": sel.prod(), "amax": sel.amax(), "amin": sel.amin(),
+           "mean": sel.mean(), "logsumexp": sel.logsumexp(0), "norm": sel.norm(),
+           "var": sel.var(), "std": sel.std(),
+           "argmax": torch.where(mask, x, -math.inf).argmax(),
+           "argmin": torch.where(mask, x, math.inf).argmin()}[name]
+    assert full.dim() == 0 and bool(full.get_mask())
+    torch.testing.assert_close(full.to_tensor(0).to(ref.dtype), ref)
+    if name in ("argmax", "argmin", "prod"):
+        return
+    along = fn(x, 0, keepdim=keepdim, mask=mask) if name != "norm" else fn(
+        x, 2.0, 0, keepdim=keepdim, mask=mask)
+    assert along.shape == ((1, 5) if keepdim else (5,))
+
+
+@pytest.mark.parametrize("layout", SPARSE, ids=["coo", "csr", "csc"])
+@pytest.mark.parametrize("name", FUNCS)
+def test_functional_sparse_input_agrees_with_strided(name, layout):
+    x, mask = _inputs(2)
+    args = ARGS.get(name, (1,))
+    dense = getattr(MF, name)(x, *args, mask=mask)
+    sparse_x = x.to_sparse(layout=layout)
+    masks = (mask, mask.to_sparse(layout=layout), mask.to_sparse_coo())
+    for m in masks:  # strided, same-layout or COO mask
+        try:
+            out = getattr(MF, name)(sparse_x, *args, mask=m)
+        except NotImplementedError:
+            if name not in ("cumsum", "cumprod"):
+                raise
+            pytest.skip("sparse scans need the core's scan kernels (issue 15)")
+        assert out.layout != torch.strided or out.dim() == 0 or name in ("argmax", "argmin")
+        got = out.to_dense()
+        assert torch.equal(got.get_mask(), dense.get_mask())
+        torch.testing.assert_close(got.to_tensor(0), dense.to_tensor(0), equal_nan=True)
+
+
+def test_functional_mask_none_and_masked_input():
+    x = torch.tensor([[1.0, 0.0, 3.0], [0.0, 0.0, 0.0]])
+    assert float(MF.mean(x).to_tensor(0)) == pytest.approx(4 / 6)
+    # sparse input: the stored elements (explicit zeros too) are the specified ones
+    coo = torch.sparse_coo_tensor([[0, 0, 1], [0, 1, 2]], [1.0, 0.0, 5.0], (2, 3))
+    assert float(MF.mean(coo).to_tensor(0)) == pytest.approx(2.0)
+    assert torch.equal(MF.amax(coo, 1).to_dense().to_tensor(-1), torch.tensor([1.0, 5.0]))
+    mt = ms.masked_tensor(x, x != 0)
+    assert float(MF.sum(mt).to_tensor(0)) == 4.0
+    with pytest.raises(TypeError, match="carries its own mask"):
+        MF.sum(mt, mask=x != 0)
+
+
+def test_functional_is_differentiable_and_reexported():
+    x, mask = _inputs(3)
+    x.requires_grad_(True)
+    ms.softmax(x, 1, mask=mask).to_tensor(0).sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+    for name in MF.__all__:
+        assert getattr(ms, name) is getattr(MF, name)
+
+
+def test_functional_dtype_argument():
+    x = torch.tensor([[1, 2], [3, 4]])
+    mask = torch.tensor([[True, False], [True, True]])
+    assert MF.sum(x, 1, dtype=torch.float64, mask=mask).dtype == torch.float64
+    assert MF.amax(x, 1, dtype=torch.float32, mask=mask).dtype == torch.float32
+    assert MF.softmax(x.double(), 1, dtype=torch.float32, mask=mask).dtype == torch.float32
+
+
+# -- MaskedTensor's torch.masked methods --------------------------------------------------
+@pytest.mark.parametrize("layout", [torch.strided, torch.sparse_coo, torch.sparse_csr])
+@pytest.mark.filterwarnings("ignore:The PyTorch API of MaskedTensors")
+def test_is_sparse_coo_and_csr(layout):
+    mt = make_masked((3, 4), layout)[0]
+    ref = torch.masked.masked_tensor(torch.zeros(1), torch.ones(1, dtype=torch.bool))
+    assert mt.is_sparse_coo() == (layout == torch.sparse_coo)
+    assert mt.is_sparse_csr() == (layout == torch.sparse_csr)
+    assert bool(mt.is_sparse_csr) == (layout == torch.sparse_csr)  # torch's property form
+    assert ref.is_sparse_coo() is False  # the methods mirror torch.masked's
+    assert mt.is_sparse == (layout == torch.sparse_coo)
+
+
+def test_requires_grad_warning_like_torch_masked():
+    data = torch.ones(2, requires_grad=True)
+    mask = torch.tensor([True, False])
+    with warnings.catch_warnings(record=True) as theirs:
+        warnings.simplefilter("always")
+        torch.masked.masked_tensor(data, mask)
+    expected = {str(w.message) for w in theirs if "requires_grad" in str(w.message)}
+    assert expected
+    for build in (ms.masked_tensor, ms.MaskedTensor):
+        with pytest.warns(UserWarning) as ours:
+            build(data, mask)
+        assert {str(w.message) for w in ours} == expected
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ms.as_masked_tensor(data, mask)  # the differentiable view does not warn
+        ms.masked_tensor(data.detach(), mask)
+
+
+# -- plain exits ----------------------------------------------------------------------------
+@pytest.mark.parametrize("layout", [torch.strided, torch.sparse_coo])
+def test_plain_exits_name_the_way_out(layout):
+    mt = make_masked((2, 3), layout)[0]
+    for call, hint in ((mt.tolist, "to_tensor"), (mt.numpy, "to_tensor"),
+                       (lambda: np.asarray(mt), "to_tensor")):
+        with pytest.raises(TypeError, match="ms.to_numpy") as info:
+            call()
+        assert hint in str(info.value)
+
+
+def test_format_of_0d():
+    x = ms.masked_tensor(torch.tensor([1.23456, 2.0]), torch.tensor([True, False]))
+    assert f"{x[0]:.3f}" == "1.235"
+    assert f"{x[1]:.3f}" == "--"
+    assert f"{x[1]:>6.2f}" == "    --"
+    assert f"{x.sum():+.1e}" == "+1.2e+00"
+    assert format(x) == str(x)
+    with pytest.raises(TypeError, match="0-d"):
+        f"{x:.3f}"
+
+
+def test_torch_load_without_import_readme_fix(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    mt = make_masked((3, 4), torch.sparse_csr)[0]
+    torch.save({"w": mt}, path)
+    # In a process that never imported masked_sparse the load fails; the README's one line
+    # (import masked_sparse before torch.load) fixes it.
+    base = "import torch\n"
+    load = f"sd = torch.load({str(path)!r}, weights_only=True)\n"
+    fails = subprocess.run([sys.executable, "-c", base + load], capture_output=True,
+                           text=True, cwd=str(tmp_path))
+    assert fails.returncode != 0
+    fix = "import masked_sparse  # noqa: F401\n"
+    check = "print(sd['w'].layout, float(sd['w'].sum().to_tensor(0)))\n"
+    ok = subprocess.run([sys.executable, "-c", base + fix + load + check], capture_output=True,
+                        text=True, cwd=str(tmp_path),
+                        env={**__import__("os").environ,
+                             "PYTHONPATH": str(__import__("pathlib").Path(ms.__file__)
+                                               .parent.parent)})
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.split()[0] == "torch.sparse_csr"
+    assert float(ok.stdout.split()[1]) == pytest.approx(float(mt.sum().to_tensor(0)))
