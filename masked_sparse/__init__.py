@@ -12,6 +12,8 @@ tensor([[0.0000, 1.4142],
         [1.7321, 0.0000]])
 """
 
+from torch.distributed import is_available as _dist_available
+
 from . import _collate, functional, ops, optim  # noqa: F401  (ops registers the op tables)
 from ._construct import as_masked_tensor, masked_tensor
 from ._serialize import _rebuild_masked  # noqa: F401  (allow-listed for torch.load)
@@ -41,6 +43,9 @@ from .functional import (  # noqa: F401
 )
 from .interop import from_numpy, from_scipy, to_numpy, to_scipy
 from .ops.conversion import to_layout
+
+if _dist_available():  # torch imports torch.distributed already: registering costs nothing
+    from . import distributed  # noqa: F401  (torch.distributed's calls on MaskedTensors)
 
 __all__ = [
     "MaskedTensor",

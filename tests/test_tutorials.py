@@ -366,3 +366,26 @@ def test_scipy_interop(runs):
           [sum(v) / len(v) if v else None for v in valid])
     check(printed(out, "per-sensor range, back in numpy.ma:", 3),
           [max(v) - min(v) if v else None for v in valid])
+
+
+# -- distributed -----------------------------------------------------------------------------
+def test_distributed(runs):
+    """2 processes under torchrun: masked collectives, and training equal to one process."""
+    out = output(runs, "distributed")
+    # rank 0 holds [1, 2, 3, 4] specified at {0, 1}; rank 1 holds [10, 20, 30, 40] at {1, 2}
+    check(printed(out, "masked sum over ranks:", 4), [1.0, 22.0, 30.0, NAN])
+    check(printed(out, "masked mean over ranks:", 4), [1.0, 11.0, 30.0, NAN])
+    check(printed(out, "dist.all_reduce MAX:", 4), [1.0, 20.0, 30.0, NAN])
+    assert line_after(out, "dist.all_reduce MAX:").endswith("torch.sparse_coo")
+    # The tutorial's batches: 64 bags of 4 item ids out of 1000, seeded by the step.
+    steps = [torch.randint(0, 1000, (64, 4), generator=torch.Generator().manual_seed(s))
+             for s in range(5)]
+    whole = steps[0].unique().numel()
+    half = steps[0][:32].unique().numel()
+    check(printed(out, "rows in the whole batch:", 1), [whole])
+    check(printed(out, "rows in this rank's slice:", 1), [half])
+    check(printed(out, "rows in this rank's slice:", 1, then="synchronized gradient:"), [whole])
+    touched = torch.cat([s.reshape(-1) for s in steps]).unique().numel()
+    check(printed(out, "embedding rows changed by training:", 1), [touched])
+    (diff,) = printed(out, "max |2 processes - 1 process| over all parameters:", 1)
+    assert diff < 1e-5
