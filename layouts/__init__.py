@@ -23,6 +23,7 @@ from . import sparse_csc  # noqa: F401
 # isort: split
 from . import sparse_bsr  # noqa: F401
 from ._grouping import Grouping, zero_unspecified
+from ._index import linearize
 from ._linalg import sparse_mm, sparse_sparse_mm, specified_lines
 from ._lines import Lines, lines_along
 from ._reduce_sparse import group_by
@@ -30,6 +31,7 @@ from ._size import storage_nbytes
 from ._validate import check_sparse_input
 from .convert import convert, drop_unspecified, expand_specified, read_at, read_broadcast
 from .registry import (
+    Kernel,
     Layout,
     Storage,
     get_layout,
@@ -41,6 +43,7 @@ from .registry import (
 
 __all__ = [
     "Grouping",
+    "Kernel",
     "Layout",
     "Lines",
     "Storage",
@@ -53,6 +56,7 @@ __all__ = [
     "read_broadcast",
     "group_by",
     "lines_along",
+    "linearize",
     "register_layout",
     "registered_layouts",
     "sparse_mm",

@@ -277,9 +277,8 @@ class Compressed:
             from_torch=from_torch, from_strided=from_strided, densify=self.densify,
             to_torch=self.to_torch, gather=self.gather, to_coo=self.to_coo, from_coo=from_coo,
             validate=self.validate, format_options=self.format_options if self.blocked else None,
-            reduction={} if self.blocked else {
-                "group": partial(CompressedGrouping, axis=self.axis),
-                "lines": partial(compressed_lines, axis=self.axis)},
+            group=None if self.blocked else partial(CompressedGrouping, axis=self.axis),
+            lines=None if self.blocked else partial(compressed_lines, axis=self.axis),
             shape_ops={} if self.blocked else shape_ops(self.axis),
             unary={} if self.blocked else {
                 torch.ops.aten.any.dim: partial(compressed_mask_any, axis=self.axis)},

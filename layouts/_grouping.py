@@ -6,7 +6,7 @@ by building one :class:`Grouping` for its storage: the core (``masked_sparse``) 
 semantics once in terms of the few primitives below, and each layout computes them with
 plain tensors -- dense ``torch.sum(dim)`` for strided, segment / scatter reductions over
 the stored values for sparse layouts. A layout registers its builder as
-``reduction={"group": builder}``; a layout without one is reduced through its COO form
+``group=builder``; a layout without one is reduced through its COO form
 (``layouts.group_by``), in O(nnz), never densified.
 
 Primitives (all on plain tensors, differentiable with respect to ``values``)

@@ -23,7 +23,7 @@ its rows (columns). Scans and sorts then run as the torch op on padded blocks ``
 width)``, lines bucketed by length in powers of two so padding at most doubles the work
 (Note [Padded lines]); ``topk`` takes one ``topk`` of unique keys (Note [Top-k keys]).
 Everything is O(nnz) memory, O(nnz log nnz) time, and differentiable with respect to the
-values; nothing is densified. Layouts register the builder as ``reduction["lines"]``;
+values; nothing is densified. Layouts register the builder as ``lines``;
 one without it is arranged through its COO form.
 
 >>> import torch, layouts
@@ -414,7 +414,7 @@ class SparseLines(Lines):
 
 
 def compressed_lines(storage: Storage, dim: int, axis: int) -> Lines:
-    """The ``reduction["lines"]`` kernel of CSR (``axis=0``) and CSC (``axis=1``): along
+    """The ``lines`` kernel of CSR (``axis=0``) and CSC (``axis=1``): along
     the uncompressed dim, the stored lines are the lines, in storage order (no COO copy)."""
     if dim != 1 - axis:
         return sparse_lines(storage, dim)
@@ -434,7 +434,7 @@ def compressed_lines(storage: Storage, dim: int, axis: int) -> Lines:
 
 
 def dense_lines(storage: Storage, dim: int) -> Lines:
-    """The strided layout's ``reduction["lines"]`` kernel."""
+    """The strided layout's ``lines`` kernel."""
     return DenseLines(storage, dim, dim)
 
 
@@ -454,9 +454,9 @@ def sparse_lines(storage: Storage, dim: int) -> Lines:
 def lines_along(storage: Storage, dim: int) -> Lines:
     """The :class:`Lines` of ``storage`` along ``dim`` (non-negative).
 
-    Uses the layout's ``reduction["lines"]`` kernel, else its COO form (O(nnz)).
+    Uses the layout's ``lines`` kernel, else its COO form (O(nnz)).
     """
-    builder = storage.layout.kernel("reduction", "lines")
+    builder = storage.layout.lines
     if builder is not None:
         return builder(storage, dim)
     if not storage.index:

@@ -21,7 +21,7 @@ dense tensor then.
 
 The compressed layouts (CSR, CSC) are grouped from their (row, col) coordinates directly,
 over the same values in the same order (no COO copy); layouts without their own
-``reduction["group"]`` kernel are reduced through their COO form (:func:`group_by`); their
+``group`` builder are reduced through their COO form (:func:`group_by`); their
 results are COO (or strided for full reductions).
 """
 
@@ -421,14 +421,14 @@ class ViaCooGrouping(CooGrouping):
 def group_by(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> Grouping:
     """The :class:`Grouping` of ``storage`` for a reduction over ``dims``.
 
-    Uses the layout's ``reduction["group"]`` kernel, else its COO form (O(nnz)).
+    Uses the layout's ``group`` builder, else its COO form (O(nnz)).
 
     >>> import torch, layouts
     >>> s = layouts.get_layout("strided").from_torch(torch.ones(2, 3), torch.ones(2, 3).bool())
     >>> group_by(s, (1,), keepdim=False).reduce(s.values, "sum").tolist()
     [3.0, 3.0]
     """
-    builder = storage.layout.kernel("reduction", "group")
+    builder = storage.layout.group
     if builder is not None:
         return builder(storage, dims, keepdim)
     return ViaCooGrouping(storage, dims, keepdim)

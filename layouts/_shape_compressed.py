@@ -23,6 +23,8 @@ from . import _shape_coo as coo
 from ._index import crow_from_rows, rows_from_crow
 from .registry import Kernel, Storage, get_layout
 
+aten = torch.ops.aten
+
 
 def _via_coo(kernel: Kernel) -> Kernel:
     """Run a COO kernel on the COO form; a 2-D sparse result comes back in the input layout."""
@@ -101,7 +103,7 @@ def _line_index_select(axis: int, s: Storage, dim: int, index: torch.Tensor) -> 
                           _lines_shape(s, axis, index.numel()))
 
 
-def shape_ops(axis: int) -> dict[str, Kernel]:
+def shape_ops(axis: int) -> dict[Any, Kernel]:
     """The ``shape_ops`` table of the compressed layout whose compressed dim is ``axis``."""
     def on_lines(kernel: Kernel) -> Kernel:
         def run(*args: Any) -> Storage:
@@ -110,9 +112,9 @@ def shape_ops(axis: int) -> dict[str, Kernel]:
 
     return {
         **{name: _via_coo(kernel) for name, kernel in coo.SHAPE_OPS.items()},
-        "transpose": on_lines(_transpose),
-        "permute": on_lines(_permute),
-        "select": on_lines(_line_select),
-        "slice": on_lines(_line_slice),
-        "index_select": on_lines(_line_index_select),
+        aten.transpose.int: on_lines(_transpose),
+        aten.permute.default: on_lines(_permute),
+        aten.select.int: on_lines(_line_select),
+        aten.slice.Tensor: on_lines(_line_slice),
+        aten.index_select.default: on_lines(_line_index_select),
     }

@@ -28,6 +28,8 @@ import torch
 from ._index import coalesce_coo, linearize
 from .registry import Kernel, Storage, get_layout
 
+aten = torch.ops.aten
+
 
 def _unsupported(op: str, why: str) -> NotImplementedError:
     return NotImplementedError(f"MaskedTensor[sparse_coo] {op}: {why}; use .to_dense() first")
@@ -296,18 +298,18 @@ def masked_select(s: Storage, index: torch.Tensor) -> Storage:
     return _build(s, rank[pos].unsqueeze(0), *_take(s, pos), (total,))
 
 
-SHAPE_OPS: dict[str, Kernel] = {
-    "permute": permute,
-    "transpose": transpose,
-    "select": select,
-    "slice": slice_,
-    "index_select": index_select,
-    "unsqueeze": unsqueeze,
-    "squeeze": squeeze,
-    "reshape": reshape,
-    "view": reshape,  # values are never copied: a reshape of COO storage is a view of them
-    "flip": flip,
-    "roll": roll,
-    "cat": cat,
-    "masked_select": masked_select,
+SHAPE_OPS: dict[Any, Kernel] = {
+    aten.permute.default: permute,
+    aten.transpose.int: transpose,
+    aten.select.int: select,
+    aten.slice.Tensor: slice_,
+    aten.index_select.default: index_select,
+    aten.unsqueeze.default: unsqueeze,
+    aten.squeeze.dims: squeeze,
+    aten.reshape.default: reshape,
+    aten.view.default: reshape,  # values are never copied: a COO reshape is a view of them
+    aten.flip.default: flip,
+    aten.roll.default: roll,
+    aten.cat.default: cat,
+    aten.masked_select.default: masked_select,
 }

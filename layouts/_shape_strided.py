@@ -14,7 +14,7 @@ storages.
 >>> import torch, layouts
 >>> s = layouts.get_layout("strided").from_strided(torch.arange(6.).view(2, 3),
 ...                                                torch.ones(2, 3, dtype=torch.bool))
->>> SHAPE_OPS["transpose"](s, 0, 1).values.shape
+>>> SHAPE_OPS[aten.transpose.int](s, 0, 1).values.shape
 torch.Size([3, 2])
 """
 
@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from .registry import Storage
+from .registry import Kernel, Storage
 
-Kernel = Callable[..., Any]
+aten = torch.ops.aten
 
 
 def _both(fn: Callable[..., torch.Tensor]) -> Kernel:
@@ -64,26 +64,26 @@ def _index(t: torch.Tensor, indices: list[torch.Tensor | None]) -> torch.Tensor:
     return torch.ops.aten.index.Tensor(t, indices)
 
 
-SHAPE_OPS: dict[str, Kernel] = {
-    "view": _view,
-    "reshape": _both(torch.reshape),
-    "permute": _both(torch.permute),
-    "transpose": _both(torch.transpose),
-    "select": _both(torch.select),
-    "slice": _both(_slice),
-    "index_select": _both(torch.index_select),
-    "unsqueeze": _both(torch.unsqueeze),
-    "squeeze": _both(torch.squeeze),
-    "expand": _both(torch.Tensor.expand),
-    "repeat": _both(torch.Tensor.repeat),
-    "flip": _both(torch.flip),
-    "roll": _both(torch.roll),
-    "unfold": _both(torch.Tensor.unfold),
-    "gather": _both(torch.gather),
-    "take": _both(torch.take),
-    "masked_select": _both(torch.masked_select),
-    "index": _both(_index),
-    "getitem": _both(torch.Tensor.__getitem__),
-    "cat": _both_list(torch.cat),
-    "stack": _both_list(torch.stack),
+SHAPE_OPS: dict[Any, Kernel] = {
+    aten.view.default: _view,
+    aten.reshape.default: _both(torch.reshape),
+    aten.permute.default: _both(torch.permute),
+    aten.transpose.int: _both(torch.transpose),
+    aten.select.int: _both(torch.select),
+    aten.slice.Tensor: _both(_slice),
+    aten.index_select.default: _both(torch.index_select),
+    aten.unsqueeze.default: _both(torch.unsqueeze),
+    aten.squeeze.dims: _both(torch.squeeze),
+    aten.expand.default: _both(torch.Tensor.expand),
+    aten.repeat.default: _both(torch.Tensor.repeat),
+    aten.flip.default: _both(torch.flip),
+    aten.roll.default: _both(torch.roll),
+    aten.unfold.default: _both(torch.Tensor.unfold),
+    aten.gather.default: _both(torch.gather),
+    aten.take.default: _both(torch.take),
+    aten.masked_select.default: _both(torch.masked_select),
+    aten.index.Tensor: _both(_index),
+    torch.Tensor.__getitem__: _both(torch.Tensor.__getitem__),
+    aten.cat.default: _both_list(torch.cat),
+    aten.stack.default: _both_list(torch.stack),
 }

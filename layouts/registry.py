@@ -53,17 +53,37 @@ it then converts to the original, which :func:`layouts.convert` rejects).
 
 - ``format_options(storage) -> dict``: the ``from_coo`` options that rebuild a storage in
   the same format (``{"blocksize": (2, 3)}``); needed when ``from_coo`` takes options.
-- kernel tables ``unary``, ``binary``, ``shape_ops`` (keyed on exact aten overloads),
-  ``reduction`` (``{"group": builder}``, see :mod:`layouts._grouping`) and
-  ``conversions`` (direct paths keyed on the target layout's name).
+- ``group(storage, dims, keepdim) -> Grouping``: how the layout groups its stored values for
+  a reduction (see :mod:`layouts._grouping`); without it reductions go through COO.
+- ``lines(storage, dim) -> Lines``: the same for scans and sorts along one dim (see
+  :mod:`layouts._lines`); without it they go through COO.
+- ``refuses``: ``{op name: (reason, fix)}``, the ops the layout declines on purpose (a
+  shape op that would store every broadcast copy, ...). The core raises
+  ``NotImplementedError`` with that reason and fix, naming the layouts that do have the op.
 
-*What the core derives from the primitives*, with no kernel at all: unary and binary
-pointwise ops (``storage.with_values`` on the values; a plain operand is read with
-``gather``), mask matching (identical index objects, else a comparison after
-``drop_unspecified``), conversions to and from every other layout (via COO), reductions
-(through the COO form when ``reduction`` has no ``"group"`` kernel, O(nnz)),
-``to_tensor`` / ``get_data`` / ``get_mask`` (``to_torch``, or ``densify`` for a fill
-``!= 0``), printing (``densify``), and autograd.
+*Kernel tables*, each keyed by exact aten overloads; an entry overrides the core's generic
+derivation for this layout only (ARCHITECTURE.md, "one route for every op"):
+
+=============  ==================================================  =========================
+table          kernel                                              generic derivation
+=============  ==================================================  =========================
+``unary``      ``(storage, *args, **kwargs) -> Storage``           the op on ``values``
+``binary``     ``(storage, other, *args, **kwargs) -> Storage``    the op on aligned values
+``reduction``  ``(storage, dims, keepdim, *params) -> Storage``    through ``group`` / COO
+``shape_ops``  ``(storage, *normalized_args) -> Storage``          rewrites of other ops
+=============  ==================================================  =========================
+
+A kernel may return ``NotImplemented`` for a call it does not handle (say, a reduction
+over other dims than the one it is fast for): the generic derivation then runs.
+``binary`` kernels receive operands whose masks the core has already matched: ``other`` is a
+storage sharing ``storage``'s index tensors (a plain tensor operand read at the stored
+positions) or a Python scalar. ``reduction`` kernels receive normalized dims and the
+op's parameters (listed in ``masked_sparse/ops/reductions.py``). ``shape_ops`` kernels get
+normalized arguments (``masked_sparse/ops/shape.py``, Note [Shape op signatures]).
+Two single kernels complete the set: ``to_tensor(storage, value) -> Tensor`` (masked-out
+positions filled with ``value``) and ``get_data(storage, values) -> Tensor`` (the data as a
+plain tensor of the layout); ``conversions`` holds direct paths keyed on the target
+layout's name (the generic path goes through COO).
 
 *Invariants every layout keeps*: ``values`` and ``mask`` have the same shape and the mask
 is bool; the index tensors are shared by data and mask and never written in place;
@@ -137,34 +157,15 @@ def takes_layout(primitive: Kernel) -> Kernel:
     return primitive
 
 
-
 @dataclass(frozen=True, eq=False)
 class Layout:
     """A storage layout for masked tensors: required primitives plus kernel tables.
 
-    Required primitives (registration fails if one is missing):
-
-    ``from_torch(data, mask) -> Storage``
-        Build from user tensors of this layout; the mask's pattern is authoritative.
-    ``from_strided(data, mask) -> Storage``
-        Compress dense data and mask (the specified positions are stored).
-    ``densify(storage, values, fill) -> Tensor``
-        A dense tensor with ``values`` at the stored positions and ``fill`` elsewhere.
-    ``to_torch(storage, values) -> Tensor``
-        A plain tensor of this layout with the storage's index tensors and ``values``.
-    ``gather(storage, dense) -> Tensor``
-        Read a dense tensor (broadcastable to ``shape``) at the stored positions: the result
-        has the shape of ``storage.values``.
-    ``to_coo(storage) -> Storage`` / ``from_coo(storage, **options) -> Storage``
-        Conversions through the COO hub (coalesced, row-major order); ``options`` are the
-        user's conversion options (``blocksize=``), absent for most layouts.
-    ``validate(storage, full) -> None``
-        O(1) checks, or O(nnz) invariants with ``full=True``; raise ValueError.
-
-    Optional: ``format_options(storage) -> dict``, the ``from_coo`` options that rebuild a
-    storage in the same format. Kernel tables map an op (an aten overload, or a name for
-    the families the core calls by name such as reductions) to a function of plain
-    tensors / storages. The module docstring describes the whole protocol.
+    The required primitives (``from_torch`` ... ``validate``: registration fails if one is
+    missing), the optional entries and the kernel tables (``unary``, ``binary``,
+    ``reduction``, ``shape_ops`` keyed by exact aten overloads, ``to_tensor``, ``get_data``,
+    ``conversions``) are described in the module docstring; ``index_names`` name the index
+    tensors and ``doc`` describes the layout (both printed by ``python -m masked_sparse``).
     """
 
     name: str
@@ -182,7 +183,12 @@ class Layout:
     binary: Mapping[Any, Kernel] = field(default_factory=dict)
     reduction: Mapping[Any, Kernel] = field(default_factory=dict)
     shape_ops: Mapping[Any, Kernel] = field(default_factory=dict)
+    to_tensor: Kernel | None = None
+    get_data: Kernel | None = None
     conversions: Mapping[str, Kernel] = field(default_factory=dict)
+    group: Kernel | None = None
+    lines: Kernel | None = None
+    refuses: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     format_options: Kernel | None = None
     doc: str = ""
 
@@ -206,10 +212,6 @@ class Layout:
         """A storage of this layout from its parts (no check; see ``validate``)."""
         return Storage(self, tuple(index), values, mask, torch.Size(shape))
 
-    def kernel(self, table: str, op: Any) -> Kernel | None:
-        """The kernel for ``op`` in one of the tables, or None."""
-        return getattr(self, table).get(op)
-
     def options_of(self, storage: Storage) -> dict[str, Any]:
         """The conversion options that rebuild ``storage`` in its format (often ``{}``)."""
         return dict(self.format_options(storage)) if self.format_options is not None else {}
@@ -227,7 +229,8 @@ class Layout:
 
 _REQUIRED = ("from_torch", "from_strided", "densify", "to_torch", "gather", "to_coo",
              "from_coo", "validate")
-_TABLES = ("unary", "binary", "reduction", "shape_ops", "conversions")
+_TABLES = ("unary", "binary", "reduction", "shape_ops", "conversions", "refuses")
+_OPTIONAL = ("format_options", "group", "lines", "to_tensor", "get_data")
 _BY_KEY: dict[Any, Layout] = {}
 _ORDER: list[Layout] = []
 
@@ -254,9 +257,9 @@ def register_layout(layout: Layout, *, replace: bool = False) -> Layout:
     if missing:
         raise TypeError(f"register_layout({layout.name!r}): missing required primitives "
                         f"{missing}; see layouts.Layout for what each must do")
-    if layout.format_options is not None and not callable(layout.format_options):
-        raise TypeError(f"register_layout({layout.name!r}): format_options must be callable "
-                        f"or None")
+    for n in _OPTIONAL:
+        if getattr(layout, n) is not None and not callable(getattr(layout, n)):
+            raise TypeError(f"register_layout({layout.name!r}): {n} must be callable or None")
     bad = [t for t in _TABLES if not isinstance(getattr(layout, t), Mapping)]
     if bad:
         raise TypeError(f"register_layout({layout.name!r}): kernel tables {bad} must be "

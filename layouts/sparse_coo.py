@@ -102,6 +102,16 @@ def _validate(storage: Storage, full: bool = False) -> None:
                              "unique); call .coalesce() on the input first")
 
 
+_DENSE = "use .to_dense() first"
+#: Ops this layout declines (op -> (reason, fix)); the core builds the error from them.
+REFUSES = {
+    **dict.fromkeys(("expand", "expand_as", "broadcast_to", "repeat", "tile"),
+                    ("it would store every broadcast/repeated copy", _DENSE)),
+    **dict.fromkeys(("unfold", "gather", "take"), ("no sparse kernel", _DENSE)),
+    "setitem": ("indexing a sparse storage builds new tensors, so a write into them would be "
+                "lost", "assign into mt.to_dense() (or build a new masked tensor) instead"),
+}
+
 register_layout(Layout(
     name="sparse_coo",
     torch_layout=torch.sparse_coo,
@@ -116,7 +126,9 @@ register_layout(Layout(
     validate=_validate,
     unary={torch.ops.aten.any.dim: _mask_any},
     binary={torch.ops.aten.mm.default: _mm},
-    reduction={"group": coo_grouping, "lines": sparse_lines},
+    group=coo_grouping,
+    lines=sparse_lines,
     shape_ops=_SHAPE_OPS,
+    refuses=REFUSES,
     doc=__doc__ or "",
 ))

@@ -9,7 +9,17 @@ Invariants
 - A position is specified iff it is stored and its mask value is True.
 """
 
+import dataclasses
+
 from ._compressed import CSR
 from .registry import register_layout
 
-register_layout(CSR.layout("sparse_csr", doc=__doc__ or ""))
+#: Ops this layout declines (op -> (reason, fix)); the core builds the error from them.
+REFUSES = {
+    **dict.fromkeys(("expand", "expand_as", "broadcast_to", "repeat", "tile", "unfold",
+                     "gather", "take"), ("no sparse kernel", "use .to_dense() first")),
+    "setitem": ("indexing a sparse storage builds new tensors, so a write into them would be "
+                "lost", "assign into mt.to_dense() (or build a new masked tensor) instead"),
+}
+
+register_layout(dataclasses.replace(CSR.layout("sparse_csr", doc=__doc__ or ""), refuses=REFUSES))

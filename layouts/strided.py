@@ -63,7 +63,8 @@ register_layout(Layout(
     to_coo=_to_coo,
     from_coo=_from_coo,
     validate=_validate,
-    reduction={"group": StridedGrouping, "lines": dense_lines},
+    group=StridedGrouping,
+    lines=dense_lines,
     shape_ops=_SHAPE_OPS,
     doc=__doc__ or "",
 ))

@@ -47,8 +47,11 @@ def main() -> None:
         if layout.torch_layout is None:
             continue
         mt = ms.to_layout(base, layout)
-        print(f"\n== layout {layout.name}: stores {mt._storage.values.numel()} values, "
-              f"index tensors {[tuple(i.shape) for i in mt._storage.index]}")
+        summary = (layout.doc.strip().splitlines() or [""])[0]
+        index = ", ".join(f"{n} {tuple(i.shape)}"
+                          for n, i in zip(layout.index_names, mt._storage.index))
+        print(f"\n== layout {layout.name}: {summary}\n   stores "
+              f"{mt._storage.values.numel()} values, index tensors: {index or 'none'}")
         for name, out in _ops(mt).items():
             index = out._storage.index
             same_index = (len(index) == len(mt._storage.index)

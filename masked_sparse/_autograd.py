@@ -16,17 +16,15 @@ inner graph only references plain tensors, so no reference cycle forms with the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 import layouts
-from layouts import Storage
+from layouts import Kernel, Storage
 
-from ._tensor import MaskedTensor, _wrap, requires_grad_of
-
-StorageFn = Callable[..., Any]
+from ._tensor import MaskedTensor, _wrap, requires_grad_of, unwrap_grad_tracking
 
 
 def _as_outputs(result: Any) -> tuple[tuple[Any, ...], bool]:
@@ -39,19 +37,26 @@ def _wrap_outputs(outs: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(_wrap(o) if isinstance(o, Storage) else o for o in outs)
 
 
-def grad_values(grad: Any, out: Storage) -> torch.Tensor:
-    """The incoming gradient as a values tensor of ``out``'s storage (0 where unspecified)."""
+def grad_on(grad: Any, s: Storage) -> tuple[torch.Tensor, torch.Tensor]:
+    """An incoming gradient's values and mask at ``s``'s stored positions (shaped like
+    ``s.values``): the one reader of gradients for every backward here.
+
+    A MaskedTensor gradient is read with :func:`layouts.read_at` (positions it lacks are
+    unspecified); a plain one -- dense, or sparse in ``s``'s layout -- carries ``s``'s mask.
+    """
+    grad = unwrap_grad_tracking(grad)  # Note [Functions for torch.func]
     if isinstance(grad, MaskedTensor):
-        values, mask = layouts.read_at(grad._storage, out)
-        return values.masked_fill(~mask, 0)
-    return out.layout.gather(out, grad).expand_as(out.values)
+        return layouts.read_at(grad._storage, s)
+    if grad.layout != torch.strided:
+        return s.layout.from_torch(grad, s.layout.to_torch(s, s.mask)).values, s.mask
+    return s.layout.gather(s, grad).expand_as(s.values), s.mask
 
 
 class _OnValues(torch.autograd.Function):
     # Note [Functions for torch.func]: forward takes no ctx and hands its inner graph to
     # setup_context through ``box`` (a list), which is what torch.func transforms require.
     @staticmethod
-    def forward(fn: StorageFn, extra: tuple, box: list, *inputs: Any) -> Any:
+    def forward(fn: Kernel, extra: tuple, box: list, *inputs: Any) -> Any:
         storages, leaves = [], []
         for t in inputs:
             if not isinstance(t, MaskedTensor):  # a plain operand: passed as a tensor
@@ -89,7 +94,9 @@ class _OnValues(torch.autograd.Function):
         for o, g in zip(ctx.outs, grads):
             if isinstance(o, Storage) and g is not None and o.values.requires_grad:
                 outs.append(o.values)
-                gvals.append(grad_values(g, o))
+                values, mask = grad_on(g, o)  # unspecified positions contribute nothing
+                gvals.append(values.masked_fill(~mask, 0) if isinstance(g, MaskedTensor)
+                             else values)
         # Keep the inner graph exactly as long as the outer one (retain_graph, gradcheck).
         keep = torch._C._autograd._get_current_graph_task_keep_graph()
         leaf_grads = torch.autograd.grad(outs, ctx.leaves, gvals, allow_unused=True,
@@ -112,7 +119,7 @@ class _OnValues(torch.autograd.Function):
         return tuple(result)
 
 
-def on_values(fn: StorageFn, inputs: Sequence[MaskedTensor], *extra: Any) -> Any:
+def on_values(fn: Kernel, inputs: Sequence[MaskedTensor], *extra: Any) -> Any:
     """Run ``fn(storages, *extra)`` and wrap its Storage outputs as MaskedTensors.
 
     ``fn`` must compute output values with differentiable torch ops on the input values;

@@ -24,7 +24,8 @@ from torch.utils.data._utils.collate import default_collate_fn_map
 
 from ._tensor import MaskedTensor
 
-_STACKING = ("cat", "unsqueeze")  # the shape kernels torch.stack is built from
+# The shape kernels torch.stack is built from (shape_ops is keyed by aten overloads).
+_STACKING = (torch.ops.aten.cat.default, torch.ops.aten.unsqueeze.default)
 
 
 def collate_masked(batch: Sequence[MaskedTensor], *,

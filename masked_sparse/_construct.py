@@ -103,9 +103,9 @@ class _AsMasked(torch.autograd.Function):
 
 def _masked_values(s: Storage, grad: torch.Tensor) -> torch.Tensor:
     """The incoming gradient read at ``s``'s stored positions, 0 where unspecified."""
-    from .ops.conversion import grad_as_values
+    from ._autograd import grad_on
 
-    values = grad_as_values(s, grad)
+    values = grad_on(grad, s)[0]
     return torch.where(s.mask, values, torch.zeros((), dtype=values.dtype,
                                                    device=values.device))
 

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+import layouts
+
 Handler = Callable[..., Any]
 
 #: Python-level callables -> handlers (read by ``__torch_function__``).
@@ -42,6 +44,8 @@ def implements(*ops: Any) -> Callable[[Handler], Handler]:
     """Register ``handler(op, *args, **kwargs)`` for Python-level callables and aten overloads.
 
     >>> import torch
+
+import layouts
     >>> @implements(torch.Tensor.numel, torch.ops.aten.numel.default)   # doctest: +SKIP
     ... def numel(op, mt): ...
     """
@@ -61,3 +65,14 @@ def op_name(op: Any) -> str:
     for prefix in ("special_", "linalg_"):
         name = name.removeprefix(prefix)
     return name
+
+
+def way_out(has_op: Callable[[layouts.Layout], bool]) -> str:
+    """What to do about an op a layout lacks: convert to a registered layout that has it
+    (``has_op(layout)``), or compute on plain tensors."""
+    ways = [".to_dense()" if lay.torch_layout is torch.strided else
+            f"ms.to_layout(mt, {lay.name!r})" for lay in layouts.registered_layouts()
+            if has_op(lay)]
+    if not ways:
+        return "compute it on plain tensors: mt.to_tensor(value) or mt.get_data()"
+    return f"convert first: {' or '.join(ways)}"

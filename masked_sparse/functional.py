@@ -241,7 +241,8 @@ def normalize(input: torch.Tensor, ord: float, dim: int, *, eps: float = 1e-12,
         raise TypeError(f"masked_sparse.functional.normalize: expected a floating point "
                         f"input, got {mt.dtype}; pass dtype=torch.float32")
     dims = A.one_dim(dim, mt.dim(), "normalize")
-    return run(_k_normalize, mt, dims, True, float(ord), float(eps), dtype)
+    return run(normalize, "normalize", _k_normalize, mt, dims, True, float(ord), float(eps),
+               dtype)
 
 
 # -- scans --------------------------------------------------------------------------------

@@ -75,8 +75,8 @@ def ref_numpy_ma(name, data, mask, dim, keepdim, **kwargs):
 
 
 def expected_layout(layout, shape, dims, keepdim):
-    """The result layout of a reduction (DESIGN.md): full -> strided 0-d; COO stays COO;
-    CSR stays CSR for a 2-D keepdim result, else COO."""
+    """The result layout of a reduction (README, "Semantics in brief"): full -> strided 0-d;
+    COO stays COO; CSR stays CSR for a 2-D keepdim result, else COO."""
     if layout == torch.strided:
         return torch.strided
     if not keepdim and len(dims) == len(shape):

@@ -25,6 +25,7 @@ under test, so every layout sees the authoritative-mask case.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 from typing import Any
@@ -289,3 +290,18 @@ class TestBuiltinLayouts(LayoutSuite):
 def test_every_builtin_layout_is_covered():
     names = [lay.name for lay in layouts.registered_layouts()]
     assert names[: len(BUILTIN)] == BUILTIN, "add new built-in layouts to BUILTIN"
+
+
+class TestReplacedCopies(LayoutSuite):
+    """The suite over a ``dataclasses.replace`` copy of each built-in layout, registered under
+    another name and without a torch layout: a copy must be a fully working layout."""
+
+    OPTIONS = {"sparse_bsr": {"blocksize": (2, 3)}, "copy_of_sparse_bsr": {"blocksize": (2, 3)}}
+
+    @pytest.fixture(params=BUILTIN)
+    def layout(self, request):
+        original = layouts.get_layout(request.param)
+        copy = layouts.register_layout(dataclasses.replace(
+            original, name=f"copy_of_{original.name}", torch_layout=None))
+        yield copy
+        layouts.unregister_layout(copy)

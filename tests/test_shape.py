@@ -1,7 +1,7 @@
 """Shape and movement ops on every layout: the op applied to the dense data and the dense
 mask separately is the reference; results are checked for layout and full invariants.
 
-Unsupported (layout, op) pairs are read from ``masked_sparse.ops.shape.UNSUPPORTED`` and
+Unsupported (layout, op) pairs are read from each layout's ``refuses`` declaration and
 must raise ``NotImplementedError`` naming the layout, the op and the way out.
 """
 
@@ -11,15 +11,15 @@ import pytest
 import torch
 from conftest import LAYOUT_IDS, LAYOUTS, assert_masked_equal, check_invariants, make_masked
 
+import layouts
 import masked_sparse as ms
-from masked_sparse.ops.shape import UNSUPPORTED
 
 _I = torch.tensor
 SEL = torch.rand(4, 6, generator=torch.Generator().manual_seed(5)) > 0.5
 GATHER = torch.tensor([[0, 5], [1, 1], [2, 0], [5, 3]])
 
-# (op as named in UNSUPPORTED, case id, input shape, fn). ``fn`` must be a pure movement of
-# elements: it is applied to the MaskedTensor, to the dense data and to the dense mask.
+# (op as named in a layout's ``refuses``, case id, input shape, fn). ``fn`` must be a pure
+# movement of elements: it is applied to the MaskedTensor, to the dense data and to the dense mask.
 CASES_2D = [
     ("transpose", "transpose", (4, 6), lambda t: t.transpose(0, 1)),
     ("transpose", "torch.transpose_neg", (4, 6), lambda t: torch.transpose(t, -1, 0)),
@@ -158,7 +158,7 @@ def test_shape_op(case):
     (op, cid, shape, fn), layout = case
     mt, data, mask = make_masked(shape, layout, seed=len(cid))
     key = (ms.layout_of(mt).name, op)
-    if key in UNSUPPORTED:
+    if op in ms.layout_of(mt).refuses:
         with pytest.raises(NotImplementedError, match=rf"{key[0]}\].*{op}.*(to_dense|to_sparse)"):
             fn(mt)
         return
@@ -169,7 +169,8 @@ def test_unsupported_table_is_exercised():
     """Every declared (layout, op) pair has a case above that runs on that layout."""
     ran = {(ms.layout_of(make_masked((2, 2), layout)[0]).name, op)
            for (op, _, shape, _), layout in CASES}
-    assert set(UNSUPPORTED) - {(lay, "setitem") for lay in ("sparse_coo", "sparse_csr")} <= ran
+    declared = {(lay.name, op) for lay in layouts.registered_layouts() for op in lay.refuses}
+    assert declared - {(lay, "setitem") for lay, _ in declared} <= ran
 
 
 @pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
@@ -311,7 +312,7 @@ GRAD_CASES = {
 def test_gradient_keeps_input_mask_and_layout(name, layout):
     fn = GRAD_CASES[name]
     mt, data, mask = make_masked((4, 6), layout, seed=8)
-    if (ms.layout_of(mt).name, name) in UNSUPPORTED:
+    if name in ms.layout_of(mt).refuses:
         pytest.skip("declared unsupported (checked in test_shape_op)")
     x = mt.requires_grad_()
     out = fn(x)
@@ -395,7 +396,7 @@ ATEN_CASES = {
 def test_aten_overloads(name, layout):
     fn = ATEN_CASES[name]
     mt, data, mask = make_masked((4, 6), layout, seed=14)
-    if (ms.layout_of(mt).name, name) in UNSUPPORTED:
+    if name in ms.layout_of(mt).refuses:
         with pytest.raises(NotImplementedError):
             fn(mt)
         return

@@ -172,13 +172,42 @@ def rows_validate(storage: Storage, full: bool = False) -> None:
 
 
 # %% [markdown]
+# ## A kernel-table entry: overriding a generic op
+#
+# The core derives every op from the functions above, but a layout often knows a
+# shortcut. A row maximum of the rows layout is a maximum along dim 1 of the stored
+# values: no COO form needed, and the result keeps the stored rows. A `reduction` entry
+# keyed on the exact overload `aten.amax.default` says so. The core calls it with the
+# storage and normalized arguments (`dims` is a sorted tuple; the kernel must leave
+# unspecified elements out, as every kernel does); returning `NotImplemented` hands a
+# call back to the generic route (here: anything but dim 1 of a matrix). The entry
+# overrides the generic op for this layout only.
+
+# %%
+calls = []
+
+
+def rows_amax(storage: Storage, dims: tuple[int, ...], keepdim: bool, op: str) -> Storage:
+    if dims != (1,) or keepdim or len(storage.shape) != 2:
+        return NotImplemented
+    calls.append(dims)
+    values = storage.values.masked_fill(~storage.mask, float("-inf")).amax(1)
+    specified = storage.mask.any(1)
+    return storage.layout.build(storage.index, values.masked_fill(~specified, 0), specified,
+                                storage.shape[:1])
+
+
+# %% [markdown]
 # ## Registering it
 #
 # A `Layout` record ties the functions together under a name. Registration checks that
 # every required primitive is there (try leaving one out: you get a `TypeError` that
-# names it). Optional entries exist too: kernel tables (`reduction={"group": ...}` for a
-# faster reduction than the COO route, `shape_ops`, direct `conversions`) and
-# `format_options` for layouts whose conversion takes options, like BSR's blocksize.
+# names it). Optional entries exist too: kernel tables keyed by exact aten overloads
+# (`unary`, `binary`, `reduction`, `shape_ops`), the `to_tensor` / `get_data` kernels, a
+# `group` builder for faster reductions than the COO route, direct `conversions`,
+# `refuses` (ops the layout declines, with the reason and the fix) and `format_options`
+# for layouts whose conversion takes options, like BSR's blocksize. We start without any:
+# the core derives every op from the primitives, and we add a table entry below.
 
 # %%
 ROWS = Layout(
@@ -193,6 +222,7 @@ ROWS = Layout(
     to_coo=rows_to_coo,
     from_coo=rows_from_coo,
     validate=rows_validate,
+    reduction={torch.ops.aten.amax.default: rows_amax},
 )
 layouts.register_layout(ROWS)
 print("registered layouts:", [lay.name for lay in layouts.registered_layouts()])
@@ -228,7 +258,21 @@ print("same index object:", out._storage.index[0] is mt._storage.index[0])
 # %%
 print("sum over columns:", mt.sum(1))
 print("max over rows:", mt.amax(0))
+print("max over columns:", mt.amax(1))
 print("mean of everything:", mt.mean())
+
+# %% [markdown]
+# The maxima over columns, on the other hand, came from our kernel-table entry:
+# `mt.amax(1)` ran `rows_amax`, while `mt.amax(0)` -- a call the entry hands back -- took
+# the generic route. Both agree with the COO layout, which has no such entry:
+
+# %%
+print("rows_amax ran for:", calls)
+coo_mt = mt.to_sparse_coo()
+for d in (0, 1):
+    assert torch.equal(torch.amax(mt, d).to_tensor(0).to_dense(),
+                       torch.amax(coo_mt, d).to_tensor(0).to_dense())
+print("amax over columns:", torch.amax(mt, 1))
 
 # %% [markdown]
 # Gradients carry the input's mask and come back in the rows layout.

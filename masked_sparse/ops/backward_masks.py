@@ -2,10 +2,10 @@
 
 Note [Masks of gradients]
 ~~~~~~~~~~~~~~~~~~~~~~~~~
-Outside backward, binary ops demand equal masks (DESIGN.md). Inside a backward pass the
-only way two masks can differ is a gradient that is *narrower* than the tensor it belongs
-to: ``where`` gives unchosen positions no gradient (Note [Gradient of where]). A gradient's
-unspecified position means "nothing flows here", so while a graph task runs
+Outside backward, binary ops demand equal masks (README, "Semantics in brief"). Inside a
+backward pass the only way two masks can differ is a gradient that is *narrower* than the
+tensor it belongs to: ``where`` gives unchosen positions no gradient (Note [Gradient of
+where]). A gradient's unspecified position means "nothing flows here", so while a graph task runs
 (``torch._C._current_graph_task_id() != -1``):
 
 - sums of gradients (``add`` / ``sub``: the engine accumulating the gradients of a tensor

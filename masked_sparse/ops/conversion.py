@@ -13,28 +13,17 @@ import torch
 import layouts
 from layouts import Storage
 
-from .._autograd import on_values
+from .._autograd import grad_on, on_values
 from .._memory import check_fits
 from .._registry import implements
 from .._tensor import MaskedTensor, _wrap, requires_grad_of, unwrap_grad_tracking
-
-
-def grad_as_values(s: Storage, grad: torch.Tensor) -> torch.Tensor:
-    """A plain gradient (dense, or sparse in ``s``'s layout) read at ``s``'s positions."""
-    grad = unwrap_grad_tracking(grad)
-    if isinstance(grad, MaskedTensor):
-        return layouts.read_at(grad._storage, s)[0]
-    if grad.layout != torch.strided:
-        mask = s.layout.to_torch(s, s.mask)
-        return s.layout.from_torch(grad, mask).values
-    return s.layout.gather(s, grad).expand_as(s.values)
 
 
 class _GetData(torch.autograd.Function):
     @staticmethod
     def forward(mt: MaskedTensor) -> torch.Tensor:
         s = mt._storage
-        return s.layout.to_torch(s, s.values.detach())
+        return _data(s, s.values.detach())
 
     @staticmethod
     def setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
@@ -50,7 +39,7 @@ class _GetData(torch.autograd.Function):
         if isinstance(grad, MaskedTensor):
             return grad
         s = ctx.storage
-        return _wrap(s.with_values(grad_as_values(s, grad)))
+        return _wrap(s.with_values(grad_on(grad, s)[0]))
 
 
 def get_data(mt: MaskedTensor) -> torch.Tensor:
@@ -64,7 +53,14 @@ def get_data(mt: MaskedTensor) -> torch.Tensor:
     if not isinstance(mt, MaskedTensor) or (torch.is_grad_enabled() and requires_grad_of(mt)):
         return _GetData.apply(_checked(mt, "get_data"))
     s = mt._storage
-    return s.layout.to_torch(s, s.values)
+    return _data(s, s.values)
+
+
+def _data(s: Storage, values: torch.Tensor) -> torch.Tensor:
+    """The layout's ``get_data`` kernel, else its plain torch form (``to_torch``)."""
+    own = s.layout.get_data
+    out = own(s, values) if own is not None else NotImplemented
+    return s.layout.to_torch(s, values) if out is NotImplemented else out
 
 
 class _GetMask(torch.autograd.Function):
@@ -137,6 +133,11 @@ def _checked(t: Any, op: str) -> torch.Tensor:
 
 
 def _fill(s: Storage, value: Any) -> torch.Tensor:
+    """The layout's ``to_tensor`` kernel, else the values filled and put in torch form."""
+    own = s.layout.to_tensor
+    out = own(s, value) if own is not None else NotImplemented
+    if out is not NotImplemented:
+        return out
     if not s.index:
         return s.values.masked_fill(~s.mask, value)
     if isinstance(value, (int, float, bool)) and value == 0:
@@ -164,7 +165,7 @@ class _ToTensor(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[MaskedTensor, None]:
         s = ctx.storage
-        return _wrap(s.with_values(grad_as_values(s, grad))), None
+        return _wrap(s.with_values(grad_on(grad, s)[0])), None
 
 
 def to_tensor(mt: MaskedTensor, value: Any) -> torch.Tensor:

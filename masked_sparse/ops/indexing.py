@@ -37,7 +37,7 @@ from torch._C import DisableTorchFunctionSubclass
 
 from layouts import Storage
 
-from .._registry import implements
+from .._registry import implements, way_out
 from .shape import (
     REWRITES,
     Call,
@@ -66,19 +66,19 @@ def _check_no_masked(idx: Any, op: str) -> None:
 @implements(torch.Tensor.__getitem__)
 def _getitem(op: Any, self: Any, idx: Any) -> Any:
     _check_no_masked(idx, "__getitem__")
-    return run(op, Call("getitem", "getitem", [masked(self, "__getitem__")], (idx,)))
+    return run(op, Call("getitem", torch.Tensor.__getitem__, [masked(self, "__getitem__")], (idx,)))
 
 
 @implements(aten.index.Tensor)
 def _index(op: Any, self: Any, indices: Any) -> Any:
     _check_no_masked(list(indices), "index")
-    return unary(op, "index", "index", self, list(indices))
+    return unary(op, "index", aten.index.Tensor, self, list(indices))
 
 
 def _unsupported_index(s: Storage, why: str) -> NotImplementedError:
+    ways = way_out(lambda lay: torch.Tensor.__getitem__ in lay.shape_ops)
     return NotImplementedError(f"MaskedTensor[{s.layout.name}] getitem: {why} is not supported "
-                               f"for this layout; index mt.to_dense() instead (or use "
-                               f".to_sparse_coo() for more sparse indexing)")
+                               f"for this layout; {ways}")
 
 
 def _is_int_scalar(it: Any) -> bool:
@@ -97,7 +97,7 @@ def _getitem_rewrite(s: Storage, idx: Any) -> Storage:
         if tuple(mask.shape) != tuple(s.shape):
             raise _unsupported_index(s, f"a bool index of shape {tuple(mask.shape)} (not the "
                                         f"full shape {tuple(s.shape)})")
-        return apply("masked_select", s, mask, op="getitem")
+        return apply(aten.masked_select.default, s, mask, op="getitem")
     if len(tensors) > 1 or any(t.dim() != 1 or t.dtype == torch.bool for t in tensors):
         raise _unsupported_index(s, "an index with several, multi-dimensional or bool tensors")
     if any(isinstance(it, bool) for it in items):
@@ -125,19 +125,19 @@ def _getitem_rewrite(s: Storage, idx: Any) -> Storage:
                 raise ValueError("getitem: step must be greater than zero (use .flip() to "
                                  "reverse)")
             if (start, max(stop, start), step) != (0, size, 1):
-                s = apply("slice", s, d, start, max(stop, start), step, op="getitem")
+                s = apply(aten.slice.Tensor, s, d, start, max(stop, start), step, op="getitem")
             d += 1
         elif isinstance(it, torch.Tensor) and it.dim() == 1:
             index = _checked_index(it.long(), s.shape[d], wrap_negative=True)
-            s = apply("index_select", s, d, index, op="getitem")
+            s = apply(aten.index_select.default, s, d, index, op="getitem")
             d += 1
         else:
             i, size = operator.index(it), s.shape[d]
             if not -size <= i < size:
                 raise IndexError(f"index {i} is out of bounds for dimension {d} with size {size}")
-            s = apply("select", s, d, i % size, op="getitem")
+            s = apply(aten.select.int, s, d, i % size, op="getitem")
     for dim in new_dims:
-        s = apply("unsqueeze", s, dim, op="getitem")
+        s = apply(aten.unsqueeze.default, s, dim, op="getitem")
     return s
 
 
@@ -164,7 +164,7 @@ def _setitem(op: Any, self: Any, idx: Any, value: Any) -> None:
     _check_no_masked(idx, "__setitem__")
     check_supported("setitem", [mt])
     layout = mt._storage.layout
-    if "getitem" not in layout.shape_ops:  # Note [Item assignment]
+    if torch.Tensor.__getitem__ not in layout.shape_ops:  # Note [Item assignment]
         raise NotImplementedError(f"MaskedTensor[{layout.name}] setitem: this layout's "
                                   f"indexing does not return views of its data; assign into "
                                   f"mt.to_dense() instead")
@@ -172,8 +172,8 @@ def _setitem(op: Any, self: Any, idx: Any, value: Any) -> None:
         torch.Tensor.__setitem__(mt, idx, value)
 
 
-REWRITES["getitem"] = _getitem_rewrite
-REWRITES["index"] = _index_rewrite
+REWRITES[torch.Tensor.__getitem__] = _getitem_rewrite
+REWRITES[aten.index.Tensor] = _index_rewrite
 
 
 @implements(torch.index_select, torch.Tensor.index_select, aten.index_select.default)
@@ -183,20 +183,20 @@ def _index_select(op: Any, input: Any, dim: int, index: Any) -> Any:
     d = wrap_dim(dim, input.dim())
     size = input.shape[d] if input.dim() else 1
     index = _checked_index(index, size, False)
-    return unary(op, "index_select", "index_select", input, d, index)
+    return unary(op, "index_select", aten.index_select.default, input, d, index)
 
 
 @implements(torch.gather, torch.Tensor.gather, aten.gather.default)
 def _gather(op: Any, input: Any, dim: int, index: Any, *, sparse_grad: bool = False) -> Any:
     plain(index, "gather", "index")
     meta(masked(input, "gather")).gather(dim, index.to("meta"))
-    return unary(op, "gather", "gather", input, wrap_dim(dim, input.dim()), index)
+    return unary(op, "gather", aten.gather.default, input, wrap_dim(dim, input.dim()), index)
 
 
 @implements(torch.take, torch.Tensor.take, aten.take.default)
 def _take(op: Any, input: Any, index: Any) -> Any:
     plain(index, "take", "index")
-    return unary(op, "take", "take", input, index)
+    return unary(op, "take", aten.take.default, input, index)
 
 
 @implements(torch.masked_select, torch.Tensor.masked_select, aten.masked_select.default)
@@ -213,6 +213,6 @@ def _masked_select(op: Any, input: Any, mask: Any) -> Any:
     if not ok or (mask.layout != torch.strided and mask.shape != input.shape):
         raise ValueError(f"masked_select: the bool mask of shape {tuple(mask.shape)} must "
                          f"broadcast to the MaskedTensor's shape {tuple(input.shape)}")
-    return unary(op, "masked_select", "masked_select", input, mask)
+    return unary(op, "masked_select", aten.masked_select.default, input, mask)
 
 

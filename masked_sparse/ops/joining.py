@@ -58,7 +58,7 @@ def _cat(op: Any, tensors: Any, dim: int = 0, *, axis: Any = None, out: Any = No
     ts = _tensors(tensors, "cat")
     dim = dim if axis is None else axis
     torch.cat([meta(t) for t in ts], dim)
-    return run(op, Call("cat", "cat", ts, (wrap_dim(dim, ts[0].dim()),)))
+    return run(op, Call("cat", aten.cat.default, ts, (wrap_dim(dim, ts[0].dim()),)))
 
 
 @implements(torch.stack, aten.stack.default)
@@ -66,18 +66,18 @@ def _stack(op: Any, tensors: Any, dim: int = 0, *, out: Any = None) -> Any:
     _no_out(out, "stack")
     ts = _tensors(tensors, "stack")
     torch.stack([meta(t) for t in ts], dim)
-    return run(op, Call("stack", "stack", ts, (int(dim) % (ts[0].dim() + 1),)))
+    return run(op, Call("stack", aten.stack.default, ts, (int(dim) % (ts[0].dim() + 1),)))
 
 
 def _stack_rewrite(storages: list[Storage], dim: int) -> Storage:
-    return apply("cat", [apply("unsqueeze", s, dim) for s in storages], dim)
+    return apply(aten.cat.default, [apply(aten.unsqueeze.default, s, dim) for s in storages], dim)
 
 
 def _pieces(op: Any, x: Any, parts: Sequence[torch.Tensor], dim: int) -> Any:
     """Split ``x`` along ``dim`` into pieces of the lengths of ``parts`` (meta tensors)."""
     d = wrap_dim(dim, x.dim())
     lengths = tuple(p.shape[d] for p in parts)
-    return unary(op, op_name(op), "split", x, d, lengths)
+    return unary(op, op_name(op), aten.split_with_sizes.default, x, d, lengths)
 
 
 @implements(torch.split, torch.Tensor.split, aten.split.Tensor, aten.split_with_sizes.default)
@@ -95,20 +95,21 @@ def _chunk(op: Any, input: Any, chunks: int, dim: int = 0) -> Any:
 @implements(torch.unbind, torch.Tensor.unbind, aten.unbind.int)
 def _unbind(op: Any, input: Any, dim: int = 0) -> Any:
     meta(masked(input, "unbind")).unbind(dim)
-    return unary(op, "unbind", "unbind", input, wrap_dim(dim, input.dim()))
+    return unary(op, "unbind", aten.unbind.int, input, wrap_dim(dim, input.dim()))
 
 
 def _split_rewrite(s: Storage, dim: int, lengths: tuple[int, ...]) -> tuple[Storage, ...]:
     out, start = [], 0
     for n in lengths:
-        out.append(apply("slice", s, dim, start, start + n, 1))
+        out.append(apply(aten.slice.Tensor, s, dim, start, start + n, 1))
         start += n
     return tuple(out)
 
 
-REWRITES["stack"] = _stack_rewrite
-REWRITES["split"] = _split_rewrite
-REWRITES["unbind"] = lambda s, dim: tuple(apply("select", s, dim, i) for i in range(s.shape[dim]))
+REWRITES[aten.stack.default] = _stack_rewrite
+REWRITES[aten.split_with_sizes.default] = _split_rewrite
+REWRITES[aten.unbind.int] = lambda s, dim: tuple(apply(aten.select.int, s, dim, i)
+                                                  for i in range(s.shape[dim]))
 
 
 # -- composites ---------------------------------------------------------------------------
@@ -136,13 +137,13 @@ def _dsplit(op: Any, input: Any, sections: Any) -> Any:
 
 def _reshape_cat(storages: list[Storage], shapes: Sequence[tuple[int, ...]],
                  dim: int) -> Storage:
-    return apply("cat", [apply("reshape", s, shape) for s, shape in zip(storages, shapes)],
-                 dim)
+    pieces = [apply(aten.reshape.default, s, shape) for s, shape in zip(storages, shapes)]
+    return apply(aten.cat.default, pieces, dim)
 
 
 def _reshape_each(storages: list[Storage],
                   shapes: Sequence[tuple[int, ...]]) -> tuple[Storage, ...]:
-    return tuple(apply("reshape", s, shape) for s, shape in zip(storages, shapes))
+    return tuple(apply(aten.reshape.default, s, shape) for s, shape in zip(storages, shapes))
 
 
 REWRITES["reshape_cat"] = _reshape_cat
@@ -180,5 +181,5 @@ def _atleast(op: Any, *tensors: Any) -> Any:
         tensors[0] if len(tensors) == 1 else tensors, name, one_layout=False)
     shapes = tuple(tuple(op(meta(t)).shape) for t in ts)
     if single:
-        return unary(op, name, "reshape", ts[0], shapes[0])
+        return unary(op, name, aten.reshape.default, ts[0], shapes[0])
     return run(op, Call(name, "reshape_each", ts, (shapes,)))

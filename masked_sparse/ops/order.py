@@ -163,8 +163,7 @@ def _kthvalue(op: Any, *args: Any, **kwargs: Any) -> Any:
     _check(mt, "kthvalue")
     dims = A.one_dim(a["dim"], mt.dim(), "kthvalue")
     k = _check_k(a["k"], mt.shape[dims[0]] if dims else 1, "kthvalue")
-    values, indices = run(k_kthvalue, mt, dims,
-                          A.check_bool(a["keepdim"], "keepdim", "kthvalue"), k,
-                          autograd=autograd)
-    return torch.return_types.kthvalue((values, indices)) if autograd else (values, indices)
+    out = run(op, "kthvalue", k_kthvalue, mt, dims,
+              A.check_bool(a["keepdim"], "keepdim", "kthvalue"), k)
+    return torch.return_types.kthvalue(out) if autograd else out
 

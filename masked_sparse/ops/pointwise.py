@@ -1,6 +1,6 @@
 """Pointwise ops: one generic kernel for every aten op tagged ``torch.Tag.pointwise``.
 
-Semantics (DESIGN.md), written once here for every layout:
+Semantics (README, "Semantics in brief"), written once here for every layout:
 
 - unary: the op runs on the values; mask and index tensors are kept (the same objects);
 - MaskedTensor with MaskedTensor: both must have the same shape and specified set, else
@@ -19,7 +19,7 @@ import torch
 import layouts
 from layouts import Storage
 
-from .._registry import Handler, implements, op_name
+from .._registry import Handler, implements, op_name, way_out
 from .._tensor import MaskedTensor, _wrap
 from . import backward_masks
 
@@ -213,6 +213,8 @@ def _fast_path(func: Any, args: tuple) -> Any:
     if len(args) > 2 or type(args[0]) is not MaskedTensor:
         return None
     s = args[0]._storage
+    if s.layout.unary or s.layout.binary:  # the layout may have its own kernel
+        return None
     if len(args) == 1:
         out = func(s.values)
     else:
@@ -232,8 +234,20 @@ def _fast_path(func: Any, args: tuple) -> Any:
     return _wrap(s.with_values(out))
 
 
+def layout_kernel(func: Any, args: tuple) -> Any:
+    """The ``unary`` / ``binary`` kernel of the first masked operand's layout, or None."""
+    for a in args:
+        if isinstance(a, MaskedTensor):
+            layout = a._storage.layout
+            if not (layout.unary or layout.binary):  # most layouts: no hashing of ``func``
+                return None
+            return layout.unary.get(func) or layout.binary.get(func)
+    return None
+
+
 def apply_to_values(func: Any, args: tuple, kwargs: dict, inplace: bool) -> Any:
-    """Run ``func`` on the values of its MaskedTensor operands (see module docstring)."""
+    """Run ``func`` on the values of its MaskedTensor operands (see module docstring), or the
+    layout's own ``unary`` / ``binary`` kernel on their storages when it has one."""
     summed = backward_masks.plain_sum(func, args, kwargs)  # Note [Masks of gradients]
     if summed is not NotImplemented:
         return summed
@@ -241,6 +255,7 @@ def apply_to_values(func: Any, args: tuple, kwargs: dict, inplace: bool) -> Any:
         fast = _fast_path(func, args)
         if fast is not None:
             return fast
+    kernel = layout_kernel(func, args)
     masked = [a for a in args if isinstance(a, MaskedTensor)]
     masked += [v for v in kwargs.values() if isinstance(v, MaskedTensor)]
     storages = [m._storage for m in masked]
@@ -255,6 +270,25 @@ def apply_to_values(func: Any, args: tuple, kwargs: dict, inplace: bool) -> Any:
     by_id = {id(m): s for m, s in zip(masked, aligned)}
     ref = aligned[0]
 
+    if inplace and not isinstance(args[0], MaskedTensor):
+        raise TypeError(
+            f"{op_name(func)}: an in-place op on a plain tensor cannot take a MaskedTensor "
+            f"operand (the mask would be lost); use the out-of-place op, or fill first "
+            f"with mt.to_tensor(value)")
+
+    if kernel is not None:  # storages in; a plain operand read at ref's positions
+        def as_storage(a: Any) -> Any:
+            if isinstance(a, MaskedTensor):
+                return by_id[id(a)]
+            return ref.with_values(read_plain(func, ref, a)) if isinstance(a, torch.Tensor) else a
+
+        out = kernel(*map(as_storage, args), **{k: as_storage(v) for k, v in kwargs.items()})
+        if out is not NotImplemented and inplace:
+            args[0]._storage = out
+            return args[0]
+        if out is not NotImplemented:
+            return _wrap(out) if isinstance(out, Storage) else type(out)(_wrap(o) for o in out)
+
     def unwrap(a: Any) -> Any:
         if isinstance(a, MaskedTensor):
             return by_id[id(a)].values
@@ -266,11 +300,6 @@ def apply_to_values(func: Any, args: tuple, kwargs: dict, inplace: bool) -> Any:
     new_kwargs = {k: unwrap(v) for k, v in kwargs.items()}
     if inplace:
         self = args[0]
-        if not isinstance(self, MaskedTensor):
-            raise TypeError(
-                f"{op_name(func)}: an in-place op on a plain tensor cannot take a MaskedTensor "
-                f"operand (the mask would be lost); use the out-of-place op, or fill first "
-                f"with mt.to_tensor(value)")
         if by_id[id(self)] is not self._storage:
             self._storage = by_id[id(self)]
         func(*new_args, **new_kwargs)
@@ -319,11 +348,13 @@ def resolve(func: Any, args: tuple) -> Handler:
     """The handler for an op without a table entry: the generic pointwise one, if tagged so."""
     if _is_pointwise(func) and not _writes_out(func):
         return implements(func)(pointwise_ if _is_inplace(func) else pointwise)
+    if layout_kernel(func, args) is not None:  # an op only some layouts have: not cached
+        return pointwise_ if _is_inplace(func) else pointwise
     if backward_masks.in_backward() and not _is_inplace(func) and not _writes_out(func):
         return backward_masks.plain_fallback  # Note [Ops without a masked kernel in backward]
     masked = [a for a in args if isinstance(a, MaskedTensor)]
     where = ", ".join(sorted({m._storage.layout.name for m in masked})) or "?"
+    ways = way_out(lambda lay: func in lay.unary or func in lay.binary)
     raise NotImplementedError(
-        f"MaskedTensor[{where}] {op_name(func)}: no kernel for this op; use .to_dense() or "
-        f".to_tensor(value) to compute it on plain tensors, or .to_sparse_coo() for a layout "
-        f"with more ops")
+        f"MaskedTensor[{where}] {op_name(func)}: no kernel for this op; {ways}, or compute it "
+        f"on plain tensors with .to_tensor(value) / .to_dense()")

@@ -1,6 +1,6 @@
 """Reductions on every layout, along any dims, never densifying a sparse input.
 
-Semantics (DESIGN.md, RFC-0027), written once here for every layout:
+Semantics (README, "Semantics in brief", RFC-0027), written once here for every layout:
 
 - only specified elements take part: unspecified ones are replaced by the op's identity
   (0 for sums, 1 for products, -inf / the dtype's min for maxima, ...) *before* any
@@ -42,13 +42,12 @@ MaskedTensor(
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 import layouts
-from layouts import Grouping, Storage
+from layouts import Grouping, Kernel, Storage, zero_unspecified
 
 from .._autograd import on_values
 from .._registry import implements, is_aten, op_name
@@ -56,26 +55,50 @@ from .._tensor import MaskedTensor, _wrap
 from . import reductions_args as A
 
 aten = torch.ops.aten
-Kernel = Callable[..., Any]
 
 
-# -- running a kernel on a grouping --------------------------------------------------------
-def _on_grouping(storages: list[Storage], kernel: Kernel, dims: tuple[int, ...], keepdim: bool,
-                 extra: tuple) -> Any:
-    return kernel(layouts.group_by(storages[0], dims, keepdim), *extra)
+#: The exact overload a layout keys its ``reduction`` kernel on, per op name. The kernel is
+#: ``kernel(storage, dims, keepdim, *params)`` with the params of the generic ``k_*`` kernel
+#: below (``max(dim)`` uses ``max``'s entry; a full ``max()`` uses ``amax``'s).
+KEYS: dict[str, Any] = {
+    "sum": aten.sum.dim_IntList, "nansum": aten.nansum.default, "mean": aten.mean.dim,
+    "nanmean": aten.nanmean.default, "prod": aten.prod.dim_int, "amax": aten.amax.default,
+    "amin": aten.amin.default, "max": aten.max.dim, "min": aten.min.dim,
+    "argmax": aten.argmax.default, "argmin": aten.argmin.default, "all": aten.all.dims,
+    "any": aten.any.dims, "count_nonzero": aten.count_nonzero.dim_IntList,
+    "vector_norm": aten.linalg_vector_norm.default, "var": aten.var.correction,
+    "std": aten.std.correction, "var_mean": aten.var_mean.correction,
+    "std_mean": aten.std_mean.correction, "logsumexp": aten.logsumexp.default,
+    "median": aten.median.dim, "nanmedian": aten.nanmedian.dim,
+    "softmax": aten._softmax.default, "log_softmax": aten._log_softmax.default,
+    "kthvalue": aten.kthvalue.default,
+}
 
 
-def run(kernel: Kernel, mt: MaskedTensor, dims: tuple[int, ...], keepdim: bool, *extra: Any,
-        autograd: bool = True) -> Any:
-    """``kernel(grouping, *extra)`` on ``mt``'s storage; Storage outputs are wrapped.
+# -- running a kernel: the layout's own, else the generic one on a grouping ----------------
+def _reduce(storages: list[Storage], key: Any, kernel: Kernel, dims: tuple[int, ...],
+            keepdim: bool, extra: tuple) -> Any:
+    s = storages[0]
+    own = s.layout.reduction.get(key) if key is not None else None
+    out = own(s, dims, keepdim, *extra) if own is not None else NotImplemented
+    if out is not NotImplemented:
+        return out
+    return kernel(layouts.group_by(s, dims, keepdim), *extra)
 
-    With ``autograd`` the kernel runs through ``on_values`` (gradients carry ``mt``'s
-    mask); the aten kernels (called below autograd) run it directly.
+
+def run(op: Any, name: str, kernel: Kernel, mt: MaskedTensor, dims: tuple[int, ...],
+        keepdim: bool, *extra: Any) -> Any:
+    """Reduction ``name`` of ``mt``: the layout's ``reduction[KEYS[name]]`` kernel, else
+    ``kernel(grouping, *extra)``; Storage outputs are wrapped.
+
+    A Python-level ``op`` runs through ``on_values`` (gradients carry ``mt``'s mask); an
+    aten overload (called below autograd, from C++) runs forward only.
     """
-    if autograd:
-        return on_values(_on_grouping, [mt], kernel, dims, keepdim, extra)
+    key = KEYS.get(name)  # None: an op without an aten overload (functional.normalize)
+    if not is_aten(op):
+        return on_values(_reduce, [mt], key, kernel, dims, keepdim, extra)
     with torch.no_grad():
-        out = _on_grouping([mt._storage], kernel, dims, keepdim, extra)
+        out = _reduce([mt._storage], key, kernel, dims, keepdim, extra)
     if isinstance(out, Storage):
         return _wrap(out)
     return tuple(_wrap(o) if isinstance(o, Storage) else o for o in out)
@@ -88,10 +111,6 @@ def _full(value: Any, like: torch.Tensor) -> torch.Tensor:
 def fill(values: torch.Tensor, mask: torch.Tensor, value: Any) -> torch.Tensor:
     """``values`` where specified, ``value`` elsewhere (dtype kept)."""
     return torch.where(mask, values, _full(value, values))
-
-
-def zero_unspecified(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return torch.where(mask, values, _full(0, values))
 
 
 def identity(op: str, dtype: torch.dtype) -> Any:
@@ -251,8 +270,6 @@ def k_median(g: Grouping, nan: bool, with_index: bool) -> Any:
 
 
 # -- the torch-level forms: handler(op, *args, **kwargs) ----------------------------------
-# A Python-level ``op`` runs with autograd on the values; an aten overload (called from C++,
-# below autograd) runs forward only: ``autograd=not is_aten(op)``.
 @implements(torch.sum, torch.Tensor.sum, aten.sum.default, aten.sum.dim_IntList,
             torch.nansum, torch.Tensor.nansum, aten.nansum.default,
             torch.mean, torch.Tensor.mean, aten.mean.default, aten.mean.dim,
@@ -264,8 +281,8 @@ def _summing(op: Any, *args: Any, **kwargs: Any) -> Any:
     dims = A.normalize_dims(a["dim"], mt.dim(), name)
     dtype = A.result_dtype(getattr(torch, name), mt.dtype, dtype=A.check_dtype(a["dtype"], name))
     kernel = k_mean if name.endswith("mean") else k_sum
-    return run(kernel, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), dtype,
-               name.startswith("nan"), autograd=not is_aten(op))
+    return run(op, name, kernel, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), dtype,
+               name.startswith("nan"))
 
 
 @implements(torch.prod, torch.Tensor.prod, aten.prod.default, aten.prod.dim_int)
@@ -274,8 +291,8 @@ def _prod(op: Any, *args: Any, **kwargs: Any) -> Any:
     mt = a["input"]
     dims = A.normalize_dims(a["dim"], mt.dim(), "prod")
     dtype = A.result_dtype(torch.prod, mt.dtype, dtype=A.check_dtype(a["dtype"], "prod"))
-    return run(k_prod, mt, dims, A.check_bool(a["keepdim"], "keepdim", "prod"), dtype,
-               autograd=not is_aten(op))
+    return run(op, "prod", k_prod, mt, dims, A.check_bool(a["keepdim"], "keepdim", "prod"),
+               dtype)
 
 
 def _check_real(mt: MaskedTensor, op: str) -> None:
@@ -292,15 +309,13 @@ def _extreme(op: Any, *args: Any, **kwargs: Any) -> Any:
     mt = a["input"]
     _check_real(mt, name)
     dims = A.normalize_dims(a["dim"], mt.dim(), name)
-    return run(k_extreme, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), name,
-               autograd=not is_aten(op))
+    return run(op, name, k_extreme, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), name)
 
 
 @implements(torch.max, torch.Tensor.max, aten.max.default, aten.max.dim,
             torch.min, torch.Tensor.min, aten.min.default, aten.min.dim)
 def _min_max(op: Any, *args: Any, **kwargs: Any) -> Any:
     name = op_name(op)
-    autograd = not is_aten(op)
     other = args[1] if len(args) > 1 else kwargs.get("other")
     if isinstance(other, torch.Tensor) or not isinstance(args[0], MaskedTensor):
         rest = {k: v for k, v in kwargs.items() if k != "other"}
@@ -310,11 +325,11 @@ def _min_max(op: Any, *args: Any, **kwargs: Any) -> Any:
     mt = a["input"]
     _check_real(mt, name)
     if a["dim"] is None:
-        return run(k_extreme, mt, tuple(range(mt.dim())), False, "a" + name, autograd=autograd)
+        return run(op, "a" + name, k_extreme, mt, tuple(range(mt.dim())), False, "a" + name)
     dims = A.one_dim(a["dim"], mt.dim(), name)
-    out = run(k_arg, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), "a" + name, True,
-              autograd=autograd)
-    return getattr(torch.return_types, name)(out) if autograd else out
+    out = run(op, name, k_arg, mt, dims, A.check_bool(a["keepdim"], "keepdim", name),
+              "a" + name, True)
+    return out if is_aten(op) else getattr(torch.return_types, name)(out)
 
 
 @implements(aten.max.other, aten.min.other)
@@ -330,8 +345,8 @@ def _arg(op: Any, *args: Any, **kwargs: Any) -> Any:
     mt = a["input"]
     _check_real(mt, name)
     dims = tuple(range(mt.dim())) if a["dim"] is None else A.one_dim(a["dim"], mt.dim(), name)
-    return run(k_arg, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), "a" + name[3:],
-               False, autograd=not is_aten(op))
+    return run(op, name, k_arg, mt, dims, A.check_bool(a["keepdim"], "keepdim", name),
+               "a" + name[3:], False)
 
 
 @implements(torch.all, torch.Tensor.all, aten.all.default, aten.all.dim, aten.all.dims,
@@ -342,8 +357,8 @@ def _all_any(op: Any, *args: Any, **kwargs: Any) -> Any:
     mt = a["input"]
     dims = A.normalize_dims(a["dim"], mt.dim(), name)
     dtype = A.result_dtype(getattr(torch, name), mt.dtype)
-    return run(k_all_any, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), name, dtype,
-               autograd=not is_aten(op))
+    return run(op, name, k_all_any, mt, dims, A.check_bool(a["keepdim"], "keepdim", name),
+               name, dtype)
 
 
 @implements(torch.count_nonzero, torch.Tensor.count_nonzero, aten.count_nonzero.default,
@@ -352,25 +367,25 @@ def _count_nonzero(op: Any, *args: Any, **kwargs: Any) -> Any:
     a = A.bind(A.sig_count_nonzero, args, kwargs, "count_nonzero")
     mt = a["input"]
     dims = A.normalize_dims(a["dim"], mt.dim(), "count_nonzero")
-    return run(k_count_nonzero, mt, dims, False, autograd=not is_aten(op))
+    return run(op, "count_nonzero", k_count_nonzero, mt, dims, False)
 
 
-def _norm_impl(mt: MaskedTensor, ord: Any, dim: Any, keepdim: Any, dtype: Any, op: str,
-               autograd: bool) -> Any:
+def _norm_impl(op: Any, mt: MaskedTensor, ord: Any, dim: Any, keepdim: Any, dtype: Any,
+               name: str) -> Any:
     if isinstance(ord, str) or isinstance(ord, bool) or not isinstance(ord, (int, float)):
-        raise TypeError(f"{op}(): ord must be a number (0, 1, 2, inf, -inf, p), got {ord!r}")
-    dtype = A.check_dtype(dtype, op)
+        raise TypeError(f"{name}(): ord must be a number (0, 1, 2, inf, -inf, p), got {ord!r}")
+    dtype = A.check_dtype(dtype, name)
     out_dtype = A.result_dtype(torch.linalg.vector_norm, mt.dtype, ord, dtype=dtype)
-    dims = A.normalize_dims(dim, mt.dim(), op)
-    return run(k_norm, mt, dims, A.check_bool(keepdim, "keepdim", op), float(ord), dtype,
-               out_dtype, autograd=autograd)
+    dims = A.normalize_dims(dim, mt.dim(), name)
+    return run(op, "vector_norm", k_norm, mt, dims, A.check_bool(keepdim, "keepdim", name),
+               float(ord), dtype, out_dtype)
 
 
 @implements(torch.linalg.vector_norm, aten.linalg_vector_norm.default)
 def _vector_norm(op: Any, *args: Any, **kwargs: Any) -> Any:
     a = A.bind(A.sig_vector_norm, args, kwargs, "vector_norm")
-    return _norm_impl(a["input"], a["ord"], a["dim"], a["keepdim"], a["dtype"], "vector_norm",
-                      not is_aten(op))
+    return _norm_impl(op, a["input"], a["ord"], a["dim"], a["keepdim"], a["dtype"],
+                      "vector_norm")
 
 
 @implements(torch.norm, torch.Tensor.norm, aten.norm.Scalar, aten.norm.ScalarOpt_dim,
@@ -384,8 +399,7 @@ def _norm(op: Any, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f"MaskedTensor[{a['input']._storage.layout.name}] norm: "
                                   f"p={p!r} is a matrix norm; use .to_dense() / .to_tensor(0) "
                                   f"and torch.linalg.matrix_norm")
-    return _norm_impl(a["input"], p, a["dim"], a["keepdim"], a["dtype"], "norm",
-                      not is_aten(op))
+    return _norm_impl(op, a["input"], p, a["dim"], a["keepdim"], a["dtype"], "norm")
 
 
 @implements(torch.var, torch.Tensor.var, aten.var.correction,
@@ -404,8 +418,8 @@ def _var(op: Any, *args: Any, **kwargs: Any) -> Any:
         correction = 1 if unbiased is None else int(A.check_bool(unbiased, "unbiased", name))
     A.result_dtype(torch.var, mt.dtype)  # torch's dtype check (floating / complex only)
     dims = A.normalize_dims(dim, mt.dim(), name)
-    return run(k_var, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), float(correction),
-               name.startswith("std"), name.endswith("_mean"), autograd=not is_aten(op))
+    return run(op, name, k_var, mt, dims, A.check_bool(a["keepdim"], "keepdim", name),
+               float(correction), name.startswith("std"), name.endswith("_mean"))
 
 
 @implements(torch.logsumexp, torch.Tensor.logsumexp, torch.special.logsumexp,
@@ -415,21 +429,21 @@ def _logsumexp(op: Any, *args: Any, **kwargs: Any) -> Any:
     mt = a["input"]
     dims = A.normalize_dims(a["dim"], mt.dim(), "logsumexp")
     dtype = A.result_dtype(torch.logsumexp, mt.dtype, 0)
-    return run(k_logsumexp, mt, dims, A.check_bool(a["keepdim"], "keepdim", "logsumexp"), dtype,
-               autograd=not is_aten(op))
+    return run(op, "logsumexp", k_logsumexp, mt, dims,
+               A.check_bool(a["keepdim"], "keepdim", "logsumexp"), dtype)
 
 
 @implements(torch.median, torch.Tensor.median, aten.median.default, aten.median.dim,
             torch.nanmedian, torch.Tensor.nanmedian, aten.nanmedian.default, aten.nanmedian.dim)
 def _median(op: Any, *args: Any, **kwargs: Any) -> Any:
     name = op_name(op)
-    nan, autograd = name.startswith("nan"), not is_aten(op)
+    nan = name.startswith("nan")
     a = A.bind(A.sig_minmax, args, kwargs, name)
     mt = a["input"]
     _check_real(mt, name)
     if a["dim"] is None:
-        return run(k_median, mt, tuple(range(mt.dim())), False, nan, False, autograd=autograd)
+        return run(op, name, k_median, mt, tuple(range(mt.dim())), False, nan, False)
     dims = A.one_dim(a["dim"], mt.dim(), name)
-    out = run(k_median, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), nan, True,
-              autograd=autograd)
-    return getattr(torch.return_types, name)(out) if autograd else out
+    out = run(op, name, k_median, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), nan,
+              True)
+    return out if is_aten(op) else getattr(torch.return_types, name)(out)

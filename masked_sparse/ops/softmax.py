@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from layouts import Grouping, Storage
 
-from .._registry import implements, is_aten, op_name
+from .._registry import implements, op_name
 from . import reductions_args as A
 from ._fill import zero_fill
 from .reductions import fill, run, source
@@ -72,5 +72,4 @@ def _softmax(op: Any, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"{name}(): expected a floating point MaskedTensor, got {compute}; "
                         f"pass dtype=torch.float32")
     dims = A.one_dim(dim, mt.dim(), name)
-    return run(k_softmax, mt, dims, True, dtype, name == "log_softmax",
-               autograd=not is_aten(op))
+    return run(op, name, k_softmax, mt, dims, True, dtype, name == "log_softmax")

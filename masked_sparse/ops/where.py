@@ -1,6 +1,6 @@
 """``torch.where`` on MaskedTensors, in every layout.
 
-Semantics (DESIGN.md), written once here for every layout:
+Semantics (README, "Semantics in brief"), written once here for every layout:
 
 - the result element at a position comes from the operand that ``cond`` chooses there, and so
   does its mask: ``mask = where(cond, mask_a, mask_b)``;
@@ -35,6 +35,7 @@ from torch.autograd.function import once_differentiable
 import layouts
 from layouts import Storage
 
+from .._autograd import grad_on
 from .._registry import implements
 from .._tensor import MaskedTensor, _wrap
 from .pointwise import _same_index, read_plain
@@ -127,16 +128,6 @@ def _result(o: _Operands) -> Storage:
     return o.ref.with_values(values.expand(shape), mask.expand(shape))
 
 
-def _grad_on(out: Storage, grad: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """The incoming gradient's values and mask on ``out``'s stored positions."""
-    if isinstance(grad, MaskedTensor):
-        return layouts.read_at(grad._storage, out)
-    if grad.layout != torch.strided:
-        pattern = out.layout.to_torch(out, out.mask)
-        return out.layout.from_torch(grad, pattern).values, out.mask
-    return out.layout.gather(out, grad).expand_as(out.values), out.mask
-
-
 class _Where(torch.autograd.Function):
     @staticmethod
     def forward(cond: Any, a: Any, b: Any, box: list) -> MaskedTensor:
@@ -156,7 +147,7 @@ class _Where(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad: Any) -> tuple[Any, ...]:
         o, out = ctx.o, ctx.out
-        gv, gmask = _grad_on(out, grad)
+        gv, gmask = grad_on(grad, out)
         chosen = o.cond.expand(out.values.shape)
         if o.cond_mask is not None:
             chosen = chosen & o.cond_mask

@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 import torch
 
 import layouts
-from layouts import Storage
+from layouts import Storage, linearize
 
 from .._tensor import MaskedTensor, _wrap
 
@@ -91,13 +91,6 @@ def target_of(param: torch.Tensor) -> torch.Tensor:
     return param._storage.values if isinstance(param, MaskedTensor) else param
 
 
-def _same_pattern(a: Storage, b: Storage) -> bool:
-    return (a.layout is b.layout and a.shape == b.shape and a.values.shape == b.values.shape
-            and len(a.index) == len(b.index)
-            and all(x is y or (x.shape == y.shape and torch.equal(x, y))
-                    for x, y in zip(a.index, b.index)))
-
-
 def grad_for(param: torch.Tensor, grad: Any, where: str) -> tuple[torch.Tensor, MaskedTensor]:
     """``(target, g)``: the plain tensor to update for ``param`` and its masked gradient.
 
@@ -116,17 +109,7 @@ def grad_for(param: torch.Tensor, grad: Any, where: str) -> tuple[torch.Tensor, 
     if not p.index and p.values.shape == p.shape:
         mask = s.mask if s.mask is p.mask else s.mask & _gather(p.mask, s)
         return p.values, _wrap(s.with_values(s.values, mask))
-    if s.same_index(p) and s.values.shape == p.values.shape:
-        values, gmask = s.values, s.mask
-    else:
-        c = layouts.convert(s, p.layout, **p.layout.options_of(p))
-        if _same_pattern(c, p):
-            values, gmask = c.values, c.mask
-        else:
-            # Read the gradient at the parameter's stored positions (absent: unspecified).
-            pmask = p.layout.to_torch(p, p.mask)
-            values = p.layout.from_torch(c.layout.to_torch(c, c.values), pmask).values
-            gmask = p.layout.from_torch(c.layout.to_torch(c, c.mask), pmask).values
+    values, gmask = layouts.read_at(s, p)  # absent from the gradient: unspecified
     mask = p.mask if gmask is p.mask else p.mask & gmask
     strided = layouts.get_layout(torch.strided)
     return p.values, _wrap(strided.from_torch(values, mask))
@@ -142,25 +125,11 @@ _CACHE: list[tuple[tuple[Any, ...], torch.Size, torch.Size, _Positions]] = []
 _CACHE_SIZE = 4
 
 
-def _linear(indices: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """Row-major keys of a ``(sparse_dim, nnz)`` index tensor (Horner, in place)."""
-    if indices.shape[0] == 0:
-        return torch.zeros(indices.shape[1], dtype=torch.long, device=indices.device)
-    if indices.shape[0] == 1:
-        return indices[0].clone()  # not a view: the cache must not keep ``indices`` alive
-    lin = indices[0] * shape[1]
-    for d in range(1, indices.shape[0]):
-        if d > 1:
-            lin.mul_(shape[d])
-        lin.add_(indices[d])
-    return lin
-
-
 def _compute_positions(s: Storage) -> _Positions:
     coo = s.layout.to_coo(s)
     (indices,) = coo.index
     sparse_shape = tuple(s.shape[: indices.shape[0]])
-    keys = _linear(indices, sparse_shape)
+    keys = linearize(indices, sparse_shape)
     if coo.values is s.values:
         return _Positions(keys, math.prod(s.values.shape[1:]))
     # The layout reorders or splits its values on the way to COO: follow value ids.
