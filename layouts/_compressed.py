@@ -280,9 +280,8 @@ class Compressed:
             group=None if self.blocked else partial(CompressedGrouping, axis=self.axis),
             lines=None if self.blocked else partial(compressed_lines, axis=self.axis),
             shape_ops={} if self.blocked else shape_ops(self.axis),
-            unary={} if self.blocked else {
-                torch.ops.aten.any.dim: partial(compressed_mask_any, axis=self.axis)},
-            binary={} if self.blocked else {
+            linalg={} if self.blocked else {
+                torch.ops.aten.any.dim: partial(compressed_mask_any, axis=self.axis),
                 torch.ops.aten.mm.default: partial(compressed_mm, axis=self.axis)},
             doc=doc)
 

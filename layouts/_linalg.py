@@ -6,10 +6,10 @@ What the layouts provide:
 
 - ``sparse_mm(storage, dense, transpose=False)``: ``S @ dense`` (or ``S.T @ dense``) for a 2-D
   sparse storage ``S``, a dense result, differentiable with respect to ``storage.values`` and
-  ``dense``. A layout supplies it as the ``aten.mm.default`` entry of its ``binary`` table
+  ``dense``. A layout supplies it as the ``aten.mm.default`` entry of its ``linalg`` table
   (COO, CSR and CSC do, through torch's CSR matmul); any other layout goes through its COO form.
 - ``specified_lines(storage, dim)``: which rows (``dim=0``) or columns (``dim=1``) hold a
-  specified element, in O(nnz): the ``aten.any.dim`` entry of a layout's ``unary`` table
+  specified element, in O(nnz): the ``aten.any.dim`` entry of a layout's ``linalg`` table
   (``any`` of the specified set over the other dim, a dense bool vector), else through COO.
 - ``sparse_sparse_mm(a, b)``: the product of two sparse storages over their specified
   elements: an output element is stored iff at least one term exists (COO result).
@@ -131,10 +131,10 @@ def compressed_mm(storage: Storage, dense: torch.Tensor, transpose: bool = False
 def sparse_mm(storage: Storage, dense: torch.Tensor, transpose: bool = False) -> torch.Tensor:
     """``S @ dense`` (``S.T @ dense`` with ``transpose``) for a 2-D sparse storage ``S``.
 
-    The layout's ``binary[aten.mm.default]`` kernel, else the COO kernel on its COO form
+    The layout's ``linalg[aten.mm.default]`` kernel, else the COO kernel on its COO form
     (differentiable through ``to_coo``). ``dense`` is 2-D with ``S``'s dtype.
     """
-    kernel = storage.layout.kernel("binary", aten.mm.default)
+    kernel = storage.layout.linalg.get(aten.mm.default)
     if kernel is None:
         storage = storage.layout.to_coo(storage)
         kernel = coo_mm
@@ -187,10 +187,10 @@ def compressed_mask_any(storage: Storage, dim: int, *, axis: int = 0) -> torch.T
 def specified_lines(storage: Storage, dim: int) -> torch.Tensor:
     """Bool vector over ``shape[dim]``: True where that row/column has a specified element.
 
-    The layout's ``unary[aten.any.dim]`` kernel (``any`` over the *other* dim), else the COO
+    The layout's ``linalg[aten.any.dim]`` kernel (``any`` over the *other* dim), else the COO
     kernel on its COO form.
     """
-    kernel = storage.layout.kernel("unary", aten.any.dim)
+    kernel = storage.layout.linalg.get(aten.any.dim)
     if kernel is None:
         storage = storage.layout.to_coo(storage)
         kernel = coo_mask_any

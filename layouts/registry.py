@@ -71,6 +71,9 @@ table          kernel                                              generic deriv
 ``binary``     ``(storage, other, *args, **kwargs) -> Storage``    the op on aligned values
 ``reduction``  ``(storage, dims, keepdim, *params) -> Storage``    through ``group`` / COO
 ``shape_ops``  ``(storage, *normalized_args) -> Storage``          rewrites of other ops
+``linalg``     ``mm``: ``(storage, dense, transpose) -> Tensor``;  through the COO form
+               ``any.dim``: ``(storage, dim) -> Tensor`` (lines
+               with a specified element) -- :mod:`layouts._linalg`
 =============  ==================================================  =========================
 
 A kernel may return ``NotImplemented`` for a call it does not handle (say, a reduction
@@ -163,9 +166,10 @@ class Layout:
 
     The required primitives (``from_torch`` ... ``validate``: registration fails if one is
     missing), the optional entries and the kernel tables (``unary``, ``binary``,
-    ``reduction``, ``shape_ops`` keyed by exact aten overloads, ``to_tensor``, ``get_data``,
-    ``conversions``) are described in the module docstring; ``index_names`` name the index
-    tensors and ``doc`` describes the layout (both printed by ``python -m masked_sparse``).
+    ``reduction``, ``shape_ops``, ``linalg`` keyed by exact aten overloads, ``to_tensor``,
+    ``get_data``, ``conversions``) are described in the module docstring; ``index_names``
+    name the index tensors and ``doc`` describes the layout (both printed by
+    ``python -m masked_sparse``).
     """
 
     name: str
@@ -183,6 +187,7 @@ class Layout:
     binary: Mapping[Any, Kernel] = field(default_factory=dict)
     reduction: Mapping[Any, Kernel] = field(default_factory=dict)
     shape_ops: Mapping[Any, Kernel] = field(default_factory=dict)
+    linalg: Mapping[Any, Kernel] = field(default_factory=dict)
     to_tensor: Kernel | None = None
     get_data: Kernel | None = None
     conversions: Mapping[str, Kernel] = field(default_factory=dict)
@@ -229,7 +234,7 @@ class Layout:
 
 _REQUIRED = ("from_torch", "from_strided", "densify", "to_torch", "gather", "to_coo",
              "from_coo", "validate")
-_TABLES = ("unary", "binary", "reduction", "shape_ops", "conversions", "refuses")
+_TABLES = ("unary", "binary", "reduction", "shape_ops", "linalg", "conversions", "refuses")
 _OPTIONAL = ("format_options", "group", "lines", "to_tensor", "get_data")
 _BY_KEY: dict[Any, Layout] = {}
 _ORDER: list[Layout] = []

@@ -73,6 +73,7 @@ def way_out(has_op: Callable[[layouts.Layout], bool]) -> str:
     ways = [".to_dense()" if lay.torch_layout is torch.strided else
             f"ms.to_layout(mt, {lay.name!r})" for lay in layouts.registered_layouts()
             if has_op(lay)]
+    plain = "compute it on plain tensors: mt.to_tensor(value), mt.get_data() or mt.to_dense()"
     if not ways:
-        return "compute it on plain tensors: mt.to_tensor(value) or mt.get_data()"
-    return f"convert first: {' or '.join(ways)}"
+        return plain
+    return f"convert first: {' or '.join(ways)}; or {plain}"

@@ -356,5 +356,4 @@ def resolve(func: Any, args: tuple) -> Handler:
     where = ", ".join(sorted({m._storage.layout.name for m in masked})) or "?"
     ways = way_out(lambda lay: func in lay.unary or func in lay.binary)
     raise NotImplementedError(
-        f"MaskedTensor[{where}] {op_name(func)}: no kernel for this op; {ways}, or compute it "
-        f"on plain tensors with .to_tensor(value) / .to_dense()")
+        f"MaskedTensor[{where}] {op_name(func)}: no kernel for this op; {ways}")
