@@ -128,6 +128,9 @@ def data_parallel(out_path: str) -> None:
     if rank == 0:
         print(f"rows in this rank's slice: {local_rows}; in the synchronized gradient: "
               f"{synced_rows}")
+    # Free every DDP wrapper while the process group is alive: a DDP reducer that outlives
+    # destroy_process_group() destroys the gloo group itself and can deadlock at exit.
+    del ddp
     model = Recommender()
     train(model, msd.DistributedDataParallel(model), rank, world)
     if rank == 0:
