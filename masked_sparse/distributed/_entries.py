@@ -262,16 +262,8 @@ def _count_dtype(world: int) -> torch.dtype:
 
 
 def reduce_entries(e: Entries, op: str, plan: Plan, group) -> Entries:
-    """The masked reduction of every rank's entries (Note [Packed rows]
-~~~~~~~~~~~~~~~~~
-Keys, values and mask of a row travel side by side in one ``uint8`` row (fields ordered
-widest item first, the row padded to the widest item so every field can be viewed in
-place), so the gather method costs two collectives whatever the tensor: the row counts,
-then the rows. Ranks with fewer rows than the longest send padding rows whose key is one
-past the last position: the reduction runs on the received buffer as it is and drops that
-one extra key, instead of copying out every rank's valid rows.
-
-Note [Masked reduction across ranks])."""
+    """The masked reduction of every rank's entries (Note [Packed rows], Note [Masked
+    reduction across ranks])."""
     fill = identity(op, e.values.dtype)
     values = e.values if not plan.masks else torch.where(e.mask, e.values, fill)
     if plan.method == "gather":

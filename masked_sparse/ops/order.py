@@ -41,7 +41,7 @@ import layouts
 from layouts import Grouping, Storage
 
 from .._autograd import on_values
-from .._registry import implements, is_aten
+from .._registry import implements, is_aten, op_name
 from .._tensor import MaskedTensor, _wrap
 from . import reductions_args as A
 from .reductions import run, zero_unspecified
@@ -111,26 +111,19 @@ def sig_msort(input, *, out=None): ...
 aten = torch.ops.aten
 
 
-@implements(torch.sort, torch.Tensor.sort, aten.sort.default, aten.sort.stable)
+@implements(torch.sort, torch.Tensor.sort, aten.sort.default, aten.sort.stable,
+            torch.argsort, torch.Tensor.argsort, aten.argsort.default, aten.argsort.stable)
 def _sort(op: Any, *args: Any, **kwargs: Any) -> Any:
-    autograd = not is_aten(op)
-    a = bind(sig_sort, args, kwargs, "sort")
+    """``sort`` (values and indices) and ``argsort`` (the indices): one ordering."""
+    name, autograd = op_name(op), not is_aten(op)
+    a = bind(sig_sort, args, kwargs, name)
     mt = a["input"]
-    _check(mt, "sort")
-    values, indices = _sorted(mt, _dim(mt, a["dim"], "sort"),
-                              A.check_bool(a["descending"], "descending", "sort"), None,
-                              autograd)
+    _check(mt, name)
+    values, indices = _sorted(mt, _dim(mt, a["dim"], name),
+                              A.check_bool(a["descending"], "descending", name), None, autograd)
+    if name == "argsort":
+        return indices
     return torch.return_types.sort((values, indices)) if autograd else (values, indices)
-
-
-@implements(torch.argsort, torch.Tensor.argsort, aten.argsort.default, aten.argsort.stable)
-def _argsort(op: Any, *args: Any, **kwargs: Any) -> Any:
-    autograd = not is_aten(op)
-    a = bind(sig_sort, args, kwargs, "argsort")
-    mt = a["input"]
-    _check(mt, "argsort")
-    return _sorted(mt, _dim(mt, a["dim"], "argsort"),
-                   A.check_bool(a["descending"], "descending", "argsort"), None, autograd)[1]
 
 
 @implements(torch.msort, torch.Tensor.msort, aten.msort.default)
