@@ -43,7 +43,7 @@ import torch
 from ._index import crow_from_rows, linearize, lookup, rows_from_crow
 from ._linalg import compressed_mask_any, compressed_mm
 from ._lines import compressed_lines
-from ._reduce_sparse import CompressedGrouping
+from ._reduce_sparse import CompressedGrouping, masked_extreme
 from ._shape_compressed import shape_ops
 from .registry import Layout, Storage, get_layout, takes_layout
 
@@ -278,6 +278,8 @@ class Compressed:
             to_torch=self.to_torch, gather=self.gather, to_coo=self.to_coo, from_coo=from_coo,
             validate=self.validate, format_options=self.format_options if self.blocked else None,
             group=None if self.blocked else partial(CompressedGrouping, axis=self.axis),
+            reduction={} if self.blocked else {torch.ops.aten.amax.default: masked_extreme,
+                                               torch.ops.aten.amin.default: masked_extreme},
             lines=None if self.blocked else partial(compressed_lines, axis=self.axis),
             shape_ops={} if self.blocked else shape_ops(self.axis),
             linalg={} if self.blocked else {
