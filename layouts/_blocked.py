@@ -50,16 +50,17 @@ class _Filler:
         self.keep = mask.view(torch.int8).neg()  # -1 / 0: sign-extends to all bits / none
         self.fill = torch.tensor(value, dtype=values.dtype).view(bits).item()
         self.buf = torch.empty(size, dtype=bits)  # the longest block
+        self.out = torch.empty(size if self.fill else 0, dtype=bits)
 
     def __call__(self, start: int, stop: int) -> torch.Tensor:
         keep = self.buf[: stop - start]
         keep.copy_(self.keep[start:stop])  # all bits set where specified
         data = self.data[start:stop]
         if self.fill == 0:
-            keep.bitwise_and_(data)
-        else:  # ((data ^ f) & keep) ^ f: data where kept, f elsewhere
-            keep.bitwise_and_(data ^ self.fill).bitwise_xor_(self.fill)
-        return keep.view(self.dtype)
+            return keep.bitwise_and_(data).view(self.dtype)
+        # ((data ^ f) & keep) ^ f: data where kept, f elsewhere
+        out = torch.bitwise_xor(data, self.fill, out=self.out[: stop - start])
+        return out.bitwise_and_(keep).bitwise_xor_(self.fill).view(self.dtype)
 
 
 def scatter(values: torch.Tensor, mask: torch.Tensor, value: Any, op: str,

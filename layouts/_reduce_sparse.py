@@ -28,12 +28,21 @@ results are COO (or strided for full reductions).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import partial
 
 import torch
 
 from . import _blocked
-from ._grouping import Grouping, reduce_dense, reduced_shape, sort_order, zero_unspecified
+from ._grouping import (
+    _BITS,
+    Grouping,
+    fill_unspecified,
+    reduce_dense,
+    reduced_shape,
+    sort_order,
+    zero_unspecified,
+)
 from ._index import cached, crow_from_rows, linearize, rows_from_crow
 from ._reduce_strided import fused_masked_sum
 from .registry import Storage, get_layout
@@ -127,7 +136,9 @@ class CooGrouping(Grouping):
     def gid(self) -> torch.Tensor | None:
         """The group of every stored element, or None when each is its own group."""
         if self._gid is None and self._present is not None:
-            self._gid = (self._present.cumsum(0) - 1)[self._keys]
+            self._gid = (self._present.cumsum(0) - 1)[self._keys] if self._owner is None \
+                else cached(self._owner, ("gid", self.dims, tuple(self.source.shape)),
+                            lambda: (self._present.cumsum(0) - 1)[self._keys])
         return self._gid
 
     @gid.setter
@@ -232,10 +243,12 @@ class CooGrouping(Grouping):
                 0, index, hits)
             return counts > 0 if op == "any" else counts == 0
         index = index.view((-1,) + (1,) * (v.dim() - 1)).expand_as(v)
-        if op in ("amax", "amin") and not (v.requires_grad and torch.is_grad_enabled()):
+        if op in ("amax", "amin", "prod") and not (v.requires_grad
+                                                    and torch.is_grad_enabled()):
             # Every slot has an element: starting from the identity gives the same result,
             # and include_self=True is 2-3x faster than the initialization pass of False.
-            return v.new_full(shape, _identity(op, v.dtype)).scatter_reduce_(0, index, v, op)
+            init = 1 if op == "prod" else _identity(op, v.dtype)
+            return v.new_full(shape, init).scatter_reduce_(0, index, v, op)
         # Note: scatter_reduce's backward shares the gradient of amax/amin with the initial
         # ``self`` value when it ties with the result, even with include_self=False; NaN
         # never ties.
@@ -510,6 +523,37 @@ def masked_extreme(storage: Storage, dims: tuple[int, ...], keepdim: bool,
         return NotImplemented
     specified = g.reduce(g.source.mask, "any")
     return g.build(zero_unspecified(out, specified), specified)
+
+
+def masked_arg(storage: Storage, dims: tuple[int, ...], keepdim: bool, op: str,
+               with_values: bool, coords: Callable[[Storage, int], list[int]]) -> Storage:
+    """The ``reduction`` kernel of ``argmax`` / ``argmin`` (``op`` "amax" / "amin") over
+    every dim of a row-major sparse storage (COO, CSR): torch's own ``argmax`` of the
+    values filled with the identity gives the first extreme in storage order, which is the
+    first in row-major order (NaN first, as the generic kernel); ``coords(storage, i)``
+    gives the coordinates of stored element ``i``. ``NotImplemented`` (the generic route)
+    along some dims, with ``keepdim``, or when the extreme found is not specified (no
+    element specified, or every specified one equal to the identity).
+
+    >>> import torch, layouts
+    >>> coo = layouts.get_layout("sparse_coo")
+    >>> s = coo.from_strided(torch.tensor([[1., 5.], [7., 2.]]),
+    ...                      torch.tensor([[True, True], [False, True]]))
+    >>> masked_arg(s, (0, 1), False, "amax", False, lambda s, i: s.index[0][:, i].tolist()
+    ...            ).values.item()
+    1
+    """
+    values, mask = storage.values, storage.mask
+    if (with_values or keepdim or len(dims) != len(storage.shape) or values.dim() != 1
+            or values.numel() == 0 or values.dtype not in _BITS or values.device.type != "cpu"
+            or torch.compiler.is_compiling()):
+        return NotImplemented
+    filled = fill_unspecified(values.detach(), mask, _identity(op, values.dtype))
+    at = int(filled.argmax() if op == "amax" else filled.argmin())
+    if not bool(mask[at]):
+        return NotImplemented
+    position = linearize([torch.tensor(c) for c in coords(storage, at)], storage.shape)
+    return get_layout("strided").build((), position, torch.tensor(True), ())
 
 
 def group_by(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> Grouping:
