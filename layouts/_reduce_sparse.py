@@ -525,6 +525,39 @@ def masked_extreme(storage: Storage, dims: tuple[int, ...], keepdim: bool,
     return g.build(zero_unspecified(out, specified), specified)
 
 
+def masked_norm(storage: Storage, dims: tuple[int, ...], keepdim: bool, ord: float,
+                dtype: torch.dtype | None, out_dtype: torch.dtype) -> Storage:
+    """The sparse layouts' ``reduction`` kernel of the 2-norm (``linalg.vector_norm``):
+    ``sqrt`` of the masked sum of squares, the fill fused with the sum
+    (:meth:`CooGrouping.masked_reduce`); over every dim, torch's own norm of the filled
+    values. ``NotImplemented`` (the generic route) for other orders, complex or small
+    inputs, and with autograd.
+
+    >>> import torch, layouts
+    >>> coo = layouts.get_layout("sparse_coo")
+    >>> s = coo.from_strided(torch.ones(2, 3), torch.ones(2, 3, dtype=torch.bool))
+    >>> masked_norm(s, (1,), False, 2.0, None, torch.float32)  # small: the generic route
+    NotImplemented
+    """
+    values, mask = storage.values, storage.mask
+    if dtype is not None:
+        values = values.to(dtype)
+    if ord != 2 or not values.is_floating_point() or not _blocked.applies(values, mask):
+        return NotImplemented
+    g = group_by(storage, dims, keepdim)
+    if not isinstance(g, CooGrouping) or g.value_dims:
+        return NotImplemented
+    if g.single:
+        out = torch.linalg.vector_norm(fill_unspecified(values, mask, 0)).reshape(1)
+    else:
+        total = g.masked_reduce(values * values, mask, "sum")
+        if total is None:
+            return NotImplemented
+        out = total.sqrt()
+    specified = g.reduce(mask, "any")
+    return g.build(zero_unspecified(out, specified).to(out_dtype), specified)
+
+
 def masked_arg(storage: Storage, dims: tuple[int, ...], keepdim: bool, op: str,
                with_values: bool, coords: Callable[[Storage, int], list[int]]) -> Storage:
     """The ``reduction`` kernel of ``argmax`` / ``argmin`` (``op`` "amax" / "amin") over

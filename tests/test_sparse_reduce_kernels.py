@@ -5,6 +5,7 @@ fixture ``fast`` lowers the sizes so that small inputs take them):
 
 - ``layouts.fill_unspecified``: the bitwise fill (Note [Bitwise fill]), whole-array and
   block by block, must be bit-identical to ``torch.where``;
+- the 2-norm: the sum of squares fused with the fill, torch's norm over every dim;
 - ``argmax`` / ``argmin`` over every dim of COO / CSR through torch's own ``argmax``;
   amax / amin / prod scattered from the identity (``include_self``);
 - ``layouts._blocked``: sums and amax/amin fused with the fill -- runs of whole lines
@@ -75,6 +76,8 @@ def _sparse(data, mask, stored, layout):
 
 
 def _call(op, mt, dim, keepdim):
+    if op == "norm":
+        return torch.linalg.vector_norm(mt, dim=dim, keepdim=keepdim)
     if dim is None:
         return getattr(torch, op)(mt)
     return getattr(torch, op)(mt, dim, keepdim=keepdim)
@@ -89,7 +92,7 @@ def _same(got, want):
     torch.testing.assert_close(gd, wd, equal_nan=True)
 
 
-OPS = ["sum", "nansum", "mean", "amax", "amin", "prod", "argmax", "argmin"]
+OPS = ["sum", "nansum", "mean", "amax", "amin", "prod", "argmax", "argmin", "norm"]
 
 
 @pytest.mark.parametrize("layout", list(SPARSE))
@@ -99,8 +102,8 @@ OPS = ["sum", "nansum", "mean", "amax", "amin", "prod", "argmax", "argmin"]
                                          (None, False)])
 def test_fast_paths_match_dense_and_generic(fast, monkeypatch, layout, dtype, op, dim,
                                             keepdim):
-    if op in ("mean", "nansum") and not dtype.is_floating_point:
-        pytest.skip("mean / nansum of an integer MaskedTensor: torch's dtype rules")
+    if op in ("mean", "nansum", "norm") and not dtype.is_floating_point:
+        pytest.skip("mean / nansum / norm of an integer MaskedTensor: torch's dtype rules")
     data, mask, stored = _matrix(dtype)
     mt = _sparse(data, mask, stored, layout)
     got = _call(op, mt, dim, keepdim)
