@@ -273,6 +273,16 @@ def requires_grad_of(t: torch.Tensor) -> bool:
         return t.requires_grad
 
 
+def ndim_of(mt: MaskedTensor) -> int:
+    """``mt.dim()`` read from the storage, without the ``__torch_function__`` round trip."""
+    return len(mt._storage.shape)
+
+
+def dtype_of(mt: MaskedTensor) -> torch.dtype:
+    """``mt.dtype`` read from the storage, without the ``__torch_function__`` round trip."""
+    return mt._storage.values.dtype
+
+
 def is_masked_tensor(obj: Any) -> bool:
     """True if ``obj`` is a MaskedTensor.
 
