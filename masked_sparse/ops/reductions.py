@@ -279,7 +279,8 @@ def _summing(op: Any, *args: Any, **kwargs: Any) -> Any:
     a = A.bind(A.sig_sum, args, kwargs, name)
     mt = a["input"]
     dims = A.normalize_dims(a["dim"], ndim_of(mt), name)
-    dtype = A.result_dtype(getattr(torch, name), dtype_of(mt), dtype=A.check_dtype(a["dtype"], name))
+    dtype = A.result_dtype(getattr(torch, name), dtype_of(mt),
+                           dtype=A.check_dtype(a["dtype"], name))
     kernel = k_mean if name.endswith("mean") else k_sum
     return run(op, name, kernel, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), dtype,
                name.startswith("nan"))
