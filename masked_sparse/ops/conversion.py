@@ -157,9 +157,9 @@ def _fill(s: Storage, value: Any) -> torch.Tensor:
     if out is not NotImplemented:
         return out
     if isinstance(value, (int, float, bool)) and value == 0:
-        # One pass, no ``~mask`` temporary: cheaper than ``masked_fill`` at every size.
-        v = s.values
-        filled = torch.where(s.mask, v, torch.zeros((), dtype=v.dtype, device=v.device))
+        # One pass, no ``~mask`` temporary: cheaper than ``masked_fill`` at every size. A
+        # Python 0 (False for bool) keeps the values' dtype and costs less than a 0-d tensor.
+        filled = torch.where(s.mask, s.values, False if s.values.dtype == torch.bool else 0)
         return s.layout.to_torch(s, filled) if s.index else filled
     if not s.index:
         return s.values.masked_fill(~s.mask, value)
