@@ -2,7 +2,9 @@
 
 A benchmark module exposes ``cases()`` returning a list of cases; a case is a tuple
 ``(name, masked_sparse_fn, {baseline_name: fn})`` with an optional fourth element
-``{baseline_name: max_ratio}`` of targets. Every callable takes no argument. A baseline may
+``{baseline_name: max_ratio}`` of targets; the target key ``"time"`` (``TIME``) is an
+absolute limit in seconds on masked_sparse's own median (``{"time": 15e-6}``: at most
+15 µs). Every callable takes no argument. A baseline may
 also be a string: the reason it cannot run (printed in its cell). The ratio printed for a
 baseline is masked_sparse's time over the baseline's (the median of per-round ratios, Note
 [Paired rounds]): below 1 means masked_sparse is faster. Conventional baseline names:
@@ -43,6 +45,7 @@ from torch.utils.benchmark import Timer
 
 Fn = Callable[[], Any]
 CORE_BASELINES = ("floor", "torch.masked", "numpy.ma")
+TIME = "time"  # the target key of an absolute limit (seconds) on masked_sparse's median
 
 
 class Case(NamedTuple):
@@ -176,7 +179,8 @@ def run_case(case: Sequence[Any], min_run_time: float = 0.2, use_probe: bool = T
             entry["ratio"] = statistics.median(a / b for a, b in zip(times[""], times[key]))
     result["baselines"] = entries
     result["target_check"] = {
-        b: _check(entries.get(b, {}).get("ratio"), limit) for b, limit in targets.items()}
+        b: _check(result["median_s"] if b == TIME else entries.get(b, {}).get("ratio"), limit)
+        for b, limit in targets.items()}
     return result
 
 
@@ -209,10 +213,10 @@ def paired_rounds(runnable: dict[str, Fn], min_run_time: float, rounds: int | No
     return times
 
 
-def _check(ratio: float | None, limit: float) -> str:
-    if ratio is None:
+def _check(measured: float | None, limit: float) -> str:
+    if measured is None:
         return "n/a"
-    return "met" if ratio <= limit else "missed"
+    return "met" if measured <= limit else "missed"
 
 
 def cases_of(module: Any, quick: bool) -> list[Sequence[Any]]:
@@ -241,11 +245,16 @@ def fmt_ratio(entry: dict | None) -> str:
     return entry.get("status", "?")
 
 
+def fmt_target(baseline: str, limit: float) -> str:
+    """``floor ≤1.5×`` for a ratio target, ``≤15 µs`` for a ``TIME`` target."""
+    return f"≤{fmt_time(limit)}" if baseline == TIME else f"{baseline} ≤{limit:g}×"
+
+
 def _fmt_target(result: dict) -> str:
     parts = []
     for b, limit in result["targets"].items():
         mark = {"met": "✓", "missed": "✗ MISSED", "n/a": "n/a"}[result["target_check"][b]]
-        parts.append(f"{b} ≤{limit:g}× {mark}")
+        parts.append(f"{fmt_target(b, limit)} {mark}")
     return "; ".join(parts)
 
 

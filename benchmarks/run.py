@@ -86,6 +86,10 @@ def summary(sections: list[dict]) -> list[str]:
         for r in sec["results"]:
             for b, limit in r["targets"].items():
                 check = r["target_check"][b]
+                if b == harness.TIME:
+                    lines.append(f"{check:>6}: {r['name']} = {harness.fmt_time(r['median_s'])} "
+                                 f"(target {harness.fmt_target(b, limit)})")
+                    continue
                 ratio = r["baselines"].get(b, {}).get("ratio")
                 got = f"{ratio:.3g}×" if ratio is not None else "no ratio"
                 lines.append(f"{check:>6}: {r['name']} ÷ {b} = {got} (target ≤ {limit:g}×)")
