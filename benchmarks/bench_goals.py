@@ -116,12 +116,18 @@ def conversion_cases(small: dict[str, Any], large: dict[str, Any],
     return out
 
 
-def cases(quick: bool = False, large: int = LARGE, small: int = SMALL) -> list[Case]:
-    """Every case of this module (``quick`` changes nothing: the harness shortens timing)."""
+def case_groups(large: int = LARGE, small: int = SMALL) -> dict[str, list[Case]]:
+    """The cases by goal: ``"large"`` (÷ raw), ``"small"`` (fixed cost), ``"other"``."""
     gen = torch.Generator().manual_seed(19)
     small_ops, large_ops = sparse_operands(small, gen), sparse_operands(large, gen)
-    return (reduction_cases(large_ops, large=True) + reduction_cases(small_ops, large=False)
-            + conversion_cases(small_ops, large_ops, gen))
+    return {"large": reduction_cases(large_ops, large=True),
+            "small": reduction_cases(small_ops, large=False),
+            "other": conversion_cases(small_ops, large_ops, gen)}
+
+
+def cases(quick: bool = False) -> list[Case]:
+    """Every case of this module (``quick`` changes nothing: the harness shortens timing)."""
+    return [c for group in case_groups().values() for c in group]
 
 
 def main() -> None:
