@@ -309,16 +309,20 @@ def print_section(title: str, results: list[dict]) -> None:
 
 
 def run_cases(cases: Iterable[Sequence[Any]], title: str = "cases", min_run_time: float = 0.2,
-              use_probe: bool = True, only: str | None = None, verbose: bool = True
-              ) -> list[dict]:
-    """Time every case (those whose name contains ``only``) and print the section's table."""
+              use_probe: bool = True, only: str | None = None, verbose: bool = True,
+              safe: Iterable[str] = ()) -> list[dict]:
+    """Time every case (those whose name contains ``only``) and print the section's table.
+
+    Baselines named in ``safe`` (plain torch or scipy calls) skip the crash probe.
+    """
+    safe = set(safe)
     results = []
     cases = [c for c in cases if not only or only in c[0]]
     probes: list[dict[str, tuple[str, str]]] = []
     for case in cases:  # every fork before any timing (see run_case)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            probes.append({b: probe(f) if use_probe else ("ok", "")
+            probes.append({b: probe(f) if use_probe and b not in safe else ("ok", "")
                            for b, f in case[2].items() if not isinstance(f, str)})
     for case, probed in zip(cases, probes):
         try:

@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
 
         readme.run(" ".join(["python -m benchmarks"] + (argv if argv is not None
                                                         else sys.argv[1:])),
-                   args.min_run_time or (0.05 if args.quick else 0.1), args.readme or None,
+                   args.min_run_time or (0.03 if args.quick else 0.06), args.readme or None,
                    args.plot, args.json, not args.no_probe)
         return 0
     min_run_time = args.min_run_time or (0.05 if args.quick else 0.3)
