@@ -109,7 +109,8 @@ def section(env: dict[str, Any], scipy_results: list[dict], goals: dict[str, lis
         BEGIN, "## Performance", "",
         f"One run of `{command}` on {env['processor']} ({os.cpu_count()} cores, shared), "
         f"{env['date']}, torch {env['torch']}, scipy {env.get('scipy', '?')}, one thread, "
-        f"load average {env.get('load', '?')} at the start. Medians of paired, interleaved "
+        f"load average {env.get('load', '?')} (1-minute, start → end of the run; absolute "
+        f"times grow with it, ratios much less). Medians of paired, interleaved "
         f"rounds (`benchmarks/harness.py`, Note [Paired rounds]); a ratio is masked_sparse's "
         f"time ÷ the baseline's (below 1: masked_sparse is faster). ✓ / ✗: issue 19's target "
         f"met / missed ({met} of {total} met in this run).", "",
@@ -172,7 +173,7 @@ def run(command: str, min_run_time: float, readme_path: str | None = None,
 
     sizes = sizes or {}
     env = {**environment(min_run_time), "scipy": scipy.__version__, "numpy": numpy.__version__,
-           "load": " ".join(f"{x:.1f}" for x in os.getloadavg())}
+           "load": f"{os.getloadavg()[0]:.1f}"}
     started = time.monotonic()
     torch.set_num_threads(1)
     with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
@@ -199,6 +200,7 @@ def run(command: str, min_run_time: float, readme_path: str | None = None,
             print(f"[readme] {time.monotonic() - started:.0f} s: scaling", flush=True)
             points = scaling.measure(sizes.get("scaling", scaling.SIZES), min_run_time)
             scaling.plot(points, plot_path)
+    env["load"] = f"{env['load']} → {os.getloadavg()[0]:.1f}"
     text = section(env, scipy_results, goals, memory_rows, command, plot_path)
     print(text)
     if readme_path:
