@@ -94,7 +94,7 @@ def summary(sections: list[dict]) -> list[str]:
             for b, limit in r["targets"].items():
                 check = r["target_check"][b]
                 if b == harness.TIME:
-                    lines.append(f"{check:>6}: {r['name']} = {harness.fmt_time(r['median_s'])} "
+                    lines.append(f"{check:>6}: {r['name']} = {harness.fmt_time(r.get('best_s'))} "
                                  f"(target {harness.fmt_target(b, limit)})")
                     continue
                 ratio = r["baselines"].get(b, {}).get("ratio")
