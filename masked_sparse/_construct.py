@@ -76,29 +76,49 @@ def masked_tensor(data: torch.Tensor, mask: torch.Tensor, *,
     return _wrap(storage, requires_grad)
 
 
+class _Box:
+    """Hands a value from a Function's forward to its setup_context (not a pytree, so
+    torch.func transforms pass it through unchanged)."""
+
+    value: Storage
+
+
 class _AsMasked(torch.autograd.Function):
     @staticmethod
-    def forward(data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:
-        return _wrap(storage_from_tensors(data.detach(), mask, "as_masked_tensor"))
+    def forward(data: torch.Tensor, mask: torch.Tensor, box: _Box) -> MaskedTensor:
+        storage = storage_from_tensors(data.detach(), mask, "as_masked_tensor")
+        box.value = storage
+        return _wrap(storage)
 
     @staticmethod
     def setup_context(ctx, inputs: tuple, output: MaskedTensor) -> None:
-        ctx.storage = output._storage
+        # Note [Functions for torch.func] in _autograd.py: under a transform ``output`` is
+        # a functorch wrapper, so the storage comes through ``box``.
+        ctx.storage = inputs[2].value
+        ctx.to_plain_leaf = inputs[0].grad_fn is None
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
+        s = ctx.storage
         if torch.compiler.is_compiling():
             # Note [as_masked_tensor under torch.compile]: AOTAutograd fixes the type of
             # every gradient in the graph from the forward, where ``data`` is plain, so the
             # compiled gradient of ``data`` is a plain tensor: the masked gradient with 0
             # at unspecified positions (what eager gives after ``.to_tensor(0)``).
-            s = ctx.storage
-            return s.densify(_masked_values(s, grad), 0), None
+            return s.densify(_masked_values(s, grad), 0), None, None
+        if ctx.to_plain_leaf:
+            # Note [Plain gradients for plain leaves]: the gradient leaves the masked world
+            # here. A leaf's ``.grad`` must have the leaf's own type and layout (gradcheck,
+            # optimizers, torch.func), so it is the masked gradient with 0 where unspecified,
+            # over the leaf's own index. No derivative formula runs after it, so no 0 * inf
+            # can form; a non-leaf ``data`` instead gets the MaskedTensor, which keeps
+            # unspecified positions out of the formulas before the leaf (PyTorch issue 4132).
+            return s.layout.to_torch(s, _masked_values(s, grad)), None, None
         # The gradient reaching ``data`` carries the mask, as in torch.masked.
         if not isinstance(grad, MaskedTensor):
             s = ctx.storage
             grad = _wrap(s.with_values(s.layout.gather(s, grad)))
-        return grad, None
+        return grad, None, None
 
 
 def _masked_values(s: Storage, grad: torch.Tensor) -> torch.Tensor:
@@ -113,7 +133,9 @@ def _masked_values(s: Storage, grad: torch.Tensor) -> torch.Tensor:
 def as_masked_tensor(data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:
     """A MaskedTensor over ``data`` (no copy), differentiable with respect to ``data``.
 
-    The gradient that reaches ``data`` is a MaskedTensor carrying ``mask``.
+    The gradient that reaches ``data`` is a MaskedTensor carrying ``mask``; when ``data``
+    is itself a leaf, its ``.grad`` is a plain tensor of its layout, 0 where unspecified
+    (Note [Plain gradients for plain leaves]).
 
     >>> import torch, masked_sparse as ms
     >>> x = torch.tensor([1., 1.], requires_grad=True)
@@ -124,7 +146,7 @@ def as_masked_tensor(data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:
     )
     """
     if torch.is_grad_enabled() and isinstance(data, torch.Tensor) and data.requires_grad:
-        return _AsMasked.apply(data, mask)
+        return _AsMasked.apply(data, mask, _Box())
     return _wrap(storage_from_tensors(data, mask, "as_masked_tensor"))
 
 
