@@ -9,6 +9,7 @@ import torch
 import layouts
 from layouts import Storage
 
+from . import _func
 from ._tensor import MaskedTensor, _wrap
 
 
@@ -81,6 +82,7 @@ class _Box:
     torch.func transforms pass it through unchanged)."""
 
     value: Storage
+    plain_grad: bool = False  # Note [Double backward]: the gradient of data stays plain
 
 
 class _AsMasked(torch.autograd.Function):
@@ -95,7 +97,7 @@ class _AsMasked(torch.autograd.Function):
         # Note [Functions for torch.func] in _autograd.py: under a transform ``output`` is
         # a functorch wrapper, so the storage comes through ``box``.
         ctx.storage = inputs[2].value
-        ctx.to_plain_leaf = inputs[0].grad_fn is None
+        ctx.to_plain_leaf = inputs[0].grad_fn is None or inputs[2].plain_grad
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -116,16 +118,18 @@ class _AsMasked(torch.autograd.Function):
             return s.layout.to_torch(s, _masked_values(s, grad)), None, None
         # The gradient reaching ``data`` carries the mask, as in torch.masked.
         if not isinstance(grad, MaskedTensor):
-            s = ctx.storage
-            grad = _wrap(s.with_values(s.layout.gather(s, grad)))
+            from ._autograd import grad_on, masked_grad
+
+            grad = masked_grad(s, grad_on(grad, s)[0])
         return grad, None, None
 
 
 def _masked_values(s: Storage, grad: torch.Tensor) -> torch.Tensor:
     """The incoming gradient read at ``s``'s stored positions, 0 where unspecified."""
-    from ._autograd import grad_on
+    from ._autograd import grad_on, grad_values
 
-    values = grad_on(grad, s)[0]
+    # Note [Double backward]: when the backward builds a graph, read ``grad`` differentiably.
+    values = grad_values(grad, s) if torch.is_grad_enabled() else grad_on(grad, s)[0]
     return torch.where(s.mask, values, torch.zeros((), dtype=values.dtype,
                                                    device=values.device))
 
@@ -145,9 +149,23 @@ def as_masked_tensor(data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:
       [      --,   2.0000]
     )
     """
+    if _func.active() and torch._C._functorch.is_functorch_wrapped_tensor(data):
+        # Note [MaskedTensors in torch.func]: over the transform's own tracked data.
+        if data.layout != torch.strided:
+            raise NotImplementedError(_func.sparse_refusal("as_masked_tensor", str(data.layout)))
+        return _wrap(storage_from_tensors(data, mask, "as_masked_tensor"))
     if torch.is_grad_enabled() and isinstance(data, torch.Tensor) and data.requires_grad:
         return _AsMasked.apply(data, mask, _Box())
     return _wrap(storage_from_tensors(data, mask, "as_masked_tensor"))
+
+
+def masked_over(data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:
+    """``as_masked_tensor`` for gradients built inside a backward (Note [Double backward]):
+    the gradient reaching ``data`` is plain, 0 where unspecified, as for a leaf, so torch's
+    formulas of the backward's own ops (broadcasts included) never meet a MaskedTensor."""
+    box = _Box()
+    box.plain_grad = True
+    return _AsMasked.apply(data, mask, box)
 
 
 # Note [Construction under torch.compile]

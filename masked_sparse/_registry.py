@@ -33,6 +33,10 @@ Handler = Callable[..., Any]
 FUNCTIONS: dict[Any, Handler] = {}
 #: Exact aten overloads -> handlers (read by ``__torch_dispatch__``).
 ATEN: dict[Any, Handler] = {}
+#: Aten overloads whose handler also serves a Python-level callable: eager code meets them
+#: in ``__torch_function__``, where the masked autograd is recorded (Note [Aten-level
+#: autograd] in ``_tensor.py``).
+DIFFERENTIATED_ABOVE: set[Any] = set()
 
 
 def is_aten(op: Any) -> bool:
@@ -53,6 +57,9 @@ import layouts
     def decorator(handler: Handler) -> Handler:
         for op in ops:
             (ATEN if is_aten(op) else FUNCTIONS)[op] = handler
+        if not all(is_aten(op) for op in ops):  # views and in-place ops: torch's formulas
+            DIFFERENTIATED_ABOVE.update(op for op in ops if is_aten(op) and not op.is_view
+                                        and not op._schema.is_mutable)
         return handler
 
     return decorator

@@ -18,6 +18,7 @@ which keeps the very same index tensor objects. Binary ops compare masks by iden
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -26,7 +27,7 @@ from torch._C import DisableTorchFunctionSubclass
 import layouts
 from layouts import Storage
 
-from . import _registry
+from . import _func, _registry
 from ._repr import storage_repr
 
 
@@ -127,6 +128,8 @@ class MaskedTensor(torch.Tensor):
         handler = _registry.FUNCTIONS.get(func)
         if handler is not None and not torch.compiler.is_exporting():
             return handler(func, *args, **(kwargs or {}))
+        if _func.active():  # Note [MaskedTensors in torch.func]
+            return _func.dispatch_below(func, args, kwargs)
         with DisableTorchFunctionSubclass():
             return func(*args, **(kwargs or {}))
 
@@ -134,11 +137,16 @@ class MaskedTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         if torch._C._get_tracing_state() is not None:
             _refuse_jit_trace(func)
+        if func in _registry.DIFFERENTIATED_ABOVE and torch.is_grad_enabled():
+            _refuse_aten_autograd(func, args)
         handler = _registry.ATEN.get(func)
         if handler is None:
             from .ops.pointwise import resolve
 
             handler = resolve(func, args)
+        if _func.SAVED.stack:  # Note [MaskedTensors in torch.func]
+            with _func.restored():
+                return handler(func, *args, **(kwargs or {}))
         return handler(func, *args, **(kwargs or {}))
 
     # -- torch.compile / serialization ---------------------------------------------------
@@ -212,6 +220,34 @@ def _refuse_jit_trace(func: Any) -> None:
         f"MaskedTensor {name}: torch.jit.trace / torch.jit.script cannot trace a MaskedTensor "
         f"(TorchScript does not know tensor subclasses); use torch.compile(fn) to compile or "
         f"torch.export.export(module, (mt,)) to export, which trace through the data and mask")
+
+
+def _refuse_aten_autograd(func: Any, args: tuple) -> None:
+    """Note [Aten-level autograd]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Eager code differentiates a reduction, softmax, ``where``, a shape op, ... in
+    ``__torch_function__`` (``on_values``: gradients carry the input's mask). The same op
+    reaching ``__torch_dispatch__`` first -- called from TorchScript (``torch.jit.script``,
+    which has no ``__torch_function__``) or as ``torch.ops.aten.*`` -- is recorded by
+    autograd above us with torch's *dense* derivative formula: a masked ``mean`` would get
+    ``1 / numel`` instead of ``1 / count``. So such a call on a MaskedTensor that requires
+    grad is refused, outside a backward pass (backward formulas of pointwise ops call these
+    ops on gradients legitimately) and outside torch.compile / torch.export (AOTAutograd
+    traces through the masked autograd at this level).
+    """
+    if (torch._C._current_graph_task_id() != -1 or torch.compiler.is_compiling()
+            or not any(isinstance(a, MaskedTensor) and requires_grad_of(a) for a in args)):
+        return
+    name = getattr(func, "__name__", None) or str(func)
+    message = (f"MaskedTensor {name}: this op reached the aten level directly "
+               f"(torch.jit.script, or torch.ops.aten) on a MaskedTensor that requires grad, "
+               f"where autograd would use torch's dense derivative formula, not the masked "
+               f"one; TorchScript does not support MaskedTensors: use torch.compile(fn) to "
+               f"compile or torch.export.export(module, (mt,)) to export, or call the torch.* "
+               f"function")
+    # The TorchScript interpreter re-raises a RuntimeError without our message: say it here.
+    warnings.warn(message, UserWarning, stacklevel=2)
+    raise NotImplementedError(message)
 
 
 def _wrap(storage: Storage, requires_grad: bool = False) -> MaskedTensor:
