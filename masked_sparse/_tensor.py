@@ -128,7 +128,7 @@ class MaskedTensor(torch.Tensor):
         handler = _registry.FUNCTIONS.get(func)
         if handler is not None and not torch.compiler.is_exporting():
             return handler(func, *args, **(kwargs or {}))
-        if _func.active():  # Note [MaskedTensors in torch.func]
+        if torch._C._are_functorch_transforms_active():  # Note [MaskedTensors in torch.func]
             return _func.dispatch_below(func, args, kwargs)
         with DisableTorchFunctionSubclass():
             return func(*args, **(kwargs or {}))
@@ -137,8 +137,6 @@ class MaskedTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         if torch._C._get_tracing_state() is not None:
             _refuse_jit_trace(func)
-        if func in _registry.DIFFERENTIATED_ABOVE and torch.is_grad_enabled():
-            _refuse_aten_autograd(func, args)
         handler = _registry.ATEN.get(func)
         if handler is None:
             from .ops.pointwise import resolve
@@ -222,7 +220,7 @@ def _refuse_jit_trace(func: Any) -> None:
         f"torch.export.export(module, (mt,)) to export, which trace through the data and mask")
 
 
-def _refuse_aten_autograd(func: Any, args: tuple) -> None:
+def refuse_aten_autograd(func: Any, args: tuple) -> None:
     """Note [Aten-level autograd]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     Eager code differentiates a reduction, softmax, ``where``, a shape op, ... in
@@ -246,7 +244,7 @@ def _refuse_aten_autograd(func: Any, args: tuple) -> None:
                f"compile or torch.export.export(module, (mt,)) to export, or call the torch.* "
                f"function")
     # The TorchScript interpreter re-raises a RuntimeError without our message: say it here.
-    warnings.warn(message, UserWarning, stacklevel=2)
+    warnings.warn(message, UserWarning, stacklevel=3)
     raise NotImplementedError(message)
 
 
@@ -292,7 +290,10 @@ def unwrap_grad_tracking(t: Any) -> Any:
     ``setup_context`` travels in a ``box`` list argument), and their ``setup_context`` /
     ``backward`` read the storage and the incoming gradient through this function. The
     gradient they return is then a value of the level below the transform: right for one
-    level of transform, so nested transforms (hessians) raise NotImplementedError.
+    level of transform, so nested transforms (hessians) raise NotImplementedError. This is
+    the route of a MaskedTensor *argument* that is not lifted; MaskedTensors built inside a
+    transform, or lifted, are tracked through their values (Note [MaskedTensors in
+    torch.func] in ``_func.py``) and support every op at any depth.
     """
     while isinstance(t, torch.Tensor) and torch._C._functorch.is_gradtrackingtensor(t):
         t = torch._C._functorch.get_unwrapped(t)
