@@ -198,6 +198,11 @@ def grad_values(grad: Any, s: Storage) -> torch.Tensor:
 def masked_grad(s: Storage, values: torch.Tensor) -> MaskedTensor:
     """A gradient over ``s``'s mask and index with ``values``: differentiable in ``values``
     while a backward builds a graph (Note [Double backward]), else a plain wrap."""
+    if torch._C._functorch.is_batchedtensor(values):
+        raise NotImplementedError(
+            "torch.func.jacrev / vmap of a vjp with respect to a MaskedTensor argument: a "
+            "batch of masked gradients has no MaskedTensor form here; take the Jacobian with "
+            "respect to the data, ms.as_masked_tensor(x, mask) inside the function")
     if torch.is_grad_enabled() and values.requires_grad:
         from ._construct import masked_over
 

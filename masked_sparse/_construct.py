@@ -79,7 +79,20 @@ def masked_tensor(data: torch.Tensor, mask: torch.Tensor, *,
 
 class _Box:
     """Hands a value from a Function's forward to its setup_context (not a pytree, so
-    torch.func transforms pass it through unchanged)."""
+    torch.func transforms pass it through unchanged).
+
+    Note [as_masked_tensor's routes]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Eager: ``_AsMasked`` (its forward takes no ctx, the storage reaches ``setup_context`` in
+    this box). Its gradient to ``data`` is a MaskedTensor, so derivative formulas run
+    before ``data`` skip masked-out positions (PyTorch issue 4132), except for a plain leaf,
+    which gets a plain ``.grad`` of its own layout, 0 where unspecified (Note [Plain
+    gradients for plain leaves]): that is what gradcheck and optimizers take, and no
+    formula is left to run. Reviewed for gradcheck / torch.func and kept: the alternatives
+    (always plain, or always masked) lose either issue 4132 or gradcheck. Inside a
+    torch.func transform the Function is not used at all: the MaskedTensor is built over
+    the tracked data (Note [MaskedTensors in torch.func]).
+    """
 
     value: Storage
     plain_grad: bool = False  # Note [Double backward]: the gradient of data stays plain

@@ -27,6 +27,7 @@ ops on the tracked values meet the transform exactly as they would at the top.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -77,6 +78,30 @@ def restored() -> Iterator[None]:
             SAVED.stack = pending
 
 
+_DIFFERENTIATING = frozenset({"grad_and_value_impl", "_vjp_with_argnums", "_jvp_with_argnums"})
+
+
+def under_grad_transform() -> bool:
+    """True when an op reached ``__torch_dispatch__`` through functorch's layers (not routed
+    by :func:`dispatch_below`) inside ``torch.func.grad`` / ``vjp`` / ``jacrev`` / ``jvp``.
+
+    Such an op ran on a MaskedTensor *argument* that was not lifted, and the transform has
+    recorded torch's dense derivative formula for it. The dispatcher has popped the layer,
+    so the transform is found by its Python frame (``vmap`` alone batches correctly and is
+    let through). Only reductions, softmax and the like ask (Note [Aten-level autograd]).
+    """
+    if SAVED.stack or not torch._C._dispatch_tls_local_exclude_set().has(
+            torch._C.DispatchKey.FuncTorchDynamicLayerBackMode):
+        return False
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in _DIFFERENTIATING and "_functorch" in code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _inner(t: torch.Tensor) -> torch.Tensor:
     while torch._C._functorch.is_functorch_wrapped_tensor(t):
         t = torch._C._functorch.get_unwrapped(t)
@@ -104,6 +129,7 @@ class Lift(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs: tuple, output: Any) -> None:
         ctx.storage = _inner(inputs[0])._storage
+        ctx.lifted_shape = output[0].shape  # per example under vmap
         ctx.mark_non_differentiable(output[1])
 
     @staticmethod
@@ -112,6 +138,11 @@ class Lift(torch.autograd.Function):
         from ._tensor import MaskedTensor
 
         s = ctx.storage
+        if not s.index and s.shape != ctx.lifted_shape:
+            raise NotImplementedError(
+                "ms.lift: per-example gradients (vmap of grad / vjp) with respect to a "
+                "MaskedTensor argument have no MaskedTensor form; differentiate with respect "
+                "to the data instead, ms.as_masked_tensor(x, mask) inside the function")
         if grad is None:
             grad = torch.zeros_like(s.values)
         elif isinstance(grad, MaskedTensor):  # the values fed a masked op (double backward)

@@ -231,12 +231,20 @@ def refuse_aten_autograd(func: Any, args: tuple) -> None:
     ``1 / numel`` instead of ``1 / count``. So such a call on a MaskedTensor that requires
     grad is refused, outside a backward pass (backward formulas of pointwise ops call these
     ops on gradients legitimately) and outside torch.compile / torch.export (AOTAutograd
-    traces through the masked autograd at this level).
+    traces through the masked autograd at this level). Inside ``torch.func.grad`` / ``vjp``
+    / ``jacrev``, the same happens to a MaskedTensor argument that was not lifted
+    (``_func.under_grad_transform``): refused too, pointing to ``ms.lift``.
     """
+    name = getattr(func, "__name__", None) or str(func)
+    if _func.under_grad_transform():
+        raise NotImplementedError(
+            f"MaskedTensor {name} inside torch.func.grad / vjp / jacrev on a MaskedTensor "
+            f"argument: torch.func strips the MaskedTensor type and would differentiate "
+            f"with torch's dense formula; call x = ms.lift(x) first (Note [MaskedTensors in "
+            f"torch.func])")
     if (torch._C._current_graph_task_id() != -1 or torch.compiler.is_compiling()
             or not any(isinstance(a, MaskedTensor) and requires_grad_of(a) for a in args)):
         return
-    name = getattr(func, "__name__", None) or str(func)
     message = (f"MaskedTensor {name}: this op reached the aten level directly "
                f"(torch.jit.script, or torch.ops.aten) on a MaskedTensor that requires grad, "
                f"where autograd would use torch's dense derivative formula, not the masked "

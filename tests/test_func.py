@@ -215,6 +215,25 @@ def test_func_grad_of_a_masked_tensor_argument(op):
     torch.testing.assert_close(rows, _where_softmax(x, m, 1))
 
 
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_func_unlifted_reduction_under_grad_says_lift(layout):
+    mt, _, _ = make_masked(SHAPE, layout, F64, seed=14)
+    with pytest.raises(NotImplementedError, match=r"ms\.lift"):
+        torch.func.grad(lambda a: ms.to_tensor(a.mean(1), -1.0).sum())(mt)
+    # vmap alone batches the masked kernels: a reduction per row, as in eager
+    rows = torch.func.vmap(lambda a: ms.to_tensor(a.sum(0), -1.0))(mt)
+    torch.testing.assert_close(rows, ms.to_tensor(mt.sum(1), -1.0))
+
+
+def test_func_jacobians_of_a_masked_tensor_argument_say_use_the_data():
+    x, m = _func_case(seed=15)
+    mt = ms.masked_tensor(x, m)
+    with pytest.raises(NotImplementedError, match="with respect to the data"):
+        torch.func.jacrev(lambda a: ms.lift(a).softmax(1).to_tensor(0))(mt)
+    with pytest.raises(NotImplementedError, match="with respect to the data"):
+        torch.func.vmap(torch.func.grad(lambda a: ms.lift(a).mean().to_tensor(0)))(mt)
+
+
 def test_func_functional_api_lifts_its_argument():
     x, m = _func_case(seed=7)
     grad = torch.func.grad(lambda a: ms.mean(a, 1).sum().to_tensor(0))(ms.masked_tensor(x, m))
