@@ -71,9 +71,9 @@ def _differentiated_above(handler: Handler) -> Handler:
 
     def aten_handler(op: Any, *args: Any, **kwargs: Any) -> Any:
         if torch.is_grad_enabled():
-            from ._tensor import refuse_aten_autograd
+            from ._tensor import check_aten_autograd
 
-            refuse_aten_autograd(op, args)
+            check_aten_autograd(op, args)
         return handler(op, *args, **kwargs)
 
     return aten_handler

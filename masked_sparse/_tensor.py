@@ -220,7 +220,7 @@ def _refuse_jit_trace(func: Any) -> None:
         f"torch.export.export(module, (mt,)) to export, which trace through the data and mask")
 
 
-def refuse_aten_autograd(func: Any, args: tuple) -> None:
+def check_aten_autograd(func: Any, args: tuple) -> None:
     """Note [Aten-level autograd]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     Eager code differentiates a reduction, softmax, ``where``, a shape op, ... in

@@ -82,6 +82,7 @@ def test_gradcheck_and_gradgradcheck_of_a_masked_tensor_input(op):
     mt = ms.masked_tensor(x, m, requires_grad=True)
     assert torch.autograd.gradcheck(fn, (mt,))
     assert torch.autograd.gradgradcheck(fn, (mt,))
+    assert torch.autograd.gradcheck(fn, (mt,), fast_mode=True)
 
 
 @pytest.mark.parametrize("op", GRADGRAD_OPS, ids=list(GRADGRAD_OPS))
@@ -91,6 +92,8 @@ def test_gradgradcheck_plain_leaf_through_as_masked_tensor(op):
     fn = GRADGRAD_OPS[op]
     leaf = x.clone().requires_grad_()
     assert torch.autograd.gradgradcheck(lambda d: fn(ms.as_masked_tensor(d, m)), (leaf,))
+    assert torch.autograd.gradgradcheck(lambda d: fn(ms.as_masked_tensor(d, m)), (leaf,),
+                                        fast_mode=True)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
