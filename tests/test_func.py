@@ -196,6 +196,11 @@ def test_func_vmap_and_hessian_through_as_masked_tensor(op):
     got = torch.func.vmap(lambda d: fn(ms.as_masked_tensor(d, m)))(batch)
     torch.testing.assert_close(got, torch.stack([ref(b, m) for b in batch]))
 
+    per_example = torch.func.vmap(torch.func.grad(
+        lambda d: fn(ms.as_masked_tensor(d, m)).pow(2).sum()))(batch)
+    want = torch.func.vmap(torch.func.grad(lambda d: ref(d, m).pow(2).sum()))(batch)
+    torch.testing.assert_close(per_example, torch.where(m, want, 0))
+
     hess = torch.func.hessian(lambda d: fn(ms.as_masked_tensor(d, m)).pow(2).sum())(x)
     hess_ref = torch.func.hessian(lambda d: ref(d, m).pow(2).sum())(x)
     keep = m.reshape(-1, 1) & m.reshape(1, -1)
