@@ -18,6 +18,7 @@ which keeps the very same index tensor objects. Binary ops compare masks by iden
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -26,7 +27,7 @@ from torch._C import DisableTorchFunctionSubclass
 import layouts
 from layouts import Storage
 
-from . import _registry
+from . import _func, _registry
 from ._repr import storage_repr
 
 
@@ -121,6 +122,8 @@ class MaskedTensor(torch.Tensor):
         handler = _registry.FUNCTIONS.get(func)
         if handler is not None and not torch.compiler.is_exporting():
             return handler(func, *args, **(kwargs or {}))
+        if torch._C._are_functorch_transforms_active():  # Note [MaskedTensors in torch.func]
+            return _func.dispatch_below(func, args, kwargs)
         with DisableTorchFunctionSubclass():
             return func(*args, **(kwargs or {}))
 
@@ -133,6 +136,9 @@ class MaskedTensor(torch.Tensor):
             from .ops.pointwise import resolve
 
             handler = resolve(func, args)
+        if _func.SAVED.stack:  # Note [MaskedTensors in torch.func]
+            with _func.restored():
+                return handler(func, *args, **(kwargs or {}))
         return handler(func, *args, **(kwargs or {}))
 
     # -- torch.compile / serialization ---------------------------------------------------
@@ -208,6 +214,42 @@ def _refuse_jit_trace(func: Any) -> None:
         f"torch.export.export(module, (mt,)) to export, which trace through the data and mask")
 
 
+def check_aten_autograd(func: Any, args: tuple) -> None:
+    """Note [Aten-level autograd]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Eager code differentiates a reduction, softmax, ``where``, a shape op, ... in
+    ``__torch_function__`` (``on_values``: gradients carry the input's mask). The same op
+    reaching ``__torch_dispatch__`` first -- called from TorchScript (``torch.jit.script``,
+    which has no ``__torch_function__``) or as ``torch.ops.aten.*`` -- is recorded by
+    autograd above us with torch's *dense* derivative formula: a masked ``mean`` would get
+    ``1 / numel`` instead of ``1 / count``. So such a call on a MaskedTensor that requires
+    grad is refused, outside a backward pass (backward formulas of pointwise ops call these
+    ops on gradients legitimately) and outside torch.compile / torch.export (AOTAutograd
+    traces through the masked autograd at this level). Inside ``torch.func.grad`` / ``vjp``
+    / ``jacrev``, the same happens to a MaskedTensor argument that was not lifted
+    (``_func.under_grad_transform``): refused too, pointing to ``ms.lift``.
+    """
+    name = getattr(func, "__name__", None) or str(func)
+    if _func.under_grad_transform():
+        raise NotImplementedError(
+            f"MaskedTensor {name} inside torch.func.grad / vjp / jacrev on a MaskedTensor "
+            f"argument: torch.func strips the MaskedTensor type and would differentiate "
+            f"with torch's dense formula; call x = ms.lift(x) first (Note [MaskedTensors in "
+            f"torch.func])")
+    if (torch._C._current_graph_task_id() != -1 or torch.compiler.is_compiling()
+            or not any(isinstance(a, MaskedTensor) and requires_grad_of(a) for a in args)):
+        return
+    message = (f"MaskedTensor {name}: this op reached the aten level directly "
+               f"(torch.jit.script, or torch.ops.aten) on a MaskedTensor that requires grad, "
+               f"where autograd would use torch's dense derivative formula, not the masked "
+               f"one; TorchScript does not support MaskedTensors: use torch.compile(fn) to "
+               f"compile or torch.export.export(module, (mt,)) to export, or call the torch.* "
+               f"function")
+    # The TorchScript interpreter re-raises a RuntimeError without our message: say it here.
+    warnings.warn(message, UserWarning, stacklevel=3)
+    raise NotImplementedError(message)
+
+
 def _wrap(storage: Storage, requires_grad: bool = False) -> MaskedTensor:
     """A MaskedTensor over ``storage`` (no copy, no check)."""
     if torch.compiler.is_dynamo_compiling():
@@ -250,7 +292,10 @@ def unwrap_grad_tracking(t: Any) -> Any:
     ``setup_context`` travels in a ``box`` list argument), and their ``setup_context`` /
     ``backward`` read the storage and the incoming gradient through this function. The
     gradient they return is then a value of the level below the transform: right for one
-    level of transform, so nested transforms (hessians) raise NotImplementedError.
+    level of transform, so nested transforms (hessians) raise NotImplementedError. This is
+    the route of a MaskedTensor *argument* that is not lifted; MaskedTensors built inside a
+    transform, or lifted, are tracked through their values (Note [MaskedTensors in
+    torch.func] in ``_func.py``) and support every op at any depth.
     """
     while isinstance(t, torch.Tensor) and torch._C._functorch.is_gradtrackingtensor(t):
         t = torch._C._functorch.get_unwrapped(t)

@@ -42,6 +42,8 @@ class _ZeroFill(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
         (mask,) = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: stay differentiable (Note [Double backward])
+            return torch.where(mask, grad, torch.zeros((), dtype=grad.dtype)), None
         return _bitwise_zero_fill(grad, mask), None
 
 
@@ -63,7 +65,8 @@ def zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     would have to broadcast to, use ``torch.where``.
     """
     if (values.dtype not in _BITS or mask.dtype != torch.bool
-            or not broadcasts_to(tuple(mask.shape), tuple(values.shape))):
+            or not broadcasts_to(tuple(mask.shape), tuple(values.shape))
+            or torch._C._are_functorch_transforms_active()):  # Note [MaskedTensors in torch.func]
         out = torch.where(mask, values, torch.zeros((), dtype=values.dtype))
     elif torch.is_grad_enabled() and values.requires_grad:
         out = _ZeroFill.apply(values, mask)
