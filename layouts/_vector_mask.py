@@ -14,11 +14,14 @@ A view to a dtype of *another* width is not a ``ReinterpretView``: Inductor call
 ``aten.view.dtype`` itself (a free aliasing view), and the result is a real buffer of the
 new dtype. ``mask.view(torch.int16).view(torch.uint8)`` therefore gives a uint8 buffer
 (the same bytes, 0 or 1) that the kernel reads with one vector load; converted to int32
-and compared with 0 it is a ``VecMask<int32_t,1>``, which selects float lanes directly.
+and compared with 0 it is a ``VecMask<int32_t,1>``, which selects float lanes directly
+(compared as uint8 it would be a ``VecMask<uint8_t,1>``, whose cast to a float mask is a
+scalar loop again).
 The result is the same bool tensor, computed inside the kernel instead of loaded: exact,
 and ``where(vector_mask(m), x, 0).sum(1)`` runs ~10x faster than ``where(m, x, 0)``.
 The views need a nonzero, even number of elements and a contiguous mask at an even storage
-offset; any other mask is returned as it is (slow, still exact). Callers use it only while
+offset; any other mask is returned as it is (slow, still exact), and so is a mask on
+another device (Triton loads bool buffers as bytes already). Callers use it only while
 torch.compile traces (``torch.compiler.is_compiling()``): eager kernels read bool masks at
 full speed.
 
@@ -36,8 +39,8 @@ import torch
 def vector_mask(mask: torch.Tensor) -> torch.Tensor:
     """``mask`` recomputed from a uint8 view of its bytes, for compiled code (Note
     [Compiled mask loads]); ``mask`` itself where the views do not apply."""
-    if (mask.dtype != torch.bool or mask.numel() == 0 or mask.numel() % 2
-            or mask.storage_offset() % 2 or not mask.is_contiguous()):
+    if (mask.device.type != "cpu" or mask.dtype != torch.bool or mask.numel() == 0
+            or mask.numel() % 2 or mask.storage_offset() % 2 or not mask.is_contiguous()):
         return mask
     flat = mask.reshape(-1).view(torch.int16).view(torch.uint8)
     return (flat.to(torch.int32) != 0).view(mask.shape)
