@@ -6,8 +6,8 @@ written with ``torch.where`` / ``-inf`` (``floor``), including what the masked s
 need (a count for ``mean`` / ``var``, zeros on fully masked softmax rows). A ratio below 1
 against ``eager`` means compiling pays; the ratio against ``floor`` is the price of the
 MaskedTensor over hand-written dense code. For the main families a third baseline,
-``vector mask``, is that dense code given ``layouts._vector_mask.vector_mask(mask)``: the
-bool mask read as the masked code reads it (Note [Compiled mask loads]), so the ratio
+``vector mask``, is that dense code given the mask as ``layouts._vector_mask.vector_mask``
+computes it (Note [Compiled mask loads]): read as the masked code reads it, so the ratio
 shows what the MaskedTensor itself costs once both load the mask alike. Compilation
 happens once, when the cases are built.
 
@@ -30,19 +30,29 @@ from typing import Any
 import torch
 
 import masked_sparse as ms
-from layouts._vector_mask import vector_mask
 
 Fn = Callable[..., Any]
 NEG_INF = -math.inf
 
 
 def _compiled(fn: Fn, *args: Any) -> Callable[[], Any]:
-    """``fn`` compiled with Inductor and warmed up on ``args``; a no-argument callable."""
+    """``fn`` compiled with Inductor and warmed up on ``args``; a no-argument callable.
+
+    AOTAutograd's on-disk cache is off while compiling: its key holds the traced graph and
+    the inputs' metadata, not masked_sparse's source, so an edited library would be timed
+    with the code compiled before the edit.
+    """
     c = torch.compile(fn, dynamic=False)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), torch._functorch.config.patch(enable_autograd_cache=False):
         warnings.simplefilter("ignore")
         c(*args)
     return lambda: c(*args)
+
+
+def _vector_mask(m: torch.Tensor) -> torch.Tensor:
+    """``layouts._vector_mask.vector_mask`` for the contiguous, even-sized masks here,
+    without its checks (Dynamo cannot trace ``storage_offset()`` on a plain tensor)."""
+    return m.reshape(-1).view(torch.int16).view(torch.uint8).to(torch.int32).ne(0).view(m.shape)
 
 
 def _dense_var(d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -96,7 +106,7 @@ def _strided(n: int, gen: torch.Generator, only: str | None) -> list[tuple]:
         baselines = {"eager": lambda f=masked_fn: f(mt), "floor": _compiled(dense_fn, data, mask)}
         if family in VECTOR_MASK_FLOOR:
             baselines["vector mask"] = _compiled(
-                lambda d, m, f=dense_fn: f(d, vector_mask(m)), data, mask)
+                lambda d, m, f=dense_fn: f(d, _vector_mask(m)), data, mask)
         out.append((name, _compiled(masked_fn, mt), baselines))
     return out
 
@@ -117,7 +127,7 @@ def _attention(n: int, d: int, gen: torch.Generator) -> tuple:
         return _dense_softmax(q @ k.T * scale, m) @ v
 
     def dense_vector_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor):
-        return dense(q, k, v, vector_mask(m))
+        return dense(q, k, v, _vector_mask(m))
 
     return (f"strided attention n={n} d={d}", _compiled(masked, q, k, v, causal),
             {"eager": lambda: masked(q, k, v, causal), "floor": _compiled(dense, q, k, v, causal),

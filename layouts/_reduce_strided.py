@@ -17,7 +17,9 @@ and mask once and allocates one small buffer: ~10x faster than ``where + sum`` o
 With autograd (or for other dtypes / layouts of memory) the plain ``where`` path runs.
 Under torch.compile / torch.export (``torch.compiler.is_compiling()``) the plain path runs
 too: Inductor fuses ``where + sum`` into one pass by itself, while the Python block loop
-would be unrolled into hundreds of small kernels (44x slower than eager).
+would be unrolled into hundreds of small kernels (44x slower than eager). There every
+kernel reads the mask through :func:`vector_mask` (Note [Compiled mask loads]); outputs
+keep the input's own mask (``restore``).
 """
 
 from __future__ import annotations

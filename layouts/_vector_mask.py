@@ -16,14 +16,13 @@ new dtype. ``mask.view(torch.int16).view(torch.uint8)`` therefore gives a uint8 
 (the same bytes, 0 or 1) that the kernel reads with one vector load; converted to int32
 and compared with 0 it is a ``VecMask<int32_t,1>``, which selects float lanes directly
 (compared as uint8 it would be a ``VecMask<uint8_t,1>``, whose cast to a float mask is a
-scalar loop again).
-The result is the same bool tensor, computed inside the kernel instead of loaded: exact,
-and ``where(vector_mask(m), x, 0).sum(1)`` runs ~10x faster than ``where(m, x, 0)``.
-The views need a nonzero, even number of elements and a contiguous mask at an even storage
-offset; any other mask is returned as it is (slow, still exact), and so is a mask on
-another device (Triton loads bool buffers as bytes already). Callers use it only while
-torch.compile traces (``torch.compiler.is_compiling()``): eager kernels read bool masks at
-full speed.
+scalar loop again). The result is the same bool tensor, computed inside the kernel
+instead of loaded: exact, and ``where(vector_mask(m), x, 0).sum(1)`` runs ~10x faster than
+``where(m, x, 0).sum(1)``. The views need a nonzero, even number of elements and a
+contiguous mask at an even storage offset; any other mask is returned as it is (slow,
+still exact), and so is a mask on another device (Triton loads bool buffers as bytes
+already). Callers use it only while torch.compile traces
+(``torch.compiler.is_compiling()``): eager kernels read bool masks at full speed.
 
 >>> import torch
 >>> m = torch.tensor([[True, False], [False, True]])

@@ -9,6 +9,8 @@ Invariants
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ._lines import dense_lines
@@ -32,7 +34,7 @@ def _to_torch(storage: Storage, values: torch.Tensor) -> torch.Tensor:
     return values
 
 
-def _to_tensor(storage: Storage, value):
+def _to_tensor(storage: Storage, value: Any) -> torch.Tensor:
     """Compiled code fills through the vector-loaded mask (Note [Compiled mask loads]);
     eager code takes the generic ``masked_fill``."""
     if not torch.compiler.is_compiling():
