@@ -33,13 +33,26 @@ True
 from __future__ import annotations
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+# mask -> its vector mask, within one trace: one buffer per mask (see vector_mask).
+_TRACED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def vector_mask(mask: torch.Tensor) -> torch.Tensor:
     """``mask`` recomputed from a uint8 view of its bytes, for compiled code (Note
-    [Compiled mask loads]); ``mask`` itself where the views do not apply."""
+    [Compiled mask loads]); ``mask`` itself where the views do not apply.
+
+    The result is remembered per mask object (a traced tensor: it lives as long as the
+    trace): a second call, e.g. ``to_tensor(0)`` after ``softmax``, reuses it, so the
+    fused kernel loads the mask bytes once instead of once per call.
+    """
+    known = _TRACED.get(mask)
+    if known is not None:
+        return known
     if (mask.device.type != "cpu" or mask.dtype != torch.bool or mask.numel() == 0
             or mask.numel() % 2 or mask.storage_offset() % 2 or not mask.is_contiguous()):
         return mask
     flat = mask.reshape(-1).view(torch.int16).view(torch.uint8)
-    return (flat.to(torch.int32) != 0).view(mask.shape)
+    out = _TRACED[mask] = (flat.to(torch.int32) != 0).view(mask.shape)
+    return out
