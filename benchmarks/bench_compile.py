@@ -36,14 +36,9 @@ NEG_INF = -math.inf
 
 
 def _compiled(fn: Fn, *args: Any) -> Callable[[], Any]:
-    """``fn`` compiled with Inductor and warmed up on ``args``; a no-argument callable.
-
-    AOTAutograd's on-disk cache is off while compiling: its key holds the traced graph and
-    the inputs' metadata, not masked_sparse's source, so an edited library would be timed
-    with the code compiled before the edit.
-    """
+    """``fn`` compiled with Inductor and warmed up on ``args``; a no-argument callable."""
     c = torch.compile(fn, dynamic=False)
-    with warnings.catch_warnings(), torch._functorch.config.patch(enable_autograd_cache=False):
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         c(*args)
     return lambda: c(*args)
