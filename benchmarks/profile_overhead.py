@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import statistics
 import sys
 import warnings
 from pathlib import Path
@@ -138,14 +139,76 @@ def cprofile_groups(fn: Any, n: int = 20000) -> None:
         print(f"- {label}: {tt / total:.0%}")
 
 
+#: The per-op fixed-cost table (issue 19): ``(label, masked call, raw call on the values)``.
+def _fixed_cost_ops(a: ms.MaskedTensor) -> list[tuple[str, Any, Any]]:
+    v = a._storage.values
+    return [
+        ("sum(1)", lambda: a.sum(1), lambda: v.sum()),
+        ("sum()", lambda: a.sum(), lambda: v.sum()),
+        ("amax(1)", lambda: a.amax(1), lambda: v.amax()),
+        ("amax()", lambda: a.amax(), lambda: v.amax()),
+        ("mean(1)", lambda: a.mean(1), lambda: v.mean()),
+        ("mean()", lambda: a.mean(), lambda: v.mean()),
+        ("argmax(1)", lambda: a.argmax(1), lambda: v.argmax()),
+        ("argmax()", lambda: a.argmax(), lambda: v.argmax()),
+        ("var(1)", lambda: a.var(1), lambda: v.var()),
+        ("var()", lambda: a.var(), lambda: v.var()),
+        ("softmax(1)", lambda: a.softmax(1), lambda: v.softmax(0)),
+        ("get_data()", a.get_data, None),
+        ("to_tensor(0)", lambda: a.to_tensor(0), None),
+        ("sqrt", lambda: torch.sqrt(a), lambda: torch.sqrt(v)),
+    ]
+
+
+def fixed_costs(min_run_time: float) -> None:
+    """Median time per call of each op on ~1000 elements per layout, paired rounds; the raw
+    column is the op on the values alone (strided: the 32 x 32 values)."""
+    layouts_ = ("coo", "csr", "strided")
+    ops = {lay: _fixed_cost_ops(_operands(lay, 1024 if lay == "strided" else 1000)[0])
+           for lay in layouts_}
+    print("\n## Fixed cost per op, ~1000 elements (median over paired rounds, 1 thread)\n")
+    print("| op | " + " | ".join(layouts_) + " | raw op on the values (coo) |")
+    print("| --- |" + " ---: |" * (len(layouts_) + 1))
+    for i, (label, _, raw) in enumerate(ops["coo"]):
+        calls = {lay: ops[lay][i][1] for lay in layouts_}
+        if raw is not None:
+            calls["raw"] = raw
+        times = paired_rounds(calls, min_run_time, 9, {}, {})
+        cells = [fmt_time(statistics.median(times[k])) for k in calls]
+        print(f"| {label} | " + " | ".join(cells + ([] if raw else ["--"])) + " |")
+
+
+def to_tensor_at_scale(min_run_time: float, nnz: int = 10**6) -> None:
+    """``to_tensor(0)`` against the raw fill (``masked_fill`` + the torch sparse tensor)."""
+    print(f"\n## to_tensor(0) at nnz = {nnz:.0e} (median of per-round ratios)\n")
+    print("| layout | to_tensor(0) | raw | ratio |")
+    print("| --- | ---: | ---: | ---: |")
+    for layout in ("coo", "csr"):
+        a = _operands(layout, nnz)[0]
+        s = a._storage
+        times = paired_rounds({
+            "ms": lambda a=a: a.to_tensor(0),
+            "raw": lambda s=s: s.layout.to_torch(s, s.values.masked_fill(~s.mask, 0))},
+            min_run_time, 9, {}, {})
+        ratio = statistics.median(m / r for m, r in zip(times["ms"], times["raw"]))
+        print(f"| {layout} | {fmt_time(statistics.median(times['ms']))} | "
+              f"{fmt_time(statistics.median(times['raw']))} | {ratio:.2f}x |")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cprofile", action="store_true", help="add a cProfile breakdown")
     parser.add_argument("--quick", action="store_true", help="shorter timing")
+    parser.add_argument("--fixed", action="store_true",
+                        help="only the fixed-cost table of reductions and accessors")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     mrt = 0.1 if args.quick else 0.5
+    if args.fixed:
+        fixed_costs(mrt)
+        to_tensor_at_scale(mrt)
+        return
     print("## Per-op overhead of masked_sparse (1 thread)")
     for layout, nnz in (("strided", 100), ("coo", 1000), ("csr", 1000)):
         a, b, _ = _operands(layout, nnz)

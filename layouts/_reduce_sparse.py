@@ -38,6 +38,7 @@ from ._reduce_strided import fused_masked_sum
 from .registry import Storage, get_layout
 
 _SLOTS_PER_NNZ = 4  # bincount grouping while the kept key space is <= 4 * nnz + 4096
+_FEW = 4096  # line sums by segment_reduce below this many stored elements
 
 
 class CooGrouping(Grouping):
@@ -268,9 +269,14 @@ class CooGrouping(Grouping):
         if not self.sparse_dims and self.source.layout is coo:
             indices = self.source.index[0]  # the very same index tensor
         else:
-            indices = torch.stack([c.long() for c in self.out_coords]) if self.out_coords \
-                else torch.zeros((0, out_values.shape[0]), dtype=torch.long,
-                                 device=out_values.device)
+            coords = self.out_coords
+            if len(coords) == 1:  # a view: index tensors are never written in place
+                indices = coords[0].long().unsqueeze(0)
+            elif coords:
+                indices = torch.stack([c.long() for c in coords])
+            else:
+                indices = torch.zeros((0, out_values.shape[0]), dtype=torch.long,
+                                      device=out_values.device)
         return coo.build((indices,), out_values, out_mask, self.out_shape)
 
     def restore(self, values: torch.Tensor) -> Storage:
@@ -311,9 +317,10 @@ class CompressedGrouping(CooGrouping):
         self.ptr, self.inner = ptr, storage.shape[1 - axis]
         self.offsets, self.lines, self.lengths = cached(ptr, "lines", partial(_lines, ptr))
         self.ngroups = self.lines.numel()
-        zeros = torch.zeros(self.ngroups, dtype=torch.long, device=ptr.device)
-        lines_zeros = [self.lines, zeros] if axis == 0 else [zeros, self.lines]
-        self.out_coords = lines_zeros if keepdim else [self.lines]
+        self.out_coords = [self.lines]
+        if keepdim:
+            zeros = torch.zeros(self.ngroups, dtype=torch.long, device=ptr.device)
+            self.out_coords = [self.lines, zeros] if axis == 0 else [zeros, self.lines]
         self.coords = [None, None]  # per-element coordinates are built only if needed
         self.coords[1 - axis] = idx
 
@@ -322,7 +329,9 @@ class CompressedGrouping(CooGrouping):
     # autograd needed; its output holds exactly the non-empty lines, in order), about 1.5x
     # faster than ``segment_reduce``, which serves the other ops and autograd. Masks are
     # counted the same way, as uint8 (torch sums it into int64: exact, no float pass, and
-    # faster than an int32 ``cumsum`` read at the pointers).
+    # faster than an int32 ``cumsum`` read at the pointers). Below ``_FEW`` stored
+    # elements, building the torch CSR tensor costs more than the sum itself: one
+    # ``segment_reduce`` does both (masks as float32 0/1, exact below 2**24).
 
     def _with_gid(self) -> None:
         if self.by_lines and self.gid is None:
@@ -347,7 +356,14 @@ class CompressedGrouping(CooGrouping):
         return super().reduce(values, op)
 
     def _line_sums(self, values: torch.Tensor) -> torch.Tensor:
-        """Per non-empty line, the sum of 1-D ``values`` (no autograd): torch's CSR sum."""
+        """Per non-empty line, the sum of 1-D ``values`` (no autograd): torch's CSR sum, or
+        a ``segment_reduce`` for few elements (Note [Reducing along lines])."""
+        if values.shape[0] < _FEW:
+            floating = values.is_floating_point()
+            seg = torch.segment_reduce(values if floating else values.to(torch.float32),
+                                       "sum", offsets=self.offsets)
+            seg = seg if seg.shape[0] == self.ngroups else seg.index_select(0, self.lines)
+            return seg if floating else seg.long()
         lines = torch.sparse_csr_tensor(self.ptr, self.coords[self.dims[0]], values,
                                         (self.ptr.numel() - 1, self.inner),
                                         check_invariants=False)

@@ -130,7 +130,10 @@ def on_values(fn: Kernel, inputs: Sequence[MaskedTensor], *extra: Any) -> Any:
     """
     if torch.is_grad_enabled() and any(requires_grad_of(t) for t in inputs):
         return _OnValues.apply(fn, extra, [], *inputs)
-    outs, is_tuple = _as_outputs(fn([t._storage if isinstance(t, MaskedTensor) else t
-                                     for t in inputs], *extra))
-    wrapped = _wrap_outputs(outs)
-    return wrapped if is_tuple else wrapped[0]
+    # No gradient needed: the kernel's outputs are wrapped as they are, no graph is built.
+    out = fn([t._storage if isinstance(t, MaskedTensor) else t for t in inputs], *extra)
+    if isinstance(out, Storage):
+        return _wrap(out)
+    if isinstance(out, tuple):
+        return _wrap_outputs(out)
+    return out

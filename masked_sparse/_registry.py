@@ -44,8 +44,6 @@ def implements(*ops: Any) -> Callable[[Handler], Handler]:
     """Register ``handler(op, *args, **kwargs)`` for Python-level callables and aten overloads.
 
     >>> import torch
-
-import layouts
     >>> @implements(torch.Tensor.numel, torch.ops.aten.numel.default)   # doctest: +SKIP
     ... def numel(op, mt): ...
     """
@@ -60,11 +58,22 @@ import layouts
 
 def op_name(op: Any) -> str:
     """The user-facing name of ``op``: ``"logsumexp"`` for ``torch.special.logsumexp``,
-    ``torch.Tensor.logsumexp`` and ``aten.logsumexp.default`` alike."""
+    ``torch.Tensor.logsumexp`` and ``aten.logsumexp.default`` alike (computed once per op)."""
+    try:
+        return _NAMES[op]
+    except (KeyError, TypeError):  # TypeError: an unhashable op, named every time
+        pass
     name = getattr(op, "_opname", None) or getattr(op, "__name__", None) or str(op)
     for prefix in ("special_", "linalg_"):
         name = name.removeprefix(prefix)
+    try:
+        _NAMES[op] = name
+    except TypeError:
+        pass
     return name
+
+
+_NAMES: dict[Any, str] = {}
 
 
 def way_out(has_op: Callable[[layouts.Layout], bool]) -> str:

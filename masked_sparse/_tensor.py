@@ -63,15 +63,11 @@ class MaskedTensor(torch.Tensor):
 
         Differentiable: the gradient reaching this tensor flows back as a MaskedTensor.
         """
-        from .ops.conversion import get_data
-
-        return get_data(self)
+        return _conversion.get_data(self)
 
     def get_mask(self) -> torch.Tensor:
         """The bool mask (True = specified), in the same layout and with the same indices."""
-        from .ops.conversion import get_mask
-
-        return get_mask(self)
+        return _conversion.get_mask(self)
 
     def to_tensor(self, value: Any) -> torch.Tensor:
         """A plain tensor with masked-out positions filled with ``value``.
@@ -79,9 +75,7 @@ class MaskedTensor(torch.Tensor):
         For sparse layouts and ``value == 0`` the result stays sparse with the same
         indices; any other fill value can only be expressed densely.
         """
-        from .ops.conversion import to_tensor
-
-        return to_tensor(self, value)
+        return _conversion.to_tensor(self, value)
 
     def validate(self, full: bool = False) -> MaskedTensor:
         """Check the storage's invariants: O(1) by default, all of them with ``full=True``.
@@ -280,6 +274,16 @@ def requires_grad_of(t: torch.Tensor) -> bool:
         return t.requires_grad
 
 
+def ndim_of(mt: MaskedTensor) -> int:
+    """``mt.dim()`` read from the storage, without the ``__torch_function__`` round trip."""
+    return len(mt._storage.shape)
+
+
+def dtype_of(mt: MaskedTensor) -> torch.dtype:
+    """``mt.dtype`` read from the storage, without the ``__torch_function__`` round trip."""
+    return mt._storage.values.dtype
+
+
 def is_masked_tensor(obj: Any) -> bool:
     """True if ``obj`` is a MaskedTensor.
 
@@ -306,3 +310,9 @@ def _source_digest() -> str:
         for path in sorted(package.rglob("*.py")):
             digest.update(path.read_bytes())
     return digest.hexdigest()
+
+
+# The accessors above are implemented with the other conversions (``ops/conversion.py``),
+# which imports this module: it is imported last, once (an import inside each accessor
+# would cost about a microsecond per call).
+from .ops import conversion as _conversion  # noqa: E402

@@ -5,17 +5,36 @@
   equal the general path's (values, mask, layout, the same index objects).
 - ``_equal_bool`` compares bool masks 8 bytes at a time; it must agree with ``torch.equal``.
 - ``broadcasts_to`` replaces ``torch.broadcast_shapes`` (slow); it must give its answers.
+- Note [Binding once per signature]: reductions bind their arguments without ``inspect``;
+  the bound arguments and every error message must be ``inspect``'s. Result dtypes are
+  probed once per (op, dtype, arguments): the cache must not leak between them.
+- Note [Accessors without autograd]: ``get_data`` / ``to_tensor`` without a gradient skip
+  the autograd Function; ``to_tensor(0)`` fills with one ``where``.
+- Note [Reducing along lines]: few stored elements are summed by ``segment_reduce``, many
+  by torch's CSR sum; both must give the dense reference.
 """
 
 from __future__ import annotations
 
+import inspect
 import itertools
+import math
 
 import pytest
 import torch
 
+import layouts._reduce_sparse as reduce_sparse
+import masked_sparse as ms
 import masked_sparse.ops.pointwise as pointwise
-from tests.conftest import LAYOUT_IDS, LAYOUTS, check_invariants, make_masked
+import masked_sparse.ops.reductions_args as A
+from tests.conftest import (
+    LAYOUT_IDS,
+    LAYOUTS,
+    assert_masked_equal,
+    check_invariants,
+    dense_of,
+    make_masked,
+)
 
 CALLS = {
     "sqrt": lambda a, b: torch.sqrt(a),
@@ -84,3 +103,145 @@ def test_broadcasts_to_agrees_with_torch_broadcast_shapes():
                 except RuntimeError:
                     expected = False
                 assert pointwise.broadcasts_to(a, b) is expected, (a, b)
+
+
+_MT = ms.masked_tensor(torch.ones(2, 3), torch.ones(2, 3, dtype=torch.bool))
+BINDS = [
+    (A.sig_sum, (_MT,), {}), (A.sig_sum, (_MT, 1), {}), (A.sig_sum, (_MT, (0, 1), True), {}),
+    (A.sig_sum, (_MT,), {"dim": 1, "keepdim": True, "dtype": torch.float64}),
+    (A.sig_sum, (_MT,), {"axis": 0, "keepdims": True}), (A.sig_sum, (), {"input": _MT}),
+    (A.sig_sum, (), {"self": _MT, "dim": 0}), (A.sig_var, (_MT, 1), {"correction": 0}),
+    (A.sig_var, (_MT, None, True), {}), (A.sig_norm, (_MT, 2, 1, False, None, None), {}),
+    (A.sig_softmax, (_MT, 1), {"dtype": torch.float64}),
+    # errors: inspect's own message, whichever path finds them
+    (A.sig_sum, (_MT, 0, True, 1), {}), (A.sig_sum, (_MT,), {"bogus": 1}),
+    (A.sig_sum, (_MT, 0), {"dim": 1}), (A.sig_sum, (), {}), (A.sig_logsumexp, (_MT,), {}),
+    (A.sig_sum, (_MT,), {"dim": 0, "axis": 1}), (A.sig_sum, (torch.ones(2),), {}),
+    (A.sig_sum, (_MT,), {"out": torch.ones(2)}),
+]
+
+
+def _bind_by_inspect(sig, args, kwargs):
+    """The binding before Note [Binding once per signature]: inspect on every call."""
+    kwargs = {A._ALIASES.get(k, k): v for k, v in kwargs.items()}
+    try:
+        bound = inspect.signature(sig).bind(*args, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"op(): {e}") from None
+    bound.apply_defaults()
+    out = dict(bound.arguments)
+    if out.pop("out", None) is not None:
+        raise TypeError("op(): out= is not supported with a MaskedTensor input; use the "
+                        "returned MaskedTensor")
+    if not isinstance(out["input"], ms.MaskedTensor):
+        raise TypeError(f"op(): expected a MaskedTensor input, got {type(out['input']).__name__}")
+    return out
+
+
+@pytest.mark.parametrize("case", range(len(BINDS)))
+def test_bind_agrees_with_inspect(case):
+    sig, args, kwargs = BINDS[case]
+    try:
+        expected = _bind_by_inspect(sig, args, kwargs)
+    except TypeError as e:
+        with pytest.raises(TypeError) as got:
+            A.bind(sig, args, kwargs, "op")
+        assert str(got.value) == str(e)
+        return
+    assert A.bind(sig, args, kwargs, "op") == expected
+
+
+def test_result_dtype_cache_keeps_ops_dtypes_and_arguments_apart():
+    for _ in range(2):  # the second round reads the cache
+        assert A.result_dtype(torch.sum, torch.int32) == torch.int64
+        assert A.result_dtype(torch.sum, torch.int32, dtype=torch.float64) == torch.float64
+        assert A.result_dtype(torch.sum, torch.float16) == torch.float16
+        assert A.result_dtype(torch.prod, torch.bool) == torch.int64
+        assert A.result_dtype(torch.linalg.vector_norm, torch.complex64, 2) == torch.float32
+        with pytest.raises(RuntimeError):  # an error is raised on every call, not cached
+            A.result_dtype(torch.mean, torch.int32)
+    assert A.result_dtype(torch.mean, torch.int32, dtype=torch.float32) == torch.float32
+    assert A.result_dtype(torch.linalg.vector_norm, torch.float32, math.nan) == torch.float32
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bool,
+                                   torch.complex64], ids=str)
+def test_accessors_without_grad_match_the_reference(layout, dtype):
+    mt, data, mask = make_masked((5, 7), layout, torch.float64, seed=4)
+    data = data.masked_fill(~mask & (torch.arange(35).view(5, 7) % 2 == 0), math.nan)
+    data = data.masked_fill(~mask & (torch.arange(35).view(5, 7) % 3 == 0), -math.inf)
+    mt, data, mask = make_masked((5, 7), layout, dtype, seed=4, data=data.to(dtype), mask=mask)
+    filled = mt.to_tensor(0)
+    assert filled.layout == layout and filled.dtype == dtype
+    expected = torch.where(mask, data, torch.zeros((), dtype=dtype))
+    torch.testing.assert_close(filled.to_dense(), expected, rtol=0, atol=0)
+    assert torch.equal(mt.to_tensor(False if dtype == torch.bool else 0.0).to_dense(), expected)
+    got = mt.get_data()
+    assert got.layout == layout
+    if layout != torch.strided:  # the same index memory, not a copy
+        index = (got.indices(),) if layout == torch.sparse_coo else (got.crow_indices(),
+                                                                     got.col_indices())
+        assert [t.data_ptr() for t in index] == [t.data_ptr() for t in mt._storage.index]
+    torch.testing.assert_close(dense_of(mt)[0], got.to_dense(), rtol=0, atol=0,
+                               equal_nan=True)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_accessors_with_and_without_grad_agree(layout):
+    mt, _, _ = make_masked((4, 5), layout, torch.float64, seed=5)
+    leaf = mt.clone().requires_grad_()
+    for plain, graphed in ((mt.get_data(), leaf.get_data()),
+                           (mt.to_tensor(0), leaf.to_tensor(0)),
+                           (mt.to_tensor(2.5), leaf.to_tensor(2.5))):
+        assert graphed.requires_grad and not plain.requires_grad
+        assert plain.layout == graphed.layout
+        torch.testing.assert_close(plain.to_dense(), graphed.detach().to_dense())
+
+
+def _lines_case(layout: str) -> tuple[ms.MaskedTensor, torch.Tensor, torch.Tensor]:
+    """A 2-D masked tensor with an empty line, an all-masked line, inf and NaN."""
+    g = torch.Generator().manual_seed(7)
+    data = torch.randn(9, 6, generator=g, dtype=torch.float64)
+    stored = torch.rand(9, 6, generator=g) < 0.7
+    mask = stored & (torch.rand(9, 6, generator=g) < 0.7)
+    stored[2] = mask[2] = False                      # an empty row
+    stored[:, 4] = mask[:, 4] = False                # an empty column
+    stored[5] = True
+    mask[5] = False                                  # a stored, all-masked row
+    mask[7, 0] = stored[7, 0] = True
+    data[7, 0], data[0, 1] = math.inf, math.nan      # specified inf; NaN where stored
+    mask[0, 1] = stored[0, 1] = True
+    data[5] = math.nan                               # NaN under the mask
+    data = torch.where(stored, data, 0.0)
+    idx = stored.nonzero().t()
+    sparse_data = torch.sparse_coo_tensor(idx, data[stored], data.shape).coalesce()
+    sparse_mask = torch.sparse_coo_tensor(idx, mask[stored], mask.shape).coalesce()
+    mt = ms.masked_tensor(sparse_data, sparse_mask)
+    if layout != "coo":
+        mt = ms.to_layout(mt, getattr(torch, layout))
+    return mt, data, mask
+
+
+LINE_OPS = {
+    "sum": lambda mt, d: torch.sum(mt, d), "mean": lambda mt, d: mt.mean(d),
+    "var": lambda mt, d: mt.var(d), "sum keepdim": lambda mt, d: mt.sum(d, keepdim=True),
+    "count_nonzero": lambda mt, d: torch.count_nonzero(mt, d),
+}
+
+
+@pytest.mark.parametrize("layout", ["coo", "sparse_csr", "sparse_csc"])
+@pytest.mark.parametrize("op", list(LINE_OPS))
+def test_line_sums_of_few_and_many_elements_agree(layout, op, monkeypatch):
+    mt, data, mask = _lines_case(layout)
+    dim = 0 if layout == "sparse_csc" else 1  # along the lines
+    results = []
+    for few in (0, 10**9):  # torch's CSR sum, then segment_reduce
+        monkeypatch.setattr(reduce_sparse, "_FEW", few)
+        results.append(LINE_OPS[op](mt, dim))
+    ref = LINE_OPS[op](ms.masked_tensor(data, mask), dim)
+    ref_data, ref_mask = dense_of(ref)
+    for out in results:
+        assert out.layout == results[0].layout
+        check_invariants(out)
+        assert_masked_equal(out, ref_data, ref_mask, equal_nan=True)

@@ -48,12 +48,30 @@ def get_data(mt: MaskedTensor) -> torch.Tensor:
     The function form also works inside ``torch.func`` transforms, where a MaskedTensor
     argument is wrapped in a plain-typed tensor that has no MaskedTensor methods.
     """
+    if _plain_call(mt):  # Note [Accessors without autograd]
+        s = mt._storage
+        return _data(s, s.values)
     if _sparse_under_dynamo(mt):
         return _get_data_outside_graph(mt)
     if not isinstance(mt, MaskedTensor) or (torch.is_grad_enabled() and requires_grad_of(mt)):
         return _GetData.apply(_checked(mt, "get_data"))
     s = mt._storage
     return _data(s, s.values)
+
+
+def _plain_call(mt: Any) -> bool:
+    """True for an eager call on a MaskedTensor that needs no autograd node.
+
+    Note [Accessors without autograd]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    ``get_data`` / ``to_tensor`` are called often and cost little more than building one
+    torch tensor, so the common call -- a MaskedTensor that needs no gradient, outside
+    torch.compile / torch.export (``is_compiling`` covers both) and torch.func (whose
+    wrappers are not MaskedTensors) -- is recognised first, with one check each, and runs
+    the kernel directly. Every other call takes the general route below it.
+    """
+    return (isinstance(mt, MaskedTensor) and not torch.compiler.is_compiling()
+            and not (torch.is_grad_enabled() and requires_grad_of(mt)))
 
 
 def _data(s: Storage, values: torch.Tensor) -> torch.Tensor:
@@ -138,10 +156,13 @@ def _fill(s: Storage, value: Any) -> torch.Tensor:
     out = own(s, value) if own is not None else NotImplemented
     if out is not NotImplemented:
         return out
+    if isinstance(value, (int, float, bool)) and value == 0:
+        # One pass, no ``~mask`` temporary: cheaper than ``masked_fill`` at every size. A
+        # Python 0 (False for bool) keeps the values' dtype and costs less than a 0-d tensor.
+        filled = torch.where(s.mask, s.values, False if s.values.dtype == torch.bool else 0)
+        return s.layout.to_torch(s, filled) if s.index else filled
     if not s.index:
         return s.values.masked_fill(~s.mask, value)
-    if isinstance(value, (int, float, bool)) and value == 0:
-        return s.layout.to_torch(s, s.values.masked_fill(~s.mask, value))
     check_fits(f"to_tensor({value!r}) of a {s.layout.name} MaskedTensor", "strided", s.shape,
                s.values.numel(), s.values.dtype, s.values.device,
                "to_tensor(0) stays sparse; or reduce or slice it before filling")
@@ -178,6 +199,8 @@ def to_tensor(mt: MaskedTensor, value: Any) -> torch.Tensor:
     >>> torch.func.vmap(lambda x: ms.to_tensor(x * 10, 0))(mt)
     tensor([10.,  0.])
     """
+    if _plain_call(mt):  # Note [Accessors without autograd]
+        return _fill(mt._storage, value)
     if torch.compiler.is_exporting():  # Note [Export traces the aten level]
         return torch.ops.masked_sparse.to_tensor(mt, float(value))
     if _sparse_under_dynamo(mt) and isinstance(value, (int, float, bool)) and value == 0:

@@ -51,7 +51,7 @@ from layouts import Grouping, Kernel, Storage, zero_unspecified
 
 from .._autograd import on_values
 from .._registry import implements, is_aten, op_name
-from .._tensor import MaskedTensor, _wrap
+from .._tensor import MaskedTensor, _wrap, dtype_of, ndim_of
 from . import reductions_args as A
 
 aten = torch.ops.aten
@@ -278,8 +278,9 @@ def _summing(op: Any, *args: Any, **kwargs: Any) -> Any:
     name = op_name(op)
     a = A.bind(A.sig_sum, args, kwargs, name)
     mt = a["input"]
-    dims = A.normalize_dims(a["dim"], mt.dim(), name)
-    dtype = A.result_dtype(getattr(torch, name), mt.dtype, dtype=A.check_dtype(a["dtype"], name))
+    dims = A.normalize_dims(a["dim"], ndim_of(mt), name)
+    dtype = A.result_dtype(getattr(torch, name), dtype_of(mt),
+                           dtype=A.check_dtype(a["dtype"], name))
     kernel = k_mean if name.endswith("mean") else k_sum
     return run(op, name, kernel, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), dtype,
                name.startswith("nan"))
@@ -289,14 +290,14 @@ def _summing(op: Any, *args: Any, **kwargs: Any) -> Any:
 def _prod(op: Any, *args: Any, **kwargs: Any) -> Any:
     a = A.bind(A.sig_sum, args, kwargs, "prod")
     mt = a["input"]
-    dims = A.normalize_dims(a["dim"], mt.dim(), "prod")
-    dtype = A.result_dtype(torch.prod, mt.dtype, dtype=A.check_dtype(a["dtype"], "prod"))
+    dims = A.normalize_dims(a["dim"], ndim_of(mt), "prod")
+    dtype = A.result_dtype(torch.prod, dtype_of(mt), dtype=A.check_dtype(a["dtype"], "prod"))
     return run(op, "prod", k_prod, mt, dims, A.check_bool(a["keepdim"], "keepdim", "prod"),
                dtype)
 
 
 def _check_real(mt: MaskedTensor, op: str) -> None:
-    if mt.dtype.is_complex:
+    if dtype_of(mt).is_complex:
         raise TypeError(f"{op}(): complex MaskedTensors have no order; reduce .abs() or "
                         f".real instead")
 
@@ -308,7 +309,7 @@ def _extreme(op: Any, *args: Any, **kwargs: Any) -> Any:
     a = A.bind(A.sig_amax, args, kwargs, name)
     mt = a["input"]
     _check_real(mt, name)
-    dims = A.normalize_dims(a["dim"], mt.dim(), name)
+    dims = A.normalize_dims(a["dim"], ndim_of(mt), name)
     return run(op, name, k_extreme, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), name)
 
 
@@ -325,8 +326,8 @@ def _min_max(op: Any, *args: Any, **kwargs: Any) -> Any:
     mt = a["input"]
     _check_real(mt, name)
     if a["dim"] is None:
-        return run(op, "a" + name, k_extreme, mt, tuple(range(mt.dim())), False, "a" + name)
-    dims = A.one_dim(a["dim"], mt.dim(), name)
+        return run(op, "a" + name, k_extreme, mt, tuple(range(ndim_of(mt))), False, "a" + name)
+    dims = A.one_dim(a["dim"], ndim_of(mt), name)
     out = run(op, name, k_arg, mt, dims, A.check_bool(a["keepdim"], "keepdim", name),
               "a" + name, True)
     return out if is_aten(op) else getattr(torch.return_types, name)(out)
@@ -344,7 +345,7 @@ def _arg(op: Any, *args: Any, **kwargs: Any) -> Any:
     a = A.bind(A.sig_dim, args, kwargs, name)
     mt = a["input"]
     _check_real(mt, name)
-    dims = tuple(range(mt.dim())) if a["dim"] is None else A.one_dim(a["dim"], mt.dim(), name)
+    dims = tuple(range(ndim_of(mt))) if a["dim"] is None else A.one_dim(a["dim"], ndim_of(mt), name)
     return run(op, name, k_arg, mt, dims, A.check_bool(a["keepdim"], "keepdim", name),
                "a" + name[3:], False)
 
@@ -355,8 +356,8 @@ def _all_any(op: Any, *args: Any, **kwargs: Any) -> Any:
     name = op_name(op)
     a = A.bind(A.sig_dim, args, kwargs, name)
     mt = a["input"]
-    dims = A.normalize_dims(a["dim"], mt.dim(), name)
-    dtype = A.result_dtype(getattr(torch, name), mt.dtype)
+    dims = A.normalize_dims(a["dim"], ndim_of(mt), name)
+    dtype = A.result_dtype(getattr(torch, name), dtype_of(mt))
     return run(op, name, k_all_any, mt, dims, A.check_bool(a["keepdim"], "keepdim", name),
                name, dtype)
 
@@ -366,7 +367,7 @@ def _all_any(op: Any, *args: Any, **kwargs: Any) -> Any:
 def _count_nonzero(op: Any, *args: Any, **kwargs: Any) -> Any:
     a = A.bind(A.sig_count_nonzero, args, kwargs, "count_nonzero")
     mt = a["input"]
-    dims = A.normalize_dims(a["dim"], mt.dim(), "count_nonzero")
+    dims = A.normalize_dims(a["dim"], ndim_of(mt), "count_nonzero")
     return run(op, "count_nonzero", k_count_nonzero, mt, dims, False)
 
 
@@ -375,8 +376,8 @@ def _norm_impl(op: Any, mt: MaskedTensor, ord: Any, dim: Any, keepdim: Any, dtyp
     if isinstance(ord, str) or isinstance(ord, bool) or not isinstance(ord, (int, float)):
         raise TypeError(f"{name}(): ord must be a number (0, 1, 2, inf, -inf, p), got {ord!r}")
     dtype = A.check_dtype(dtype, name)
-    out_dtype = A.result_dtype(torch.linalg.vector_norm, mt.dtype, ord, dtype=dtype)
-    dims = A.normalize_dims(dim, mt.dim(), name)
+    out_dtype = A.result_dtype(torch.linalg.vector_norm, dtype_of(mt), ord, dtype=dtype)
+    dims = A.normalize_dims(dim, ndim_of(mt), name)
     return run(op, "vector_norm", k_norm, mt, dims, A.check_bool(keepdim, "keepdim", name),
                float(ord), dtype, out_dtype)
 
@@ -416,8 +417,8 @@ def _var(op: Any, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"{name}(): pass either unbiased or correction, not both")
     if correction is None:
         correction = 1 if unbiased is None else int(A.check_bool(unbiased, "unbiased", name))
-    A.result_dtype(torch.var, mt.dtype)  # torch's dtype check (floating / complex only)
-    dims = A.normalize_dims(dim, mt.dim(), name)
+    A.result_dtype(torch.var, dtype_of(mt))  # torch's dtype check (floating / complex only)
+    dims = A.normalize_dims(dim, ndim_of(mt), name)
     return run(op, name, k_var, mt, dims, A.check_bool(a["keepdim"], "keepdim", name),
                float(correction), name.startswith("std"), name.endswith("_mean"))
 
@@ -427,8 +428,8 @@ def _var(op: Any, *args: Any, **kwargs: Any) -> Any:
 def _logsumexp(op: Any, *args: Any, **kwargs: Any) -> Any:
     a = A.bind(A.sig_logsumexp, args, kwargs, "logsumexp")
     mt = a["input"]
-    dims = A.normalize_dims(a["dim"], mt.dim(), "logsumexp")
-    dtype = A.result_dtype(torch.logsumexp, mt.dtype, 0)
+    dims = A.normalize_dims(a["dim"], ndim_of(mt), "logsumexp")
+    dtype = A.result_dtype(torch.logsumexp, dtype_of(mt), 0)
     return run(op, "logsumexp", k_logsumexp, mt, dims,
                A.check_bool(a["keepdim"], "keepdim", "logsumexp"), dtype)
 
@@ -442,8 +443,8 @@ def _median(op: Any, *args: Any, **kwargs: Any) -> Any:
     mt = a["input"]
     _check_real(mt, name)
     if a["dim"] is None:
-        return run(op, name, k_median, mt, tuple(range(mt.dim())), False, nan, False)
-    dims = A.one_dim(a["dim"], mt.dim(), name)
+        return run(op, name, k_median, mt, tuple(range(ndim_of(mt))), False, nan, False)
+    dims = A.one_dim(a["dim"], ndim_of(mt), name)
     out = run(op, name, k_median, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), nan,
               True)
     return out if is_aten(op) else getattr(torch.return_types, name)(out)

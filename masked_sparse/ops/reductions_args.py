@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from functools import cache
 from typing import Any
 
 import torch
@@ -24,24 +23,70 @@ from .._tensor import MaskedTensor
 _ALIASES = {"axis": "dim", "keepdims": "keepdim", "self": "input", "x": "input", "A": "input"}
 
 
-@cache
-def _signature(fn: Callable[..., Any]) -> inspect.Signature:
-    return inspect.signature(fn)
+class _Binder:
+    """One signature, read once: what ``inspect.Signature.bind`` needs for the common calls.
+
+    Note [Binding once per signature]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    ``inspect.Signature.bind`` costs several microseconds per call -- as much as the whole
+    reduction kernel on a small tensor. The names, their order and the defaults of a
+    signature never change, so they are read once; a call binds with a few dict operations.
+    A call the fast path does not settle (too many positional arguments, an unknown or
+    repeated keyword, a missing required argument) goes to ``inspect`` itself, so every
+    error message is exactly the one ``inspect`` gives.
+    """
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.signature = inspect.signature(fn)
+        params = self.signature.parameters.values()
+        self.positional = tuple(p.name for p in params
+                                if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        self.names = frozenset(p.name for p in params)
+        self.defaults = tuple((p.name, p.default) for p in params
+                              if p.default is not inspect.Parameter.empty)
+
+    def bind(self, args: tuple, kwargs: dict) -> dict[str, Any] | None:
+        """The bound arguments with defaults applied, or None to let ``inspect`` decide."""
+        if len(args) > len(self.positional):
+            return None
+        out = dict(zip(self.positional, args))
+        for k, v in kwargs.items():
+            k = _ALIASES.get(k, k)
+            if k in out or k not in self.names:
+                return None
+            out[k] = v
+        for k, v in self.defaults:
+            if k not in out:
+                out[k] = v
+        return out if len(out) == len(self.names) else None
+
+
+_BINDERS: dict[Callable[..., Any], _Binder] = {}
 
 
 def bind(sig: Callable[..., Any], args: tuple, kwargs: dict, op: str) -> dict[str, Any]:
     """Bind ``args``/``kwargs`` to the signature of ``sig`` (defaults applied).
 
     Raises ``TypeError`` for an unknown or missing argument, an ``out=`` tensor, or an
-    input that is not a MaskedTensor.
+    input that is not a MaskedTensor (Note [Binding once per signature]).
+
+    >>> import torch, masked_sparse as ms
+    >>> mt = ms.masked_tensor(torch.ones(2), torch.ones(2).bool())
+    >>> bind(sig_sum, (mt, 0), {"keepdims": True}, "sum")["keepdim"]
+    True
     """
-    kwargs = {_ALIASES.get(k, k): v for k, v in kwargs.items()}
-    try:
-        bound = _signature(sig).bind(*args, **kwargs)
-    except TypeError as e:
-        raise TypeError(f"{op}(): {e}") from None
-    bound.apply_defaults()
-    out = bound.arguments
+    binder = _BINDERS.get(sig)
+    if binder is None:
+        binder = _BINDERS[sig] = _Binder(sig)
+    out = binder.bind(args, kwargs)
+    if out is None:
+        kwargs = {_ALIASES.get(k, k): v for k, v in kwargs.items()}
+        try:
+            bound = binder.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{op}(): {e}") from None
+        bound.apply_defaults()
+        out = dict(bound.arguments)
     if out.pop("out", None) is not None:
         raise TypeError(f"{op}(): out= is not supported with a MaskedTensor input; use the "
                         f"returned MaskedTensor")
@@ -59,6 +104,8 @@ def normalize_dims(dim: Any, ndim: int, op: str) -> tuple[int, ...]:
     """
     if dim is None:
         return tuple(range(ndim))
+    if type(dim) is int and 0 <= dim < ndim:  # the common call, settled at once
+        return (dim,)
     if isinstance(dim, bool) or isinstance(dim, str):
         raise TypeError(f"{op}(): dim must be an int or a tuple of ints, got {dim!r} (named "
                         f"dims are not supported for MaskedTensor)")
@@ -97,13 +144,27 @@ def one_dim(dim: Any, ndim: int, op: str) -> tuple[int, ...]:
 
 def result_dtype(fn: Callable[..., torch.Tensor], input_dtype: torch.dtype, *args: Any,
                  **kwargs: Any) -> torch.dtype:
-    """The dtype ``fn`` returns for an ``input_dtype`` input (raising torch's dtype errors)."""
-    # A one-element CPU probe: meta tensors would import torch's refs (seconds) on first use.
-    probe = torch.zeros((2,), dtype=input_dtype)
-    try:
-        return fn(probe, *args, **kwargs).dtype
-    except NotImplementedError:
-        return input_dtype
+    """The dtype ``fn`` returns for an ``input_dtype`` input (raising torch's dtype errors).
+
+    Probed once per ``(fn, input_dtype, args, kwargs)``; an error is not remembered, so it
+    is raised again on every call.
+    """
+    key = (fn, input_dtype, args, tuple(kwargs.items()))
+    dtype = _RESULT_DTYPES.get(key)
+    if dtype is None:
+        # A two-element CPU probe: meta tensors would import torch's refs (seconds) on first
+        # use.
+        probe = torch.zeros((2,), dtype=input_dtype)
+        try:
+            dtype = fn(probe, *args, **kwargs).dtype
+        except NotImplementedError:
+            dtype = input_dtype
+        if len(_RESULT_DTYPES) < 4096:  # bounded: a NaN argument never finds its entry
+            _RESULT_DTYPES[key] = dtype
+    return dtype
+
+
+_RESULT_DTYPES: dict[tuple, torch.dtype] = {}
 
 
 def check_dtype(dtype: Any, op: str) -> torch.dtype | None:

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from layouts import Grouping, Storage
 
 from .._registry import implements, op_name
+from .._tensor import dtype_of, ndim_of
 from . import reductions_args as A
 from ._fill import zero_fill
 from .reductions import fill, run, source
@@ -62,14 +63,14 @@ def _softmax(op: Any, *args: Any, **kwargs: Any) -> Any:
     mt = a["input"]
     dim = a["dim"]
     if dim is None:  # F.softmax's legacy implicit dim (torch warns there too)
-        dim = F._get_softmax_dim(name, mt.dim(), 3)
+        dim = F._get_softmax_dim(name, ndim_of(mt), 3)
     if "half_to_float" in a:
         dtype = torch.float32 if a["half_to_float"] else None
     else:
         dtype = A.check_dtype(a["dtype"], name)
-    compute = dtype or mt.dtype
+    compute = dtype or dtype_of(mt)
     if not (compute.is_floating_point or compute.is_complex):
         raise TypeError(f"{name}(): expected a floating point MaskedTensor, got {compute}; "
                         f"pass dtype=torch.float32")
-    dims = A.one_dim(dim, mt.dim(), name)
+    dims = A.one_dim(dim, ndim_of(mt), name)
     return run(op, name, k_softmax, mt, dims, True, dtype, name == "log_softmax")
