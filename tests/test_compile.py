@@ -130,6 +130,28 @@ def test_strided_inductor_reductions_and_softmax(device, dtype):
     assert_same(compiled(fn, backend="inductor")(mt), fn(mt))
 
 
+def test_compiled_strided_kernels_read_the_mask_bytes_once():
+    # Note [Compiled mask loads]: the traced graph reads the mask through one uint8 view
+    # (via int16), shared by every op on that mask (softmax, then to_tensor).
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    graphs = []
+
+    def backend(gm, inputs):
+        def keep(g, _):
+            graphs.append(g)
+            return g
+
+        return aot_module_simplified(gm, inputs, fw_compiler=keep)
+
+    mt = masked((4, 6), "cpu")
+    fn = torch.compile(lambda x: (x.sum(1), x.softmax(1).to_tensor(0)), backend=backend,
+                       fullgraph=True, dynamic=False)
+    assert_same(fn(mt), (mt.sum(1), mt.softmax(1).to_tensor(0)))
+    code = graphs[0].code
+    assert code.count("torch.int16") == 1 and code.count("torch.uint8") == 1, code
+
+
 @pytest.mark.parametrize("make", [
     lambda: torch.rand(6, 8) > 0.5,                     # the views apply
     lambda: torch.rand(5, 7) > 0.5,                     # odd size: the mask itself
