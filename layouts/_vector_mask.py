@@ -16,13 +16,15 @@ new dtype. ``mask.view(torch.int16).view(torch.uint8)`` therefore gives a uint8 
 (the same bytes, 0 or 1) that the kernel reads with one vector load; converted to int32
 and compared with 0 it is a ``VecMask<int32_t,1>``, which selects float lanes directly
 (compared as uint8 it would be a ``VecMask<uint8_t,1>``, whose cast to a float mask is a
-scalar loop again). The result is the same bool tensor, computed inside the kernel
-instead of loaded: exact, and ``where(vector_mask(m), x, 0).sum(1)`` runs ~10x faster than
-``where(m, x, 0).sum(1)``. The views need a nonzero, even number of elements and a
-contiguous mask at an even storage offset; any other mask is returned as it is (slow,
-still exact), and so is a mask on another device (Triton loads bool buffers as bytes
-already). Callers use it only while torch.compile traces
-(``torch.compiler.is_compiling()``): eager kernels read bool masks at full speed.
+scalar loop again). The result is the same bool tensor, computed inside the kernel instead
+of loaded: exact, and ``where(vector_mask(m), x, 0).sum(1)`` runs ~10x faster than
+``where(m, x, 0).sum(1)``. The views need an even number of elements and a contiguous mask
+at an even storage offset; any other mask is returned as it is (slow, still exact), and so
+is a mask on another device (Triton loads bool buffers as bytes already) and one of fewer
+than 16384 elements (static size), where the two ``view`` calls of the compiled wrapper
+cost more than they save (~30% of a compiled ``sum(1)`` at 64x64, even at 128x128).
+Callers use it only while torch.compile traces (``torch.compiler.is_compiling()``): eager
+kernels read bool masks at full speed.
 
 >>> import torch
 >>> m = torch.tensor([[True, False], [False, True]])
@@ -37,6 +39,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 # mask -> its vector mask, within one trace: one buffer per mask (see vector_mask).
 _TRACED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_MIN_ELEMENTS = 1 << 14  # below: the two view calls cost more than the bool loads
 
 
 def vector_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -50,8 +53,10 @@ def vector_mask(mask: torch.Tensor) -> torch.Tensor:
     known = _TRACED.get(mask)
     if known is not None:
         return known
-    if (mask.device.type != "cpu" or mask.dtype != torch.bool or mask.numel() == 0
-            or mask.numel() % 2 or mask.storage_offset() % 2 or not mask.is_contiguous()):
+    n = mask.numel()
+    if (mask.device.type != "cpu" or mask.dtype != torch.bool
+            or (isinstance(n, int) and n < _MIN_ELEMENTS) or n == 0
+            or n % 2 or mask.storage_offset() % 2 or not mask.is_contiguous()):
         return mask
     flat = mask.reshape(-1).view(torch.int16).view(torch.uint8)
     out = _TRACED[mask] = (flat.to(torch.int32) != 0).view(mask.shape)

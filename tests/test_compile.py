@@ -115,6 +115,15 @@ def _nonfinite_masked(shape, device, dtype):
     return ms.masked_tensor(data, mask).to(device)
 
 
+@pytest.fixture
+def vector_masks_from_any_size(monkeypatch):
+    """Small test tensors take the uint8-view path too (Note [Compiled mask loads])."""
+    import layouts._vector_mask
+
+    monkeypatch.setattr(layouts._vector_mask, "_MIN_ELEMENTS", 0)
+
+
+@pytest.mark.usefixtures("vector_masks_from_any_size")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_strided_inductor_reductions_and_softmax(device, dtype):
     # Inductor itself: the compiled path reads the mask through ``vector_mask`` (Note
@@ -130,6 +139,7 @@ def test_strided_inductor_reductions_and_softmax(device, dtype):
     assert_same(compiled(fn, backend="inductor")(mt), fn(mt))
 
 
+@pytest.mark.usefixtures("vector_masks_from_any_size")
 def test_compiled_strided_kernels_read_the_mask_bytes_once():
     # Note [Compiled mask loads]: the traced graph reads the mask through one uint8 view
     # (via int16), shared by every op on that mask (softmax, then to_tensor).
@@ -160,12 +170,22 @@ def test_compiled_strided_kernels_read_the_mask_bytes_once():
     lambda: torch.zeros(0, 4, dtype=torch.bool),
     lambda: torch.tensor(True),
 ], ids=["even", "odd", "transposed", "offset", "empty", "0-d"])
+@pytest.mark.usefixtures("vector_masks_from_any_size")
 def test_vector_mask_equals_the_mask(make):
     from layouts._vector_mask import vector_mask
 
     mask = make()
     got = vector_mask(mask)
     assert got.dtype == torch.bool and torch.equal(got, mask)
+
+
+def test_vector_mask_leaves_small_masks_alone():
+    from layouts._vector_mask import _MIN_ELEMENTS, vector_mask
+
+    small, large = torch.rand(4, 6) > 0.5, torch.rand(2, _MIN_ELEMENTS) > 0.5
+    assert vector_mask(small) is small
+    got = vector_mask(large)
+    assert got is not large and torch.equal(got, large)
 
 
 def test_construction_and_autograd_inside_compiled_function(device):
