@@ -18,7 +18,11 @@ which keeps the very same index tensor objects. Binary ops compare masks by iden
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib.util
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -166,11 +170,14 @@ class MaskedTensor(torch.Tensor):
         return _wrap(storage)
 
     def _stable_hash_for_caching(self) -> str:
-        """The AOTAutograd cache key of this input: layout and inner tensors' metadata."""
+        """The AOTAutograd cache key of this input: layout, inner tensors' metadata and the
+        library's source digest (AOTAutograd traces our Python code but hashes only torch's
+        own source: without it, an edited or upgraded masked_sparse would reuse graphs
+        compiled from the old code)."""
         s = self._storage
         inner = [(tuple(t.shape), t.stride(), str(t.dtype), str(t.device))
                  for t in (s.values, s.mask, *s.index)]
-        return f"MaskedTensor[{s.layout.name}]{tuple(s.shape)}{inner}"
+        return f"MaskedTensor[{s.layout.name}]{tuple(s.shape)}{inner}{_source_digest()}"
 
     # Note [Storage attributes]
     # ~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -337,6 +344,17 @@ def layout_of(t: torch.Tensor) -> layouts.Layout:
     if isinstance(t, MaskedTensor):
         return t._storage.layout
     return layouts.get_layout(t.layout)
+
+
+@functools.cache
+def _source_digest() -> str:
+    """A digest of the ``.py`` sources of ``masked_sparse`` and ``layouts`` (read once)."""
+    digest = hashlib.blake2b(digest_size=16)
+    spec = importlib.util.find_spec("layouts")
+    for package in (Path(__file__).parent, Path(spec.origin if spec else __file__).parent):
+        for path in sorted(package.rglob("*.py")):
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 # The accessors above are implemented with the other conversions (``ops/conversion.py``),
