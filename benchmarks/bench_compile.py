@@ -2,20 +2,27 @@
 
 Each case times the *compiled* masked function (Inductor, ``dynamic=False``); its baselines
 are the same masked function run eagerly (``eager``) and the compiled dense equivalent
-written with ``torch.where`` / ``-inf`` (``floor``). A ratio below 1 against ``eager``
-means compiling pays; the ratio against ``floor`` is the price of the MaskedTensor over
-hand-written dense code. Compilation happens once, when the cases are built.
+written with ``torch.where`` / ``-inf`` (``floor``), including what the masked semantics
+need (a count for ``mean`` / ``var``, zeros on fully masked softmax rows). A ratio below 1
+against ``eager`` means compiling pays; the ratio against ``floor`` is the price of the
+MaskedTensor over hand-written dense code. For the main families a third baseline,
+``vector mask``, is that dense code given the mask as ``layouts._vector_mask.vector_mask``
+computes it (Note [Compiled mask loads]): read as the masked code reads it, so the ratio
+shows what the MaskedTensor itself costs once both load the mask alike. Compilation
+happens once, when the cases are built.
 
-``python -m benchmarks.bench_compile --breaks`` prints the graph breaks per layout and op
-family instead (the README's compile table).
+``python -m benchmarks.bench_compile`` times the cases (``--quick``: 512² operands,
+``--only TEXT``: the cases whose name contains TEXT, compiling only those);
+``--breaks`` prints the graph breaks per layout and op family instead (the README's
+compile table).
 
 >>> names = [c[0] for c in cases(quick=True)]  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import argparse
 import math
-import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +32,8 @@ import torch
 import masked_sparse as ms
 
 Fn = Callable[..., Any]
+NEG_INF = -math.inf
+LAYOUTS = ("strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr")
 
 
 def _compiled(fn: Fn, *args: Any) -> Callable[[], Any]:
@@ -36,31 +45,74 @@ def _compiled(fn: Fn, *args: Any) -> Callable[[], Any]:
     return lambda: c(*args)
 
 
-def _strided(n: int, gen: torch.Generator) -> list[tuple]:
+def _vector_mask(m: torch.Tensor) -> torch.Tensor:
+    """``layouts._vector_mask.vector_mask`` for the contiguous, even-sized masks here,
+    without its checks (Dynamo cannot trace ``storage_offset()`` on a plain tensor)."""
+    return m.reshape(-1).view(torch.int16).view(torch.uint8).to(torch.int32).ne(0).view(m.shape)
+
+
+def _dense_var(d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    count = m.sum(1, keepdim=True)
+    mean = torch.where(m, d, 0).sum(1, keepdim=True) / count.clamp(min=1)
+    return torch.where(m, d - mean, 0).square().sum(1) / (count.squeeze(1) - 1).clamp(min=1)
+
+
+def _dense_softmax(d: torch.Tensor, m: torch.Tensor, log: bool = False) -> torch.Tensor:
+    """The ``-inf`` softmax with zeros where unspecified (no NaN on fully masked rows)."""
+    s = torch.where(m, d, NEG_INF)
+    return torch.where(m, s.log_softmax(1) if log else s.softmax(1), 0)
+
+
+#: op family -> (masked function of a MaskedTensor, dense function of (data, mask)).
+STRIDED: dict[str, tuple[Fn, Fn]] = {
+    "sum(1)": (lambda x: x.sum(1), lambda d, m: torch.where(m, d, 0).sum(1)),
+    "mean(1)": (lambda x: x.mean(1),
+                lambda d, m: torch.where(m, d, 0).sum(1) / m.sum(1).clamp(min=1)),
+    "amax(1)": (lambda x: x.amax(1), lambda d, m: torch.where(m, d, NEG_INF).amax(1)),
+    "amin(1)": (lambda x: x.amin(1), lambda d, m: torch.where(m, d, math.inf).amin(1)),
+    "argmax(1)": (lambda x: x.argmax(1), lambda d, m: torch.where(m, d, NEG_INF).argmax(1)),
+    "prod(1)": (lambda x: x.prod(1), lambda d, m: torch.where(m, d, 1).prod(1)),
+    "logsumexp(1)": (lambda x: x.logsumexp(1),
+                     lambda d, m: torch.where(m, d, NEG_INF).logsumexp(1)),
+    "var(1)": (lambda x: x.var(1), _dense_var),
+    "std(1)": (lambda x: x.std(1), lambda d, m: _dense_var(d, m).sqrt()),
+    "norm(dim=1)": (lambda x: x.norm(dim=1), lambda d, m: torch.where(m, d, 0).norm(dim=1)),
+    "(mt > 0).any(1)": (lambda x: (x > 0).any(1), lambda d, m: ((d > 0) & m).any(1)),
+    "(mt > 0).all(1)": (lambda x: (x > 0).all(1), lambda d, m: ((d > 0) | ~m).all(1)),
+    "count_nonzero(1)": (lambda x: x.count_nonzero(1), lambda d, m: ((d != 0) & m).sum(1)),
+    "softmax(1)": (lambda x: x.softmax(1), _dense_softmax),
+    "log_softmax(1)": (lambda x: x.log_softmax(1), lambda d, m: _dense_softmax(d, m, True)),
+    "exp() * 2 + 1": (lambda x: x.exp() * 2 + 1, lambda d, m: d.exp() * 2 + 1),
+}
+#: Families also timed against the dense code reading the mask through ``vector_mask``.
+VECTOR_MASK_FLOOR = ("sum(1)", "mean(1)", "amax(1)", "argmax(1)", "var(1)", "logsumexp(1)",
+                     "softmax(1)", "log_softmax(1)")
+
+
+def _strided(n: int, gen: torch.Generator, only: str | None) -> list[tuple]:
     data = torch.randn(n, n, generator=gen)
     mask = torch.rand(n, n, generator=gen) > 0.3
+    mask[0] = False  # a fully masked row, as the semantics must handle
     mt = ms.masked_tensor(data, mask)
-    inf = -math.inf
-    families: dict[str, tuple[Fn, Fn]] = {
-        "sum(1)": (lambda x: x.sum(1), lambda d, m: torch.where(m, d, 0).sum(1)),
-        "amax(1)": (lambda x: x.amax(1), lambda d, m: torch.where(m, d, inf).amax(1)),
-        "(mt > 0).any(1)": (lambda x: (x > 0).any(1), lambda d, m: ((d > 0) & m).any(1)),
-        "mean(0)": (lambda x: x.mean(0),
-                    lambda d, m: torch.where(m, d, 0).sum(0) / m.sum(0).clamp(min=1)),
-        "softmax(1)": (lambda x: x.softmax(1), lambda d, m: torch.where(m, d, inf).softmax(1)),
-        "exp() * 2 + 1": (lambda x: x.exp() * 2 + 1, lambda d, m: d.exp() * 2 + 1),
-    }
     out = []
-    for name, (masked_fn, dense_fn) in families.items():
-        out.append((f"strided {n}x{n} {name}", _compiled(masked_fn, mt),
-                    {"eager": lambda f=masked_fn: f(mt), "floor": _compiled(dense_fn, data, mask)}))
+    for family, (masked_fn, dense_fn) in STRIDED.items():
+        name = f"strided {n}x{n} {family}"
+        if only and only not in name:
+            continue
+        baselines = {"eager": lambda f=masked_fn: f(mt), "floor": _compiled(dense_fn, data, mask)}
+        if family in VECTOR_MASK_FLOOR:
+            baselines["vector mask"] = _compiled(
+                lambda d, m, f=dense_fn: f(d, _vector_mask(m)), data, mask)
+        out.append((name, _compiled(masked_fn, mt), baselines))
     return out
 
 
 def _attention(n: int, d: int, gen: torch.Generator) -> tuple:
-    """A masked softmax attention block against the dense ``-inf`` formulation."""
+    """A masked softmax attention block against the dense ``-inf`` formulation (zeros on
+    fully masked rows, as the masked result has)."""
     q, k, v = (torch.randn(n, d, generator=gen) for _ in range(3))
     causal = torch.ones(n, n, dtype=torch.bool).tril()
+    causal[0] = False  # a fully masked row
     scale = 1 / math.sqrt(d)
 
     def masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor):
@@ -68,35 +120,48 @@ def _attention(n: int, d: int, gen: torch.Generator) -> tuple:
         return p.to_tensor(0) @ v
 
     def dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor):
-        return torch.where(m, q @ k.T * scale, -math.inf).softmax(-1) @ v
+        return _dense_softmax(q @ k.T * scale, m) @ v
+
+    def dense_vector_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor):
+        return dense(q, k, v, _vector_mask(m))
 
     return (f"strided attention n={n} d={d}", _compiled(masked, q, k, v, causal),
-            {"eager": lambda: masked(q, k, v, causal), "floor": _compiled(dense, q, k, v, causal)})
+            {"eager": lambda: masked(q, k, v, causal), "floor": _compiled(dense, q, k, v, causal),
+             "vector mask": _compiled(dense_vector_mask, q, k, v, causal)})
 
 
-def _sparse(layout: str, n: int, gen: torch.Generator) -> list[tuple]:
+def _sparse(layout: str, n: int, gen: torch.Generator, only: str | None) -> list[tuple]:
     data = torch.randn(n, n, generator=gen)
     mask = torch.rand(n, n, generator=gen) < 0.01
-    mt = ms.to_layout(ms.masked_tensor(data, mask), layout)
+    mt = ms.masked_tensor(data, mask)
+    mt = mt.to_sparse_bsr((2, 2)) if layout == "sparse_bsr" else ms.to_layout(mt, layout)
     vals = mt._storage.values
 
     def pointwise(x: Any) -> Any:
         return x.exp() * 2 + 1
 
-    return [(f"{layout} {n}x{n} nnz=1% exp() * 2 + 1", _compiled(pointwise, mt),
-             {"eager": lambda: pointwise(mt), "floor": _compiled(pointwise, vals)}),
-            (f"{layout} {n}x{n} nnz=1% sum(1) (graph breaks)", _compiled(lambda x: x.sum(1), mt),
-             {"eager": lambda: mt.sum(1)})]
+    out = []
+    name = f"{layout} {n}x{n} nnz=1% exp() * 2 + 1"
+    if not only or only in name:
+        out.append((name, _compiled(pointwise, mt),
+                    {"eager": lambda: pointwise(mt), "floor": _compiled(pointwise, vals)}))
+    name = f"{layout} {n}x{n} nnz=1% sum(1) (graph breaks)"
+    if not only or only in name:
+        out.append((name, _compiled(lambda x: x.sum(1), mt), {"eager": lambda: mt.sum(1)}))
+    return out
 
 
-def cases(quick: bool = False) -> list[tuple]:
-    """Compiled vs eager cases; ``quick`` uses smaller operands (same families)."""
+def cases(quick: bool = False, only: str | None = None) -> list[tuple]:
+    """Compiled vs eager cases; ``quick`` uses smaller operands (same families); ``only``
+    builds (and compiles) only the cases whose name contains it."""
     gen = torch.Generator().manual_seed(0)
     n = 512 if quick else 2048
-    out = _strided(n, gen)
-    out.append(_attention(256 if quick else 1024, 64, gen))
-    for layout in ("sparse_coo", "sparse_csr"):
-        out += _sparse(layout, 512 if quick else 2048, gen)
+    out = _strided(n, gen, only)
+    na = 256 if quick else 1024
+    if not only or only in f"strided attention n={na} d=64":
+        out.append(_attention(na, 64, gen))
+    for layout in LAYOUTS[1:]:
+        out += _sparse(layout, 512 if quick else 2048, gen, only)
     return out
 
 
@@ -123,11 +188,13 @@ def graph_breaks() -> dict[str, dict[str, int]]:
 
     Each op runs between two pointwise ops (``op(x * 2)`` and a ``* 3`` after it, where
     the result is a MaskedTensor), so a break shows as the op running outside the graph.
+    A break is one of Dynamo's break reasons: ``graph_break_count`` misses a break that
+    ends the function (``to_tensor(0)`` of a sparse input, run eagerly at the end).
     """
     gen = torch.Generator().manual_seed(0)
     base = ms.masked_tensor(torch.randn(4, 6, generator=gen), torch.rand(4, 6, generator=gen) > 0.4)
     table: dict[str, dict[str, int]] = {}
-    for layout in ("strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr"):
+    for layout in LAYOUTS:
         mt = base.to_sparse_bsr((2, 2)) if layout == "sparse_bsr" else ms.to_layout(base, layout)
         row = table.setdefault(layout, {})
         for family, fn in FAMILIES.items():
@@ -135,10 +202,36 @@ def graph_breaks() -> dict[str, dict[str, int]]:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 wrapped = _between_pointwise(fn)
-                row[family] = torch._dynamo.explain(wrapped)(mt).graph_break_count
+                row[family] = len(torch._dynamo.explain(wrapped)(mt).break_reasons)
     return table
 
 
-if __name__ == "__main__" and "--breaks" in sys.argv:
-    for layout, row in graph_breaks().items():
-        print(layout, row)
+def breaks_table(table: dict[str, dict[str, int]]) -> str:
+    """The graph-break counts as a Markdown table: op family x layout."""
+    layouts = list(table)
+    rows = ["| op family | " + " | ".join(layouts) + " |",
+            "|---|" + "---:|" * len(layouts)]
+    for family in FAMILIES:
+        rows.append(f"| {family} | " + " | ".join(str(table[lay][family]) for lay in layouts)
+                    + " |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    from benchmarks import harness
+
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="512² operands, 0.05 s a case")
+    parser.add_argument("--only", metavar="TEXT", help="the cases whose name contains TEXT")
+    parser.add_argument("--breaks", action="store_true", help="graph breaks per layout")
+    args = parser.parse_args()
+    if args.breaks:
+        print(breaks_table(graph_breaks()))
+        return
+    torch.set_num_threads(1)
+    harness.run_cases(cases(args.quick, args.only), "torch.compile (strided, sparse)",
+                      min_run_time=0.05 if args.quick else 0.3)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,8 +1,15 @@
 """Run the benchmark suite: ``python -m benchmarks`` or ``python benchmarks/run.py``.
 
 Options: ``--quick`` (shorter timing, same cases), ``--json PATH`` (every median, ratio
-and status), ``--plot PATH`` (a PNG bar chart of the ratios; needs matplotlib, the
-``bench`` extra), ``--only TEXT`` (cases whose name contains TEXT), ``--modules a,b``.
+and status), ``--plot PATH`` (the scaling chart, time against nnz from 1e3 to 1e7:
+:mod:`benchmarks.scaling`; needs matplotlib, the ``bench`` extra), ``--ratio-plot PATH``
+(a PNG bar chart of the ratios), ``--only TEXT`` (cases whose name contains TEXT),
+``--modules a,b``, and ``--readme [README.md]``: instead of the suite, the README's
+"Performance" section from one run (:mod:`benchmarks.readme`: scipy comparison, issue 19's
+goals, peak memory; with ``--plot``, the scaling chart too), printed and, given a path,
+written between its markers::
+
+    python -m benchmarks --readme README.md --plot benchmarks/scaling.png
 
 The suite is the union of the benchmark modules in this folder: ``bench_core`` (pointwise
 ops, conversions, construction), ``bench_reductions`` (reductions and softmax; the
@@ -86,6 +93,10 @@ def summary(sections: list[dict]) -> list[str]:
         for r in sec["results"]:
             for b, limit in r["targets"].items():
                 check = r["target_check"][b]
+                if b == harness.TIME:
+                    lines.append(f"{check:>6}: {r['name']} = {harness.fmt_time(r.get('best_s'))} "
+                                 f"(target {harness.fmt_target(b, limit)})")
+                    continue
                 ratio = r["baselines"].get(b, {}).get("ratio")
                 got = f"{ratio:.3g}×" if ratio is not None else "no ratio"
                 lines.append(f"{check:>6}: {r['name']} ÷ {b} = {got} (target ≤ {limit:g}×)")
@@ -157,7 +168,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="shorter timing per case (min-run-time 0.05 s instead of 0.3 s); "
                              "same cases")
     parser.add_argument("--json", metavar="PATH", help="write every result as JSON")
-    parser.add_argument("--plot", metavar="PATH", help="write a PNG bar chart of the ratios")
+    parser.add_argument("--plot", metavar="PATH",
+                        help="write the scaling chart (time against nnz, 1e3 to 1e7) as a PNG")
+    parser.add_argument("--ratio-plot", metavar="PATH",
+                        help="write a PNG bar chart of the ratios of the cases run")
+    parser.add_argument("--readme", metavar="README", nargs="?", const="",
+                        help="run the README preset and print its Performance section; "
+                             "given a file, also write the section between its markers")
     parser.add_argument("--only", metavar="TEXT", help="run the cases whose name contains TEXT")
     parser.add_argument("--modules", metavar="A,B",
                         help=f"comma-separated modules (default: {','.join(module_names())})")
@@ -166,13 +183,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-probe", action="store_true",
                         help="run baselines in-process, without the crash probe (unsafe)")
     args = parser.parse_args(argv)
-    if args.plot:
+    if args.plot or args.ratio_plot:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             print(PLOT_HINT, file=sys.stderr)
             return 2
     torch.set_num_threads(1)
+    if args.readme is not None:
+        from benchmarks import readme
+
+        readme.run(" ".join(["python -m benchmarks"] + (argv if argv is not None
+                                                        else sys.argv[1:])),
+                   args.min_run_time or (0.03 if args.quick else 0.06), args.readme or None,
+                   args.plot, args.json, not args.no_probe)
+        return 0
     min_run_time = args.min_run_time or (0.05 if args.quick else 0.3)
     env = environment(min_run_time)
     print(f"# masked_sparse benchmarks ({'--quick' if args.quick else 'full'})\n")
@@ -209,8 +234,14 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(
             {"environment": env, "sections": sections, "skipped": skipped}, indent=1))
         print(f"\nwrote {args.json}")
+    if args.ratio_plot:
+        plot(sections, args.ratio_plot)
+        print(f"wrote {args.ratio_plot}")
     if args.plot:
-        plot(sections, args.plot)
+        from benchmarks import scaling
+
+        print("\n[scaling] time against nnz", file=sys.stderr, flush=True)
+        scaling.plot(scaling.measure(min_run_time=min(min_run_time, 0.1)), args.plot)
         print(f"wrote {args.plot}")
     return 0
 

@@ -18,7 +18,9 @@ allocates one small buffer (and the int8 mask): ~10x faster than ``where + sum``
 With autograd (or for other dtypes / layouts of memory) the plain ``where`` path runs.
 Under torch.compile / torch.export (``torch.compiler.is_compiling()``) the plain path runs
 too: Inductor fuses ``where + sum`` into one pass by itself, while the Python block loop
-would be unrolled into hundreds of small kernels (44x slower than eager).
+would be unrolled into hundreds of small kernels (44x slower than eager). There every
+kernel reads the mask through :func:`vector_mask` (Note [Compiled mask loads]); outputs
+keep the input's own mask (``restore``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 
 from ._grouping import Grouping, reduce_dense, reduced_shape, sort_order
 from ._index import linearize
+from ._vector_mask import vector_mask
 from .registry import Storage
 
 # Same-size integer views for a bitwise "where(mask, x, 0)" (Note [Fused masked sum]).
@@ -38,7 +41,9 @@ class StridedGrouping(Grouping):
     """Groups of a dense tensor: the slices over ``dims``."""
 
     def __init__(self, storage: Storage, dims: tuple[int, ...], keepdim: bool) -> None:
-        self.source = storage
+        self.input = self.source = storage
+        if torch.compiler.is_compiling():  # Note [Compiled mask loads]
+            self.source = storage.with_values(storage.values, vector_mask(storage.mask))
         self.dims = dims
         self.keepdim = keepdim
         self.out_shape = reduced_shape(storage.shape, dims, keepdim)
@@ -94,7 +99,7 @@ class StridedGrouping(Grouping):
         return self.source.layout.build((), out_values, out_mask, out_values.shape)
 
     def restore(self, values: torch.Tensor) -> Storage:
-        return self.source.with_values(values)
+        return self.input.with_values(values)  # the input's own mask object
 
 
 _BLOCK = 1 << 18  # elements per row block (1-2 MB: stays in cache)

@@ -9,11 +9,14 @@ Invariants
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ._lines import dense_lines
 from ._reduce_strided import StridedGrouping
 from ._shape_strided import SHAPE_OPS as _SHAPE_OPS
+from ._vector_mask import vector_mask
 from .registry import Layout, Storage, get_layout, register_layout, takes_layout
 
 
@@ -29,6 +32,14 @@ def _densify(storage: Storage, values: torch.Tensor, fill) -> torch.Tensor:
 
 def _to_torch(storage: Storage, values: torch.Tensor) -> torch.Tensor:
     return values
+
+
+def _to_tensor(storage: Storage, value: Any) -> torch.Tensor:
+    """Compiled code fills through the vector-loaded mask (Note [Compiled mask loads]);
+    eager code takes the generic ``masked_fill``."""
+    if not torch.compiler.is_compiling():
+        return NotImplemented
+    return storage.values.masked_fill(~vector_mask(storage.mask), value)
 
 
 def _gather(storage: Storage, dense: torch.Tensor) -> torch.Tensor:
@@ -59,6 +70,7 @@ register_layout(Layout(
     from_strided=_from_strided,
     densify=_densify,
     to_torch=_to_torch,
+    to_tensor=_to_tensor,
     gather=_gather,
     to_coo=_to_coo,
     from_coo=_from_coo,

@@ -16,6 +16,7 @@ from torch.distributed import is_available as _dist_available
 
 from . import _collate, functional, ops, optim  # noqa: F401  (ops registers the op tables)
 from ._construct import as_masked_tensor, masked_tensor
+from ._func import lift
 from ._serialize import _rebuild_masked  # noqa: F401  (allow-listed for torch.load)
 from ._tensor import MaskedTensor, is_masked_tensor, layout_of
 
@@ -56,6 +57,7 @@ __all__ = [
     "get_mask",
     "is_masked_tensor",
     "layout_of",
+    "lift",
     "masked_tensor",
     "to_layout",
     "to_numpy",

@@ -24,6 +24,7 @@ import torch
 import layouts
 from layouts import Kernel, Storage
 
+from . import _func
 from ._tensor import MaskedTensor, _wrap, requires_grad_of, unwrap_grad_tracking
 
 
@@ -82,6 +83,9 @@ class _OnValues(torch.autograd.Function):
     def setup_context(ctx, inputs: tuple, output: Any) -> None:
         box, tensors = inputs[2], inputs[3:]
         ctx.outs, ctx.leaves = box.pop()
+        ctx.fn, ctx.extra = inputs[0], inputs[1]
+        # Note [Double backward]: the inputs themselves, to differentiate the backward again.
+        ctx.tensors = None if _func.active() else tensors
         ctx.inputs = [None if not t.requires_grad else t._storage if isinstance(t, MaskedTensor)
                       else t for t in tensors]
         ctx.mark_non_differentiable(*[o for o in (output if isinstance(output, tuple)
@@ -90,6 +94,9 @@ class _OnValues(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads: Any) -> Any:
+        if torch.is_grad_enabled() and ctx.tensors is not None:  # create_graph=True
+            return (None, None, None, *_backward_with_graph(ctx.fn, ctx.extra, ctx.tensors,
+                                                            ctx.outs, grads))
         outs, gvals = [], []
         for o, g in zip(ctx.outs, grads):
             if isinstance(o, Storage) and g is not None and o.values.requires_grad:
@@ -115,8 +122,92 @@ class _OnValues(torch.autograd.Function):
                 g = torch.zeros_like(s.values)
             result.append(_wrap(s.with_values(g)))
         if not keep:
-            ctx.outs = ctx.leaves = ctx.inputs = None  # free the inner graph now
+            ctx.outs = ctx.leaves = ctx.inputs = ctx.tensors = None  # free the inner graph now
         return tuple(result)
+
+
+def _backward_with_graph(fn: Kernel, extra: tuple, inputs: Sequence[Any],
+                         outs: Sequence[Any], grads: Sequence[Any]) -> list[Any]:
+    """The input gradients of ``fn`` as a differentiable function of the inputs and of
+    ``grads`` (``create_graph=True``).
+
+    Note [Double backward]
+    ~~~~~~~~~~~~~~~~~~~~~~
+    The first-order backward differentiates an inner graph built on *copies* of the input
+    values, so its result does not depend on the inputs as far as autograd can see. When
+    the backward itself must be differentiable (``torch.autograd.gradgradcheck``, a
+    gradient penalty, hessians), the kernel runs again on values that stay connected to
+    the inputs (``values_of``), the incoming gradients are read the same way, and the
+    gradients are rebuilt as MaskedTensors by the differentiable ``as_masked_tensor``
+    (``masked_grad``): every step is a torch op or a masked Function, so autograd
+    differentiates the backward like any forward. The kernel runs twice only in this mode.
+    """
+    storages, wrt = [], []
+    for t in inputs:
+        if isinstance(t, MaskedTensor):
+            s = t._storage
+            if requires_grad_of(t):
+                values = values_of(t)
+                wrt.append(values)
+                s = s.with_values(values)
+            storages.append(s)
+        else:
+            storages.append(t)
+            if t.requires_grad:
+                wrt.append(t)
+    with torch.enable_grad():
+        new_outs, _ = _as_outputs(fn(storages, *extra))
+    out_values, gvals = [], []
+    for o, new, g in zip(outs, new_outs, grads):
+        if isinstance(o, Storage) and g is not None and new.values.requires_grad:
+            out_values.append(new.values)
+            gvals.append(grad_values(g, new))
+    got = iter(torch.autograd.grad(out_values, wrt, gvals, create_graph=True,
+                                   allow_unused=True) if out_values else [None] * len(wrt))
+    result: list[Any] = []
+    for t in inputs:
+        if not requires_grad_of(t):
+            result.append(None)
+            continue
+        g = next(got)
+        if isinstance(t, MaskedTensor):
+            s = t._storage
+            result.append(masked_grad(s, torch.zeros_like(s.values) if g is None else g))
+        else:
+            result.append(torch.zeros_like(t) if g is None else g)
+    return result
+
+
+def values_of(mt: MaskedTensor) -> torch.Tensor:
+    """``mt``'s values as a tensor autograd connects to ``mt`` (Note [Double backward])."""
+    return _func.Lift.apply(mt)[0]
+
+
+def grad_values(grad: Any, s: Storage) -> torch.Tensor:
+    """An incoming gradient's values at ``s``'s stored positions, 0 where it is unspecified,
+    differentiable in ``grad`` (Note [Double backward])."""
+    if not isinstance(grad, MaskedTensor):
+        if grad.layout != torch.strided and grad.requires_grad:
+            grad = grad.to_dense()  # torch's sparse accessors would cut the graph
+        return grad_on(grad, s)[0]
+    g = grad._storage
+    values, mask = layouts.read_at(g.with_values(values_of(grad)), s)
+    return torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
+
+
+def masked_grad(s: Storage, values: torch.Tensor) -> MaskedTensor:
+    """A gradient over ``s``'s mask and index with ``values``: differentiable in ``values``
+    while a backward builds a graph (Note [Double backward]), else a plain wrap."""
+    if torch._C._functorch.is_batchedtensor(values):
+        raise NotImplementedError(
+            "torch.func.jacrev / vmap of a vjp with respect to a MaskedTensor argument: a "
+            "batch of masked gradients has no MaskedTensor form here; take the Jacobian with "
+            "respect to the data, ms.as_masked_tensor(x, mask) inside the function")
+    if torch.is_grad_enabled() and values.requires_grad:
+        from ._construct import masked_over
+
+        return masked_over(s.layout.to_torch(s, values), s.layout.to_torch(s, s.mask))
+    return _wrap(s.with_values(values))
 
 
 def on_values(fn: Kernel, inputs: Sequence[MaskedTensor], *extra: Any) -> Any:

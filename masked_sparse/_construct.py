@@ -9,6 +9,7 @@ import torch
 import layouts
 from layouts import Storage
 
+from . import _func
 from ._tensor import MaskedTensor, _wrap
 
 
@@ -76,36 +77,72 @@ def masked_tensor(data: torch.Tensor, mask: torch.Tensor, *,
     return _wrap(storage, requires_grad)
 
 
+class _Box:
+    """Hands a value from a Function's forward to its setup_context (not a pytree, so
+    torch.func transforms pass it through unchanged).
+
+    Note [as_masked_tensor's routes]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Eager: ``_AsMasked`` (its forward takes no ctx, the storage reaches ``setup_context`` in
+    this box). Its gradient to ``data`` is a MaskedTensor, so derivative formulas run
+    before ``data`` skip masked-out positions (PyTorch issue 4132), except for a plain leaf,
+    which gets a plain ``.grad`` of its own layout, 0 where unspecified (Note [Plain
+    gradients for plain leaves]): that is what gradcheck and optimizers take, and no
+    formula is left to run. Reviewed for gradcheck / torch.func and kept: the alternatives
+    (always plain, or always masked) lose either issue 4132 or gradcheck. Inside a
+    torch.func transform the Function is not used at all: the MaskedTensor is built over
+    the tracked data (Note [MaskedTensors in torch.func]).
+    """
+
+    value: Storage
+    plain_grad: bool = False  # Note [Double backward]: the gradient of data stays plain
+
+
 class _AsMasked(torch.autograd.Function):
     @staticmethod
-    def forward(data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:
-        return _wrap(storage_from_tensors(data.detach(), mask, "as_masked_tensor"))
+    def forward(data: torch.Tensor, mask: torch.Tensor, box: _Box) -> MaskedTensor:
+        storage = storage_from_tensors(data.detach(), mask, "as_masked_tensor")
+        box.value = storage
+        return _wrap(storage)
 
     @staticmethod
     def setup_context(ctx, inputs: tuple, output: MaskedTensor) -> None:
-        ctx.storage = output._storage
+        # Note [Functions for torch.func] in _autograd.py: under a transform ``output`` is
+        # a functorch wrapper, so the storage comes through ``box``.
+        ctx.storage = inputs[2].value
+        ctx.to_plain_leaf = inputs[0].grad_fn is None or inputs[2].plain_grad
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
+        s = ctx.storage
         if torch.compiler.is_compiling():
             # Note [as_masked_tensor under torch.compile]: AOTAutograd fixes the type of
             # every gradient in the graph from the forward, where ``data`` is plain, so the
             # compiled gradient of ``data`` is a plain tensor: the masked gradient with 0
             # at unspecified positions (what eager gives after ``.to_tensor(0)``).
-            s = ctx.storage
-            return s.densify(_masked_values(s, grad), 0), None
+            return s.densify(_masked_values(s, grad), 0), None, None
+        if ctx.to_plain_leaf:
+            # Note [Plain gradients for plain leaves]: the gradient leaves the masked world
+            # here. A leaf's ``.grad`` must have the leaf's own type and layout (gradcheck,
+            # optimizers, torch.func), so it is the masked gradient with 0 where unspecified,
+            # over the leaf's own index. No derivative formula runs after it, so no 0 * inf
+            # can form; a non-leaf ``data`` instead gets the MaskedTensor, which keeps
+            # unspecified positions out of the formulas before the leaf (PyTorch issue 4132).
+            return s.layout.to_torch(s, _masked_values(s, grad)), None, None
         # The gradient reaching ``data`` carries the mask, as in torch.masked.
         if not isinstance(grad, MaskedTensor):
-            s = ctx.storage
-            grad = _wrap(s.with_values(s.layout.gather(s, grad)))
-        return grad, None
+            from ._autograd import grad_on, masked_grad
+
+            grad = masked_grad(s, grad_on(grad, s)[0])
+        return grad, None, None
 
 
 def _masked_values(s: Storage, grad: torch.Tensor) -> torch.Tensor:
     """The incoming gradient read at ``s``'s stored positions, 0 where unspecified."""
-    from ._autograd import grad_on
+    from ._autograd import grad_on, grad_values
 
-    values = grad_on(grad, s)[0]
+    # Note [Double backward]: when the backward builds a graph, read ``grad`` differentiably.
+    values = grad_values(grad, s) if torch.is_grad_enabled() else grad_on(grad, s)[0]
     return torch.where(s.mask, values, torch.zeros((), dtype=values.dtype,
                                                    device=values.device))
 
@@ -113,7 +150,9 @@ def _masked_values(s: Storage, grad: torch.Tensor) -> torch.Tensor:
 def as_masked_tensor(data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:
     """A MaskedTensor over ``data`` (no copy), differentiable with respect to ``data``.
 
-    The gradient that reaches ``data`` is a MaskedTensor carrying ``mask``.
+    The gradient that reaches ``data`` is a MaskedTensor carrying ``mask``; when ``data``
+    is itself a leaf, its ``.grad`` is a plain tensor of its layout, 0 where unspecified
+    (Note [Plain gradients for plain leaves]).
 
     >>> import torch, masked_sparse as ms
     >>> x = torch.tensor([1., 1.], requires_grad=True)
@@ -123,9 +162,23 @@ def as_masked_tensor(data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:
       [      --,   2.0000]
     )
     """
+    if _func.active() and torch._C._functorch.is_functorch_wrapped_tensor(data):
+        # Note [MaskedTensors in torch.func]: over the transform's own tracked data.
+        if data.layout != torch.strided:
+            raise NotImplementedError(_func.sparse_refusal("as_masked_tensor", str(data.layout)))
+        return _wrap(storage_from_tensors(data, mask, "as_masked_tensor"))
     if torch.is_grad_enabled() and isinstance(data, torch.Tensor) and data.requires_grad:
-        return _AsMasked.apply(data, mask)
+        return _AsMasked.apply(data, mask, _Box())
     return _wrap(storage_from_tensors(data, mask, "as_masked_tensor"))
+
+
+def masked_over(data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:
+    """``as_masked_tensor`` for gradients built inside a backward (Note [Double backward]):
+    the gradient reaching ``data`` is plain, 0 where unspecified, as for a leaf, so torch's
+    formulas of the backward's own ops (broadcasts included) never meet a MaskedTensor."""
+    box = _Box()
+    box.plain_grad = True
+    return _AsMasked.apply(data, mask, box)
 
 
 # Note [Construction under torch.compile]

@@ -49,11 +49,32 @@ def implements(*ops: Any) -> Callable[[Handler], Handler]:
     """
 
     def decorator(handler: Handler) -> Handler:
+        above = not all(is_aten(op) for op in ops)
         for op in ops:
-            (ATEN if is_aten(op) else FUNCTIONS)[op] = handler
+            if not is_aten(op):
+                FUNCTIONS[op] = handler
+            elif above and not op.is_view and not op._schema.is_mutable:
+                ATEN[op] = _differentiated_above(handler)
+            else:  # views and in-place ops: torch's own formulas are the masked ones
+                ATEN[op] = handler
         return handler
 
     return decorator
+
+
+def _differentiated_above(handler: Handler) -> Handler:
+    """``handler`` for an aten overload that eager code meets in ``__torch_function__``, where
+    the masked autograd is recorded: arriving at the aten level with grad enabled, it first
+    checks that no masked gradient would be lost (Note [Aten-level autograd] in _tensor.py)."""
+
+    def aten_handler(op: Any, *args: Any, **kwargs: Any) -> Any:
+        if torch.is_grad_enabled():
+            from ._tensor import check_aten_autograd
+
+            check_aten_autograd(op, args)
+        return handler(op, *args, **kwargs)
+
+    return aten_handler
 
 
 def op_name(op: Any) -> str:

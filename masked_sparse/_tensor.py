@@ -18,6 +18,11 @@ which keeps the very same index tensor objects. Binary ops compare masks by iden
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib.util
+import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,7 +31,7 @@ from torch._C import DisableTorchFunctionSubclass
 import layouts
 from layouts import Storage
 
-from . import _registry
+from . import _func, _registry
 from ._repr import storage_repr
 
 
@@ -121,6 +126,8 @@ class MaskedTensor(torch.Tensor):
         handler = _registry.FUNCTIONS.get(func)
         if handler is not None and not torch.compiler.is_exporting():
             return handler(func, *args, **(kwargs or {}))
+        if torch._C._are_functorch_transforms_active():  # Note [MaskedTensors in torch.func]
+            return _func.dispatch_below(func, args, kwargs)
         with DisableTorchFunctionSubclass():
             return func(*args, **(kwargs or {}))
 
@@ -133,6 +140,9 @@ class MaskedTensor(torch.Tensor):
             from .ops.pointwise import resolve
 
             handler = resolve(func, args)
+        if _func.SAVED.stack:  # Note [MaskedTensors in torch.func]
+            with _func.restored():
+                return handler(func, *args, **(kwargs or {}))
         return handler(func, *args, **(kwargs or {}))
 
     # -- torch.compile / serialization ---------------------------------------------------
@@ -160,11 +170,14 @@ class MaskedTensor(torch.Tensor):
         return _wrap(storage)
 
     def _stable_hash_for_caching(self) -> str:
-        """The AOTAutograd cache key of this input: layout and inner tensors' metadata."""
+        """The AOTAutograd cache key of this input: layout, inner tensors' metadata and the
+        library's source digest (AOTAutograd traces our Python code but hashes only torch's
+        own source: without it, an edited or upgraded masked_sparse would reuse graphs
+        compiled from the old code)."""
         s = self._storage
         inner = [(tuple(t.shape), t.stride(), str(t.dtype), str(t.device))
                  for t in (s.values, s.mask, *s.index)]
-        return f"MaskedTensor[{s.layout.name}]{tuple(s.shape)}{inner}"
+        return f"MaskedTensor[{s.layout.name}]{tuple(s.shape)}{inner}{_source_digest()}"
 
     # Note [Storage attributes]
     # ~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -206,6 +219,42 @@ def _refuse_jit_trace(func: Any) -> None:
         f"MaskedTensor {name}: torch.jit.trace / torch.jit.script cannot trace a MaskedTensor "
         f"(TorchScript does not know tensor subclasses); use torch.compile(fn) to compile or "
         f"torch.export.export(module, (mt,)) to export, which trace through the data and mask")
+
+
+def check_aten_autograd(func: Any, args: tuple) -> None:
+    """Note [Aten-level autograd]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Eager code differentiates a reduction, softmax, ``where``, a shape op, ... in
+    ``__torch_function__`` (``on_values``: gradients carry the input's mask). The same op
+    reaching ``__torch_dispatch__`` first -- called from TorchScript (``torch.jit.script``,
+    which has no ``__torch_function__``) or as ``torch.ops.aten.*`` -- is recorded by
+    autograd above us with torch's *dense* derivative formula: a masked ``mean`` would get
+    ``1 / numel`` instead of ``1 / count``. So such a call on a MaskedTensor that requires
+    grad is refused, outside a backward pass (backward formulas of pointwise ops call these
+    ops on gradients legitimately) and outside torch.compile / torch.export (AOTAutograd
+    traces through the masked autograd at this level). Inside ``torch.func.grad`` / ``vjp``
+    / ``jacrev``, the same happens to a MaskedTensor argument that was not lifted
+    (``_func.under_grad_transform``): refused too, pointing to ``ms.lift``.
+    """
+    name = getattr(func, "__name__", None) or str(func)
+    if _func.under_grad_transform():
+        raise NotImplementedError(
+            f"MaskedTensor {name} inside torch.func.grad / vjp / jacrev on a MaskedTensor "
+            f"argument: torch.func strips the MaskedTensor type and would differentiate "
+            f"with torch's dense formula; call x = ms.lift(x) first (Note [MaskedTensors in "
+            f"torch.func])")
+    if (torch._C._current_graph_task_id() != -1 or torch.compiler.is_compiling()
+            or not any(isinstance(a, MaskedTensor) and requires_grad_of(a) for a in args)):
+        return
+    message = (f"MaskedTensor {name}: this op reached the aten level directly "
+               f"(torch.jit.script, or torch.ops.aten) on a MaskedTensor that requires grad, "
+               f"where autograd would use torch's dense derivative formula, not the masked "
+               f"one; TorchScript does not support MaskedTensors: use torch.compile(fn) to "
+               f"compile or torch.export.export(module, (mt,)) to export, or call the torch.* "
+               f"function")
+    # The TorchScript interpreter re-raises a RuntimeError without our message: say it here.
+    warnings.warn(message, UserWarning, stacklevel=3)
+    raise NotImplementedError(message)
 
 
 def _wrap(storage: Storage, requires_grad: bool = False) -> MaskedTensor:
@@ -250,7 +299,10 @@ def unwrap_grad_tracking(t: Any) -> Any:
     ``setup_context`` travels in a ``box`` list argument), and their ``setup_context`` /
     ``backward`` read the storage and the incoming gradient through this function. The
     gradient they return is then a value of the level below the transform: right for one
-    level of transform, so nested transforms (hessians) raise NotImplementedError.
+    level of transform, so nested transforms (hessians) raise NotImplementedError. This is
+    the route of a MaskedTensor *argument* that is not lifted; MaskedTensors built inside a
+    transform, or lifted, are tracked through their values (Note [MaskedTensors in
+    torch.func] in ``_func.py``) and support every op at any depth.
     """
     while isinstance(t, torch.Tensor) and torch._C._functorch.is_gradtrackingtensor(t):
         t = torch._C._functorch.get_unwrapped(t)
@@ -292,6 +344,17 @@ def layout_of(t: torch.Tensor) -> layouts.Layout:
     if isinstance(t, MaskedTensor):
         return t._storage.layout
     return layouts.get_layout(t.layout)
+
+
+@functools.cache
+def _source_digest() -> str:
+    """A digest of the ``.py`` sources of ``masked_sparse`` and ``layouts`` (read once)."""
+    digest = hashlib.blake2b(digest_size=16)
+    spec = importlib.util.find_spec("layouts")
+    for package in (Path(__file__).parent, Path(spec.origin if spec else __file__).parent):
+        for path in sorted(package.rglob("*.py")):
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 # The accessors above are implemented with the other conversions (``ops/conversion.py``),

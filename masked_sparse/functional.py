@@ -31,6 +31,7 @@ import torch
 import layouts
 
 from ._construct import as_masked_tensor
+from ._func import lift
 from ._tensor import MaskedTensor
 from .ops import reductions_args as A
 from .ops.reductions import group_norm, run, source, zero_unspecified
@@ -41,6 +42,7 @@ __all__ = ["amax", "amin", "argmax", "argmin", "cumprod", "cumsum", "log_softmax
 
 def _masked(input: Any, mask: Any, op: str, dtype: torch.dtype | None = None) -> MaskedTensor:
     """``input`` with ``mask`` as a MaskedTensor (cast to ``dtype``), differentiable."""
+    input = lift(input)  # a MaskedTensor argument of a torch.func transform
     if isinstance(input, MaskedTensor):
         if mask is not None:
             raise TypeError(f"masked_sparse.functional.{op}: input is a MaskedTensor, which "

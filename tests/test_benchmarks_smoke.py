@@ -7,6 +7,7 @@ the core module runs end to end on a tiny operand.
 
 from __future__ import annotations
 
+import json
 import os
 import runpy
 import signal
@@ -84,3 +85,75 @@ def test_order_cases_run_on_a_small_matrix():
                          use_probe=False, rounds=1)
     assert r["status"] == "ok" and "ratio" in r["baselines"]["floor"]
     assert "order" in " ".join(run.module_names())
+
+
+def test_raw_reductions_equal_the_masked_ones_when_everything_is_specified():
+    from benchmarks.bench_goals import sparse_operands
+    from benchmarks.raw_reductions import REDUCTIONS, groups_of, masked_reduction, raw_reduction
+
+    ops = sparse_operands(300, torch.Generator().manual_seed(0), specified=1.0)
+    for layout in ("coo", "csr"):
+        for dim in (0, 1):
+            groups = groups_of(layout, ops["rows"], ops["cols"], ops["shape"], dim)
+            for name in REDUCTIONS:
+                ours = masked_reduction(name, dim)(ops[layout])
+                raw = raw_reduction(name, ops["values"], groups)
+                if name == "softmax":
+                    torch.testing.assert_close(ours._storage.values, raw)
+                    continue
+                raw = raw.to_dense().reshape(-1) if raw.layout != torch.strided else raw
+                mask = ours.get_mask().to_dense()
+                expected = torch.where(mask, raw, 0).to(ours.dtype)
+                torch.testing.assert_close(ours.to_tensor(0).to_dense(), expected,
+                                           msg=f"{layout} {name}(dim={dim})")
+
+
+def test_scipy_check_catches_a_wrong_reduction(monkeypatch):
+    from benchmarks import bench_scipy
+
+    m = bench_scipy.reduction_matrix(rows=40, cols=5, nnz=150)  # some rows are full
+    bench_scipy.check(m)
+    wrong = dict(bench_scipy.OPS)
+    wrong["row max"] = (lambda t: t.amin(1),) + wrong["row max"][1:]
+    monkeypatch.setattr(bench_scipy, "OPS", wrong)
+    with pytest.raises(AssertionError, match="row max"):
+        bench_scipy.check(m)
+
+
+def test_time_targets_are_checked():
+    r = harness.run_case(("noop", lambda: None, {}, {harness.TIME: 1.0}), min_run_time=0.001,
+                         use_probe=False, rounds=1)
+    assert r["target_check"] == {harness.TIME: "met"}
+    r = harness.run_case(("noop", lambda: None, {}, {harness.TIME: 1e-15}),
+                         min_run_time=0.001, use_probe=False, rounds=1)
+    assert r["target_check"] == {harness.TIME: "missed"} and "≤" in harness.table([r])
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux only")
+def test_readme_section_from_one_tiny_run(tmp_path):
+    """``--readme README --plot PNG`` on tiny operands: every part of the section, the chart,
+    the file's text outside the markers kept; the memory bound flags a densification."""
+    pytest.importorskip("matplotlib")
+    from benchmarks import memory, readme
+
+    target = tmp_path / "README.md"
+    target.write_text(f"# title\n\n{readme.BEGIN}\nold\n{readme.END}\n\n## next\n")
+    plot = tmp_path / "scaling.png"
+    sizes = {"scipy": (60, 30, 400), "large": 2000, "small": 100, "memory": 20_000,
+             "memory_layouts": ("coo",), "memory_ops": ("noop", "sqrt", "to_dense"),
+             "scaling": (100,)}
+    result = tmp_path / "out.json"
+    text = readme.run("python -m benchmarks --readme", 0.001, str(target), str(plot),
+                      str(result), sizes=sizes, use_probe=False)
+    written = target.read_text()
+    assert "old" not in written and text in written and written.endswith("## next\n")
+    assert plot.stat().st_size > 0
+    for heading in ("Against scipy.sparse", "÷ raw", "Fixed cost", "Peak extra memory",
+                    "Scaling"):
+        assert heading in text
+    assert "| column max |" in text and "| argmax |" in text and "| COO dim=0 |" in text
+    rows = {r["op"]: r for r in json.loads(result.read_text())["memory"]}
+    assert rows["noop"]["peak"] < 2**20
+    assert rows["sqrt"]["output"] == 20_000 * 4 and not rows["sqrt"]["flagged"]
+    assert rows["to_dense"]["flagged"]  # a densification is over output + 4 x input
+    assert "over it: coo to_dense." in text and memory.BOUND_FACTOR == 4

@@ -99,15 +99,93 @@ def test_strided_fullgraph_equals_eager(family, device):
     assert_same(compiled(fn)(mt), fn(mt))
 
 
-def test_strided_inductor_reductions_and_softmax(device):
-    # The ops whose eager kernels use bit tricks Inductor cannot compile (uint8 views of
-    # the mask, Python block loops): the compiled path takes plain torch formulations.
-    mt = masked((64, 40), device)
+def _nonfinite_masked(shape, device, dtype):
+    """NaN and +-inf both specified and unspecified, and a fully masked row."""
+    mt, data, mask = make_masked(shape, dtype=dtype, seed=5)
+    data = data.clone()
+    data[1, :6] = torch.tensor([math.nan, math.inf, -math.inf] * 2, dtype=dtype)
+    mask = mask.clone()
+    mask[1, :6] = torch.tensor([True, True, True, False, False, False])
+    mask[2] = False
+    mask[3, :5] = True
+    data[3, :5] = torch.tensor([math.inf, -math.inf, 1, 2, 3], dtype=dtype)  # inf - inf
+    mask[4, :3] = True
+    data[4, :3] = torch.tensor([-math.inf, -math.inf, -math.inf], dtype=dtype)
+    mask[4, 3:] = False  # a row of -inf only
+    return ms.masked_tensor(data, mask).to(device)
+
+
+@pytest.fixture
+def vector_masks_from_any_size(monkeypatch):
+    """Small test tensors take the uint8-view path too (Note [Compiled mask loads])."""
+    import layouts._vector_mask
+
+    monkeypatch.setattr(layouts._vector_mask, "_MIN_ELEMENTS", 0)
+
+
+@pytest.mark.usefixtures("vector_masks_from_any_size")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_strided_inductor_reductions_and_softmax(device, dtype):
+    # Inductor itself: the compiled path reads the mask through ``vector_mask`` (Note
+    # [Compiled mask loads]) and fills with ``where`` instead of the eager bit tricks.
+    mt = _nonfinite_masked((6, 40), device, dtype)
 
     def fn(x):
-        return x.sum(1), x.amax(1), (x > 0).any(1), x.mean(0), x.softmax(1)
+        return (x.sum(1), x.sum(), x.mean(1), x.amax(1), x.amin(0), x.argmax(1), x.prod(1),
+                x.logsumexp(1), x.var(1), x.std(0), x.norm(dim=1), (x > 0).any(1),
+                (x > 0).all(0), x.count_nonzero(1), x.softmax(1), x.log_softmax(1),
+                x.softmax(0), x.to_tensor(0))
 
     assert_same(compiled(fn, backend="inductor")(mt), fn(mt))
+
+
+@pytest.mark.usefixtures("vector_masks_from_any_size")
+def test_compiled_strided_kernels_read_the_mask_bytes_once():
+    # Note [Compiled mask loads]: the traced graph reads the mask through one uint8 view
+    # (via int16), shared by every op on that mask (softmax, then to_tensor).
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    graphs = []
+
+    def backend(gm, inputs):
+        def keep(g, _):
+            graphs.append(g)
+            return g
+
+        return aot_module_simplified(gm, inputs, fw_compiler=keep)
+
+    mt = masked((4, 6), "cpu")
+    fn = torch.compile(lambda x: (x.sum(1), x.softmax(1).to_tensor(0)), backend=backend,
+                       fullgraph=True, dynamic=False)
+    assert_same(fn(mt), (mt.sum(1), mt.softmax(1).to_tensor(0)))
+    code = graphs[0].code
+    assert code.count("torch.int16") == 1 and code.count("torch.uint8") == 1, code
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.rand(6, 8) > 0.5,                     # the views apply
+    lambda: torch.rand(5, 7) > 0.5,                     # odd size: the mask itself
+    lambda: (torch.rand(8, 6) > 0.5).t(),               # not contiguous
+    lambda: (torch.rand(9, 2) > 0.5)[1:],               # odd storage offset
+    lambda: torch.zeros(0, 4, dtype=torch.bool),
+    lambda: torch.tensor(True),
+], ids=["even", "odd", "transposed", "offset", "empty", "0-d"])
+@pytest.mark.usefixtures("vector_masks_from_any_size")
+def test_vector_mask_equals_the_mask(make):
+    from layouts._vector_mask import vector_mask
+
+    mask = make()
+    got = vector_mask(mask)
+    assert got.dtype == torch.bool and torch.equal(got, mask)
+
+
+def test_vector_mask_leaves_small_masks_alone():
+    from layouts._vector_mask import _MIN_ELEMENTS, vector_mask
+
+    small, large = torch.rand(4, 6) > 0.5, torch.rand(2, _MIN_ELEMENTS) > 0.5
+    assert vector_mask(small) is small
+    got = vector_mask(large)
+    assert got is not large and torch.equal(got, large)
 
 
 def test_construction_and_autograd_inside_compiled_function(device):

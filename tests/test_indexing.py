@@ -140,8 +140,17 @@ def test_setitem_strided():
     assert_masked_equal(mt, expected, mask)
     with pytest.raises(ValueError, match="masks"):
         mt[3] = masked_tensor(torch.zeros(6), ~mask[3])
-    with pytest.raises(TypeError):
-        data[0] = src
+    # into a plain tensor: the specified elements are written, the others stay (Note
+    # [Masked values into plain tensors]; what gradcheck's Jacobian needs)
+    plain = torch.zeros(4, 6)
+    plain[1] = src
+    assert torch.equal(plain, torch.where(torch.arange(4)[:, None] == 1,
+                                          torch.where(mask[2], 9.0, 0.0), 0.0))
+    sparse_src = masked_tensor(torch.full((4, 6), 3.0), mask).to_sparse_coo()
+    plain[:] = sparse_src
+    assert torch.equal(plain[mask], torch.full((int(mask.sum()),), 3.0))
+    assert torch.equal(plain[~mask], torch.where(torch.arange(4)[:, None] == 1,
+                                                 torch.where(mask[2], 9.0, 0.0), 0.0)[~mask])
 
 
 def test_setitem_strided_autograd():

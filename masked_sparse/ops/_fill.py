@@ -42,6 +42,8 @@ class _ZeroFill(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
         (mask,) = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: stay differentiable (Note [Double backward])
+            return torch.where(mask, grad, torch.zeros((), dtype=grad.dtype)), None
         return _bitwise_zero_fill(grad, mask), None
 
 
@@ -60,10 +62,12 @@ def zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     and loses there). A mask
     broadcast over some dims (stride 0, e.g. an attention mask expanded over heads) is read
     once per stored element. Other dtypes (integers, complex), and a mask that ``values``
-    would have to broadcast to, use ``torch.where``.
+    would have to broadcast to, use ``torch.where``; so does compiled code, where Inductor
+    fuses the ``where`` into the kernel that computes ``values``.
     """
-    if (values.dtype not in _BITS or mask.dtype != torch.bool
-            or not broadcasts_to(tuple(mask.shape), tuple(values.shape))):
+    if (values.dtype not in _BITS or mask.dtype != torch.bool or torch.compiler.is_compiling()
+            or not broadcasts_to(tuple(mask.shape), tuple(values.shape))
+            or torch._C._are_functorch_transforms_active()):  # Note [MaskedTensors in torch.func]
         out = torch.where(mask, values, torch.zeros((), dtype=values.dtype))
     elif torch.is_grad_enabled() and values.requires_grad:
         out = _ZeroFill.apply(values, mask)

@@ -13,10 +13,10 @@ import torch
 import layouts
 from layouts import Storage
 
-from .._autograd import grad_on, on_values
+from .._autograd import grad_on, grad_values, masked_grad, on_values
 from .._memory import check_fits
 from .._registry import implements
-from .._tensor import MaskedTensor, _wrap, requires_grad_of, unwrap_grad_tracking
+from .._tensor import MaskedTensor, requires_grad_of, unwrap_grad_tracking
 
 
 class _GetData(torch.autograd.Function):
@@ -39,7 +39,8 @@ class _GetData(torch.autograd.Function):
         if isinstance(grad, MaskedTensor):
             return grad
         s = ctx.storage
-        return _wrap(s.with_values(grad_on(grad, s)[0]))
+        return masked_grad(s, grad_values(grad, s) if torch.is_grad_enabled()
+                           else grad_on(grad, s)[0])
 
 
 def get_data(mt: MaskedTensor) -> torch.Tensor:
@@ -186,7 +187,8 @@ class _ToTensor(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[MaskedTensor, None]:
         s = ctx.storage
-        return _wrap(s.with_values(grad_on(grad, s)[0])), None
+        return masked_grad(s, grad_values(grad, s) if torch.is_grad_enabled()
+                           else grad_on(grad, s)[0]), None
 
 
 def to_tensor(mt: MaskedTensor, value: Any) -> torch.Tensor:

@@ -38,6 +38,7 @@ from torch._C import DisableTorchFunctionSubclass
 from layouts import Storage
 
 from .._registry import implements, way_out
+from .._tensor import MaskedTensor
 from .shape import (
     REWRITES,
     Call,
@@ -160,6 +161,9 @@ def _index_rewrite(s: Storage, indices: list) -> Storage:
 
 @implements(torch.Tensor.__setitem__)
 def _setitem(op: Any, self: Any, idx: Any, value: Any) -> None:
+    if not isinstance(self, MaskedTensor) and isinstance(value, MaskedTensor):
+        _setitem_plain(self, idx, value)
+        return
     mt = masked(self, "__setitem__")
     _check_no_masked(idx, "__setitem__")
     check_supported("setitem", [mt])
@@ -170,6 +174,24 @@ def _setitem(op: Any, self: Any, idx: Any, value: Any) -> None:
                                   f"mt.to_dense() instead")
     with DisableTorchFunctionSubclass():
         torch.Tensor.__setitem__(mt, idx, value)
+
+
+def _setitem_plain(self: torch.Tensor, idx: Any, value: MaskedTensor) -> None:
+    """``plain[idx] = mt``: the specified elements of ``mt`` are written, the others leave
+    ``plain`` as it was (numpy.ma writes its masked elements' arbitrary data instead).
+
+    Note [Masked values into plain tensors]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    An unspecified element has no value to write, so it writes nothing; the target keeps
+    its own. This is how ``torch.autograd.gradcheck`` fills its plain Jacobian from a masked
+    gradient: the zeros it allocated stay where the gradient is unspecified, which is the
+    "no gradient" of a Jacobian (Note [Plain gradients for plain leaves]).
+    """
+    dense = value if not value._storage.index else value.to_dense()
+    s = dense._storage
+    with DisableTorchFunctionSubclass():
+        old = self[idx]
+        torch.Tensor.__setitem__(self, idx, torch.where(s.mask, s.values.to(self.dtype), old))
 
 
 REWRITES[torch.Tensor.__getitem__] = _getitem_rewrite

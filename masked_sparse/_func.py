@@ -1,0 +1,192 @@
+"""MaskedTensors inside ``torch.func`` transforms (``grad``, ``vjp``, ``jacrev``, ``vmap``).
+
+Note [MaskedTensors in torch.func]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A transform wraps every tensor it tracks in a C++ wrapper of plain type (torch strips
+tensor subclasses), and runs torch's own derivative formulas on it: right for pointwise
+ops, wrong for masked reductions (a masked ``mean`` divides by the count of specified
+elements, not by ``numel``). So inside a transform the wrapping goes the other way round:
+a MaskedTensor is built *over* the transform's tracked values -- its values tensor is the
+wrapper, its mask and index tensors are plain -- and every masked op is the layout
+kernel, plain differentiable torch ops on those values (Note [Autograd on the values]).
+The transform differentiates (or batches) the kernels themselves: masked gradients on
+every layout, MaskedTensor methods available, second derivatives for free.
+
+Such MaskedTensors come from ``as_masked_tensor(x, mask)`` with a tracked ``x`` (no
+autograd.Function in between), and from :func:`lift`, which turns a MaskedTensor argument
+that the transform wrapped back into a MaskedTensor.
+
+One routing detail: an op that reaches ``__torch_dispatch__`` (pointwise ops) goes down the
+dispatcher, where functorch's layers would take the MaskedTensor for a constant and then pop
+themselves before our kernel runs on their wrappers. :func:`dispatch_below` therefore
+sends the call down with functorch's layers switched off, and ``__torch_dispatch__`` runs
+the kernel with the caller's dispatch state restored (:func:`restored`), so the kernel's
+ops on the tracked values meet the transform exactly as they would at the top.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch._C import DisableTorchFunctionSubclass
+
+_FUNCTORCH_LAYERS = (torch._C.DispatchKeySet(torch._C.DispatchKey.FuncTorchDynamicLayerFrontMode)
+                     | torch._C.DispatchKeySet(torch._C.DispatchKey.FuncTorchDynamicLayerBackMode))
+
+
+class _Saved(threading.local):
+    stack: list[tuple[Any, Any]]
+
+    def __init__(self) -> None:
+        self.stack = []
+
+
+SAVED = _Saved()
+
+
+def active() -> bool:
+    """True while a ``torch.func`` transform runs (one C call)."""
+    return torch._C._are_functorch_transforms_active()
+
+
+def dispatch_below(func: Any, args: tuple, kwargs: dict | None) -> Any:
+    """``func(*args, **kwargs)`` sent to ``__torch_dispatch__`` past functorch's layers,
+    with the current dispatch state kept for :func:`restored` (Note [MaskedTensors in
+    torch.func])."""
+    SAVED.stack.append((torch._C._dispatch_tls_local_include_set(),
+                         torch._C._dispatch_tls_local_exclude_set()))
+    try:
+        with torch._C._ExcludeDispatchKeyGuard(_FUNCTORCH_LAYERS), DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+    finally:
+        SAVED.stack.pop()
+
+
+@contextlib.contextmanager
+def restored() -> Iterator[None]:
+    """The dispatch state the innermost :func:`dispatch_below` kept, while a kernel runs."""
+    with torch._C._ForceDispatchKeyGuard(*SAVED.stack[-1]):
+        pending, SAVED.stack = SAVED.stack, []  # ops of the kernel start afresh
+        try:
+            yield
+        finally:
+            SAVED.stack = pending
+
+
+_DIFFERENTIATING = frozenset({"grad_and_value_impl", "_vjp_with_argnums", "_jvp_with_argnums"})
+
+
+def under_grad_transform() -> bool:
+    """True when an op reached ``__torch_dispatch__`` through functorch's layers (not routed
+    by :func:`dispatch_below`) inside ``torch.func.grad`` / ``vjp`` / ``jacrev`` / ``jvp``.
+
+    Such an op ran on a MaskedTensor *argument* that was not lifted, and the transform has
+    recorded torch's dense derivative formula for it. The dispatcher has popped the layer,
+    so the transform is found by its Python frame (``vmap`` alone batches correctly and is
+    let through). Only reductions, softmax and the like ask (Note [Aten-level autograd]).
+    """
+    if SAVED.stack or not torch._C._dispatch_tls_local_exclude_set().has(
+            torch._C.DispatchKey.FuncTorchDynamicLayerBackMode):
+        return False
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in _DIFFERENTIATING and "_functorch" in code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _inner(t: torch.Tensor) -> torch.Tensor:
+    while torch._C._functorch.is_functorch_wrapped_tensor(t):
+        t = torch._C._functorch.get_unwrapped(t)
+    return t
+
+
+def is_wrapped_masked(t: Any) -> bool:
+    """True for a MaskedTensor that a ``torch.func`` transform wrapped (plain-typed)."""
+    from ._tensor import MaskedTensor
+
+    return (isinstance(t, torch.Tensor) and not isinstance(t, MaskedTensor)
+            and torch._C._functorch.is_functorch_wrapped_tensor(t)
+            and isinstance(_inner(t), MaskedTensor))
+
+
+class Lift(torch.autograd.Function):
+    """The values and mask of a MaskedTensor, as tensors the transform tracks: the values
+    differentiable (their gradient returns as a MaskedTensor over the input's storage)."""
+
+    @staticmethod
+    def forward(mt: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        s = mt._storage
+        return s.values.view_as(s.values), s.mask
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output: Any) -> None:
+        ctx.storage = _inner(inputs[0])._storage
+        ctx.lifted_shape = output[0].shape  # per example under vmap
+        ctx.mark_non_differentiable(output[1])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor, _: Any) -> Any:
+        from ._autograd import grad_values, masked_grad
+        from ._tensor import MaskedTensor
+
+        s = ctx.storage
+        if not s.index and s.shape != ctx.lifted_shape:
+            raise NotImplementedError(
+                "ms.lift: per-example gradients (vmap of grad / vjp) with respect to a "
+                "MaskedTensor argument have no MaskedTensor form; differentiate with respect "
+                "to the data instead, ms.as_masked_tensor(x, mask) inside the function")
+        if grad is None:
+            grad = torch.zeros_like(s.values)
+        elif isinstance(grad, MaskedTensor):  # the values fed a masked op (double backward)
+            grad = grad_values(grad, s)
+        return masked_grad(s, grad)
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple, mt: Any) -> tuple[tuple, tuple]:
+        s = mt._storage
+        return (s.values.view_as(s.values), s.mask), (in_dims[0], in_dims[0])
+
+
+def lift(x: Any) -> Any:
+    """A MaskedTensor argument of a ``torch.func`` transform as a MaskedTensor again.
+
+    Inside ``torch.func.grad`` / ``vjp`` / ``jacrev`` / ``vmap`` a MaskedTensor argument
+    arrives wrapped in a plain-typed tensor (torch strips tensor subclasses), which has no
+    MaskedTensor methods and would get torch's dense derivative formulas. ``lift`` returns a
+    MaskedTensor over the transform's tracked values instead (Note [MaskedTensors in
+    torch.func]); anything else is returned unchanged, so ``lift`` is harmless outside a
+    transform. The gradient that reaches the argument is a MaskedTensor with its mask.
+
+    >>> import torch, masked_sparse as ms
+    >>> mt = ms.masked_tensor(torch.tensor([1., 2., 4.]), torch.tensor([True, True, False]))
+    >>> torch.func.grad(lambda x: ms.lift(x).mean().to_tensor(0))(mt)
+    MaskedTensor(
+      [  0.5000,   0.5000,       --]
+    )
+    """
+    if not is_wrapped_masked(x):
+        return x
+    from ._tensor import _wrap
+
+    s = _inner(x)._storage
+    if s.index:
+        raise NotImplementedError(sparse_refusal("ms.lift", s.layout.name))
+    values, mask = Lift.apply(x)
+    return _wrap(s.layout.build((), values, mask, values.shape))
+
+
+def sparse_refusal(op: str, layout: str) -> str:
+    """Why a sparse MaskedTensor cannot be tracked by a transform, and what works."""
+    return (f"{op}: a {layout} MaskedTensor cannot be tracked inside torch.func.grad / vjp / "
+            f"jacrev / vmap (torch builds no sparse tensor under these transforms); "
+            f"differentiate with torch.autograd (backward(), torch.autograd.grad), use "
+            f"ms.to_tensor / ms.get_data and pointwise ops on the argument as it is, or "
+            f"convert to strided (mt.to_dense()) before the transform")
