@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ._grouping import _BITS
+from ._grouping import _BITS, plain_eager
 
 BLOCK = 1 << 18  # elements per block (1-2 MB of values): fewer, larger blocks measured
 # faster than L2-sized ones, as each block costs a few torch calls
@@ -34,9 +34,7 @@ MIN_SIZE = 1 << 16  # below this the whole-array ops cost less than the block lo
 def applies(values: torch.Tensor, mask: torch.Tensor) -> bool:
     """True when the block path runs for ``values`` and ``mask`` (see the module doc)."""
     return (values.dim() == 1 and values.numel() >= MIN_SIZE and values.dtype in _BITS
-            and values.device.type == "cpu" and mask.shape == values.shape
-            and not torch.compiler.is_compiling()
-            and not (values.requires_grad and torch.is_grad_enabled()))
+            and mask.shape == values.shape and plain_eager(values))
 
 
 class _Filler:

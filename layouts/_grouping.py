@@ -128,6 +128,15 @@ _BITWISE_MIN = 1 << 12  # below this, one ``where`` call costs less than three b
 _BITWISE_BLOCK = 1 << 18  # elements per block of a large fill (1-2 MB)
 
 
+def plain_eager(values: torch.Tensor) -> bool:
+    """True when ``values`` may take a forward-only CPU fast path: a CPU tensor, eager (not
+    compiling), no autograd to record and no ``torch.func`` transform active (their
+    wrappers would meet dtype views and host reads they cannot follow)."""
+    return (values.device.type == "cpu" and not torch.compiler.is_compiling()
+            and not (values.requires_grad and torch.is_grad_enabled())
+            and not torch._C._are_functorch_transforms_active())
+
+
 def fill_unspecified(values: torch.Tensor, mask: torch.Tensor, value: Any) -> torch.Tensor:
     """``torch.where(mask, values, value)``, bit for bit: unspecified elements (NaN and inf
     included) read ``value``, specified ones keep their exact bits (-0.0 and NaN payloads).
@@ -141,8 +150,7 @@ def fill_unspecified(values: torch.Tensor, mask: torch.Tensor, value: Any) -> to
     """
     bits = _BITS.get(values.dtype)
     if (bits is None or values.numel() < _BITWISE_MIN or mask.shape != values.shape
-            or values.device.type != "cpu" or torch.compiler.is_compiling()
-            or (values.requires_grad and torch.is_grad_enabled())):
+            or not plain_eager(values)):
         fill = torch.full((), value, dtype=values.dtype, device=values.device)
         return torch.where(mask, values, fill)
     # Note [Bitwise fill]
@@ -153,7 +161,8 @@ def fill_unspecified(values: torch.Tensor, mask: torch.Tensor, value: Any) -> to
     # fill's bits) elsewhere; for ``f == 0`` it is ``data & keep``. Exact for every value,
     # in-place on one temporary. (``data * mask`` on the integer view is as exact, but an
     # int64 by bool product takes a slow path: 15x slower at 2M elements.) Autograd,
-    # torch.compile (Inductor fuses ``where`` itself) and other devices use ``where``.
+    # torch.func, torch.compile (Inductor fuses ``where`` itself) and other devices use
+    # ``where`` (:func:`plain_eager`).
     f = torch.tensor(value, dtype=values.dtype).view(bits).item()
     data = values.reshape(-1).view(bits)
     flat = mask.reshape(-1)

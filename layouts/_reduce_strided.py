@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from ._grouping import Grouping, reduce_dense, reduced_shape, sort_order
+from ._grouping import Grouping, plain_eager, reduce_dense, reduced_shape, sort_order
 from ._index import linearize
 from ._vector_mask import vector_mask
 from .registry import Storage
@@ -113,8 +113,7 @@ def fused_masked_sum(values: torch.Tensor, mask: torch.Tensor, dims: tuple[int, 
     fast path does not apply (see Note [Fused masked sum])."""
     bits = BITS.get(values.dtype)
     if (bits is None or not dims or values.numel() < _FUSE_MIN or values.device.type != "cpu"
-            or torch.compiler.is_compiling()
-            or (values.requires_grad and torch.is_grad_enabled())
+            or not plain_eager(values)
             or not values.is_contiguous() or not mask.is_contiguous()):
         return None
     shape = values.shape
