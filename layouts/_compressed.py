@@ -43,7 +43,7 @@ import torch
 from ._index import crow_from_rows, linearize, lookup, rows_from_crow
 from ._linalg import compressed_mask_any, compressed_mm
 from ._lines import compressed_lines
-from ._reduce_sparse import CompressedGrouping
+from ._reduce_sparse import CompressedGrouping, masked_arg, masked_extreme, masked_norm
 from ._shape_compressed import shape_ops
 from .registry import Layout, Storage, get_layout, takes_layout
 
@@ -239,6 +239,23 @@ class Compressed:
             raise ValueError(f"{name} masked tensor: {idx_name} must be sorted and distinct "
                              f"within each {self.line}")
 
+    def reduction_table(self) -> dict[Any, Any]:
+        """The ``reduction`` kernels: fused amax / amin and 2-norm; argmax / argmin over
+        every dim where the storage order is row-major (CSR)."""
+        aten = torch.ops.aten
+        table = {aten.amax.default: masked_extreme, aten.amin.default: masked_extreme,
+                 aten.linalg_vector_norm.default: masked_norm}
+        if self.axis == 0:
+            arg = partial(masked_arg, coords=self.coords_of)
+            table.update({aten.argmax.default: arg, aten.argmin.default: arg})
+        return table
+
+    def coords_of(self, storage: Storage, i: int) -> list[int]:
+        """``[row, col]`` of stored element ``i`` (not blocked)."""
+        ptr, idx = storage.index
+        outer = int(torch.searchsorted(ptr, torch.tensor(i, dtype=ptr.dtype), right=True)) - 1
+        return list(self.swap((outer, int(idx[i]))))
+
     def layout(self, name: str, doc: str = "") -> Layout:
         """A :class:`Layout` record of this format (registered by the caller)."""
         fmt = self
@@ -278,6 +295,7 @@ class Compressed:
             to_torch=self.to_torch, gather=self.gather, to_coo=self.to_coo, from_coo=from_coo,
             validate=self.validate, format_options=self.format_options if self.blocked else None,
             group=None if self.blocked else partial(CompressedGrouping, axis=self.axis),
+            reduction={} if self.blocked else self.reduction_table(),
             lines=None if self.blocked else partial(compressed_lines, axis=self.axis),
             shape_ops={} if self.blocked else shape_ops(self.axis),
             linalg={} if self.blocked else {

@@ -57,27 +57,51 @@ def coalesce_coo(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.is_coalesced() else tensor.coalesce()
 
 
-def cached(owner: torch.Tensor, tag: object, compute: Callable[[], Any]) -> Any:
+def cached(owner: torch.Tensor, tag: object, compute: Callable[[], Any],
+           data: torch.Tensor | None = None) -> Any:
     """``compute()``, cached per ``(owner, tag)`` while the ``owner`` tensor lives.
 
     For facts derived from index tensors only (index tensors are never written in place):
     a matrix's expanded rows, row pointers or present columns are computed once, not by
-    every op that needs them. Nothing is cached while compiling or in inference mode.
+    every op that needs them. A fact that also reads a ``data`` tensor (a mask: how many
+    specified elements each group has) is cached per ``data`` object too, and only while
+    its version counter (and the cached tensor's own) is unchanged (Note [Facts of a
+    mask]). Nothing is cached while compiling or in inference mode.
     """
-    key = (id(owner), tag)
+    if data is not None and torch.compiler.is_compiling():
+        return compute()
+    key = (id(owner), tag) if data is None else (id(owner), tag, id(data))
     entry = _CACHE.get(key)
-    if entry is not None and entry[0]() is owner:
+    if entry is not None and entry[0]() is owner and (
+            data is None or (entry[2]() is data and entry[3] == data._version
+                             and entry[4] == entry[1]._version)):
         return entry[1]
     out = compute()
-    if not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled()):
-        _CACHE[key] = (weakref.ref(owner, partial(_forget, key)), out)
+    if not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled()
+            or (data is not None and data.is_inference())):
+        forget = partial(_forget, key)
+        if data is None:
+            _CACHE[key] = (weakref.ref(owner, forget), out)
+        else:
+            _CACHE[key] = (weakref.ref(owner, forget), out, weakref.ref(data, forget),
+                           data._version, out._version)
     return out
 
 
-_CACHE: dict[tuple[int, object], tuple[weakref.ref, Any]] = {}
+# Note [Facts of a mask]
+# A reduction's result mask (which groups hold a specified element) and a mean's counts
+# read the mask and the index only. Masks are shared objects: every elementwise result keeps
+# its input's mask tensor, so ``(a * w).sum(1)``, ``a.mean(1)``, ``a.amax(1)`` group the
+# same mask by the same index; the count is computed once and reused while the mask object
+# lives and its version counter -- bumped by every in-place write -- is unchanged (the
+# same rule as Note [Known zero fill] in masked_sparse). A mask written behind autograd's
+# back (``.data``, numpy views) is not seen: masks are never written that way here.
 
 
-def _forget(key: tuple[int, object], _: object, cache: dict = _CACHE) -> None:
+_CACHE: dict[tuple, tuple] = {}
+
+
+def _forget(key: tuple, _: object, cache: dict = _CACHE) -> None:
     cache.pop(key, None)  # ``cache`` bound early: the module may be torn down first
 
 

@@ -110,7 +110,7 @@ def _full(value: Any, like: torch.Tensor) -> torch.Tensor:
 
 def fill(values: torch.Tensor, mask: torch.Tensor, value: Any) -> torch.Tensor:
     """``values`` where specified, ``value`` elsewhere (dtype kept)."""
-    return torch.where(mask, values, _full(value, values))
+    return layouts.fill_unspecified(values, mask, value)
 
 
 def identity(op: str, dtype: torch.dtype) -> Any:

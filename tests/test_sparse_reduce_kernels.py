@@ -1,0 +1,201 @@
+"""The fast paths of the sparse reductions give the results of the dense reference.
+
+The paths under test (they only run without autograd, on CPU, and above a size; the
+fixture ``fast`` lowers the sizes so that small inputs take them):
+
+- ``layouts.fill_unspecified``: the bitwise fill (Note [Bitwise fill]), whole-array and
+  block by block, must be bit-identical to ``torch.where``;
+- the 2-norm: the sum of squares fused with the fill, torch's norm over every dim;
+- ``argmax`` / ``argmin`` over every dim of COO / CSR through torch's own ``argmax``;
+  amax / amin / prod scattered from the identity (``include_self``);
+- ``layouts._blocked``: sums and amax/amin fused with the fill -- runs of whole lines
+  (CSR rows, CSC columns, rows of a COO matrix: ordered storage) and scatters into slots
+  or group ids (COO / CSR columns, a 3-D COO grouped by ``unique``: unordered storage);
+- the group counts and result masks cached per index and mask object (Note [Facts of a
+  mask]): a mask written in place, or a result mask written in place, is recomputed.
+
+Each case is checked against the strided reduction of the dense data (the reference the
+layout-agreement tests use) and against the generic sparse route with the fast paths off,
+on inputs with empty rows and columns, fully masked rows and columns, +-inf and NaN, for
+float and int dtypes, with and without ``keepdim``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import layouts
+import layouts._blocked as blocked
+import layouts._grouping as grouping
+import masked_sparse as ms
+from tests.conftest import check_invariants
+
+INF, NAN = math.inf, math.nan
+DTYPES = [torch.float32, torch.float64, torch.int32]
+SPARSE = {"coo": torch.sparse_coo, "csr": torch.sparse_csr, "csc": torch.sparse_csc}
+
+
+@pytest.fixture
+def fast(monkeypatch):
+    """Every fast path runs, with blocks of a few elements (many blocks per input)."""
+    monkeypatch.setattr(blocked, "MIN_SIZE", 1)
+    monkeypatch.setattr(blocked, "BLOCK", 5)
+    monkeypatch.setattr(grouping, "_BITWISE_MIN", 1)
+    monkeypatch.setattr(grouping, "_BITWISE_BLOCK", 3)
+
+
+def _matrix(dtype, shape=(9, 13), seed=0):
+    """Dense data, the mask of specified entries and the stored set of a matrix with empty
+    rows/columns, fully masked stored rows/columns, +-inf and NaN (specified and not)."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        data = (torch.randn(shape, generator=g, dtype=torch.float64) * 3).to(dtype)
+        special = torch.tensor([INF, -INF, NAN, -0.0], dtype=dtype)
+        pick = torch.randint(0, 12, shape, generator=g)
+        data = torch.where(pick < 4, special[pick.clamp(max=3)], data)
+    else:
+        data = torch.randint(-50, 50, shape, generator=g).to(dtype)
+    stored = torch.rand(shape, generator=g) < 0.6
+    mask = stored & (torch.rand(shape, generator=g) < 0.6)
+    stored[1] = False                    # an empty row
+    stored[:, 2] = False                 # an empty column
+    stored[3], mask[3] = True, False     # a full row, all masked out
+    stored[:, 5], mask[:, 5] = True, False
+    mask &= stored
+    return data, mask, stored
+
+
+def _sparse(data, mask, stored, layout):
+    idx = stored.nonzero().t()
+    coo = ms.masked_tensor(torch.sparse_coo_tensor(idx, data[stored], data.shape).coalesce(),
+                           torch.sparse_coo_tensor(idx, mask[stored], data.shape).coalesce())
+    return {"coo": coo, "csr": coo.to_sparse_csr(), "csc": coo.to_sparse_csc()}[layout]
+
+
+def _call(op, mt, dim, keepdim):
+    if op == "norm":
+        return torch.linalg.vector_norm(mt, dim=dim, keepdim=keepdim)
+    if dim is None:
+        return getattr(torch, op)(mt)
+    return getattr(torch, op)(mt, dim, keepdim=keepdim)
+
+
+def _same(got, want):
+    """Same specified set and values there (bit for bit up to summation order)."""
+    gd, gm = got.to_tensor(0).to_dense(), got.get_mask().to_dense()
+    wd, wm = want.to_tensor(0).to_dense(), want.get_mask().to_dense()
+    assert torch.equal(gm, wm), (gm, wm)
+    assert gd.dtype == wd.dtype
+    torch.testing.assert_close(gd, wd, equal_nan=True)
+
+
+OPS = ["sum", "nansum", "mean", "amax", "amin", "prod", "argmax", "argmin", "norm"]
+
+
+@pytest.mark.parametrize("layout", list(SPARSE))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dim,keepdim", [(0, False), (1, False), (1, True), (0, True),
+                                         (None, False)])
+def test_fast_paths_match_dense_and_generic(fast, monkeypatch, layout, dtype, op, dim,
+                                            keepdim):
+    if op in ("mean", "nansum", "norm") and not dtype.is_floating_point:
+        pytest.skip("mean / nansum / norm of an integer MaskedTensor: torch's dtype rules")
+    data, mask, stored = _matrix(dtype)
+    mt = _sparse(data, mask, stored, layout)
+    got = _call(op, mt, dim, keepdim)
+    _same(got, _call(op, ms.masked_tensor(data, mask), dim, keepdim))
+    check_invariants(got)
+    monkeypatch.setattr(blocked, "applies", lambda values, mask: False)
+    monkeypatch.setattr(grouping, "_BITWISE_MIN", 1 << 62)
+    _same(got, _call(op, mt, dim, keepdim))
+
+
+@pytest.mark.parametrize("op", ["sum", "amax", "amin", "mean"])
+@pytest.mark.parametrize("dim", [1, 2, (0, 1)])
+def test_groups_of_a_3d_coo(fast, op, dim):
+    """A sparse 3-D COO tensor: reducing the middle dim groups by ``unique`` (the kept key
+    space is large: unordered group ids), the last dim by ``unique_consecutive`` (ordered
+    group ids), the leading dims into key slots -- each a scatter path."""
+    g = torch.Generator().manual_seed(1)
+    shape = (6, 7, 5000)
+    data = torch.randn(shape, generator=g, dtype=torch.float64)
+    data[:, :, ::7] = NAN
+    data[:, :, 3::11] = -INF
+    stored = torch.rand(shape, generator=g) < 0.01
+    mask = stored & (torch.rand(shape, generator=g) < 0.7)
+    idx = stored.nonzero().t()
+    mt = ms.masked_tensor(torch.sparse_coo_tensor(idx, data[stored], shape).coalesce(),
+                          torch.sparse_coo_tensor(idx, mask[stored], shape).coalesce())
+    got = getattr(torch, op)(mt, dim)
+    _same(got, getattr(torch, op)(ms.masked_tensor(data, mask), dim))
+    check_invariants(got)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64,
+                                   torch.int8, torch.uint8, torch.int16, torch.int32,
+                                   torch.int64], ids=str)
+@pytest.mark.parametrize("n", [1, 3, 4, 11, 50])
+def test_fill_unspecified_is_where_bit_for_bit(fast, dtype, n):
+    g = torch.Generator().manual_seed(n)
+    if dtype.is_floating_point:
+        values = torch.randn(n, generator=g).to(dtype)
+        values[::3] = NAN
+        values[1::4] = -INF
+        values[2::5] = -0.0
+        fills = [0, -0.0, -INF, INF, 1.5]
+    else:
+        values = torch.randint(0, 100, (n,), generator=g).to(dtype)
+        info = torch.iinfo(dtype)
+        fills = [0, info.min, info.max, 7]
+    mask = torch.rand(n, generator=g) < 0.5
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[values.element_size()]
+    for value in fills:
+        got = layouts.fill_unspecified(values, mask, value)
+        want = torch.where(mask, values, torch.tensor(value, dtype=dtype))
+        assert got.dtype == dtype and got.shape == values.shape
+        assert torch.equal(got.view(bits), want.view(bits)), value
+    two_d = layouts.fill_unspecified(values.view(1, n), mask.view(1, n), 0)
+    assert two_d.shape == (1, n)
+
+
+def test_fill_unspecified_keeps_autograd(fast):
+    values = torch.tensor([1.0, 2.0, NAN, 4.0], requires_grad=True)
+    mask = torch.tensor([True, False, False, True])
+    out = layouts.fill_unspecified(values, mask, 0)
+    out.sum().backward()
+    assert values.grad.tolist() == [1.0, 0.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("layout", list(SPARSE))
+@pytest.mark.parametrize("dim", [0, 1])
+def test_cached_counts_follow_in_place_writes(fast, layout, dim):
+    """Counts and result masks are cached per mask object: a write into the mask (a new
+    version) is seen, and so is a write into a result mask that came from the cache."""
+    data, mask, stored = _matrix(torch.float64)
+    mt = _sparse(data, mask, stored, layout)
+    first = mt.mean(dim)
+    _same(first, ms.masked_tensor(data, mask).mean(dim))
+    mt._storage.mask.fill_(False)  # every stored entry now unspecified
+    assert not mt.sum(dim).get_mask().to_dense().any()
+    assert not mt.mean(dim).get_mask().to_dense().any()
+    mt._storage.mask.copy_(stored[stored] if layout == "coo" else mt._storage.mask | True)
+    full = ms.masked_tensor(data, stored)
+    _same(mt.amax(dim), full.amax(dim))
+    out = mt.sum(dim)
+    out._storage.mask.fill_(False)  # a result mask written in place
+    _same(mt.sum(dim), full.sum(dim))
+
+
+@pytest.mark.parametrize("layout", list(SPARSE))
+def test_gradients_skip_the_fast_paths(fast, layout):
+    """With autograd the generic differentiable route runs; its gradients carry the mask."""
+    data, mask, stored = _matrix(torch.float64)
+    data = torch.where(data.isfinite(), data, 1.0)
+    mt = _sparse(data, mask, stored, layout).requires_grad_()
+    (torch.amax(mt, 1).to_tensor(0).sum() + mt.sum(0).to_tensor(0).sum()).backward()
+    grad = mt.grad
+    assert torch.equal(grad.get_mask().to_dense(), mask)
