@@ -152,6 +152,13 @@ class Lift(torch.autograd.Function):
     @staticmethod
     def vmap(info: Any, in_dims: tuple, mt: Any) -> tuple[tuple, tuple]:
         s = mt._storage
+        if s.index:  # a batch dim of the tensor is no dim of its values
+            raise NotImplementedError(
+                f"ms.lift under torch.func.vmap: a batch of {s.layout.name} MaskedTensors "
+                f"has no per-example values tensor; vmap over the strided data instead, "
+                f"ms.as_masked_tensor(x, mask).to_sparse_coo() (or to_sparse_csr(), ...) "
+                f"inside the function, or leave the argument unlifted (vmap runs the "
+                f"masked kernels on it as it is)")
         return (s.values.view_as(s.values), s.mask), (in_dims[0], in_dims[0])
 
 
@@ -177,16 +184,36 @@ def lift(x: Any) -> Any:
     from ._tensor import _wrap
 
     s = _inner(x)._storage
-    if s.index:
+    if s.index and s.layout.torch_layout in _COMPRESSED:
         raise NotImplementedError(sparse_refusal("ms.lift", s.layout.name))
     values, mask = Lift.apply(x)
-    return _wrap(s.layout.build((), values, mask, values.shape))
+    return _wrap(s.layout.build(s.index, values, mask, s.shape if s.index else values.shape))
+
+
+_COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
 
 
 def sparse_refusal(op: str, layout: str) -> str:
-    """Why a sparse MaskedTensor cannot be tracked by a transform, and what works."""
-    return (f"{op}: a {layout} MaskedTensor cannot be tracked inside torch.func.grad / vjp / "
-            f"jacrev / vmap (torch builds no sparse tensor under these transforms); "
-            f"differentiate with torch.autograd (backward(), torch.autograd.grad), use "
-            f"ms.to_tensor / ms.get_data and pointwise ops on the argument as it is, or "
-            f"convert to strided (mt.to_dense()) before the transform")
+    """Why a sparse MaskedTensor cannot be tracked this way by a transform, and what works."""
+    return (f"{op}: a {layout} tensor cannot be tracked inside torch.func.grad / vjp / "
+            f"jacrev / vmap (torch builds no compressed sparse tensor, and no tracked "
+            f"sparse input, under these transforms); track the strided data instead and "
+            f"convert inside the function, ms.as_masked_tensor(x, mask).to_sparse_csr() "
+            f"(any layout), lift a sparse_coo argument with ms.lift, or differentiate with "
+            f"torch.autograd (backward(), torch.autograd.grad)")
+
+
+def check_torch_result(op: str, layout: Any, values: torch.Tensor) -> None:
+    """Refuse a torch compressed sparse result over values a transform tracks.
+
+    Inside ``torch.func`` transforms torch cannot build a CSR / CSC / BSR tensor over its
+    tracked values ("Sparse CSR tensors do not have strides"): ``to_tensor(0)`` /
+    ``get_data()`` of such a MaskedTensor names the routes that work instead.
+    """
+    if (layout.torch_layout in _COMPRESSED and active()
+            and torch._C._functorch.is_functorch_wrapped_tensor(values)):
+        raise NotImplementedError(
+            f"{op}: the result would be a torch {layout.name} tensor over values that "
+            f"torch.func tracks, which torch cannot build inside grad / vjp / jacrev / vmap; "
+            f"take a strided result, mt.to_dense().to_tensor(0) (or .get_data()), or a "
+            f"sparse_coo one, mt.to_sparse_coo().to_tensor(0)")
