@@ -16,6 +16,13 @@ Such MaskedTensors come from ``as_masked_tensor(x, mask)`` with a tracked ``x`` 
 autograd.Function in between), and from :func:`lift`, which turns a MaskedTensor argument
 that the transform wrapped back into a MaskedTensor.
 
+Sparse layouts keep plain tensors too (index, values, mask), so the same holds for them
+once the tracked values are inside: ``as_masked_tensor(x, mask).to_sparse_csr()`` gathers
+``x`` at the mask with plain ops, and every kernel after it runs on those values. What
+torch cannot do under a transform is build a compressed sparse tensor over tracked values
+(CSR / CSC / BSR results: :func:`check_torch_result`) or track a sparse input; ``lift``
+therefore takes COO arguments (whose gradient torch can build) and refuses compressed ones.
+
 One routing detail: an op that reaches ``__torch_dispatch__`` (pointwise ops) goes down the
 dispatcher, where functorch's layers would take the MaskedTensor for a constant and then pop
 themselves before our kernel runs on their wrappers. :func:`dispatch_below` therefore
