@@ -20,8 +20,9 @@ Sparse layouts keep plain tensors too (index, values, mask), so the same holds f
 once the tracked values are inside: ``as_masked_tensor(x, mask).to_sparse_csr()`` gathers
 ``x`` at the mask with plain ops, and every kernel after it runs on those values. What
 torch cannot do under a transform is build a compressed sparse tensor over tracked values
-(CSR / CSC / BSR results: :func:`check_torch_result`) or track a sparse input; ``lift``
-therefore takes COO arguments (whose gradient torch can build) and refuses compressed ones.
+(CSR / CSC / BSR results: :func:`check_torch_result`) or track a sparse input. ``lift``
+takes sparse arguments: the gradient of a compressed one is built in COO, which torch can
+build, and converted back (``_autograd.masked_grad``).
 
 One routing detail: an op that reaches ``__torch_dispatch__`` (pointwise ops) goes down the
 dispatcher, where functorch's layers would take the MaskedTensor for a constant and then pop
@@ -191,13 +192,15 @@ def lift(x: Any) -> Any:
     from ._tensor import _wrap
 
     s = _inner(x)._storage
-    if s.index and s.layout.torch_layout in _COMPRESSED:
-        raise NotImplementedError(sparse_refusal("ms.lift", s.layout.name))
     values, mask = Lift.apply(x)
     return _wrap(s.layout.build(s.index, values, mask, s.shape if s.index else values.shape))
 
 
-_COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+def builds_under_transforms(layout: Any) -> bool:
+    """True when torch can build ``layout``'s torch form over values a transform tracks:
+    strided and COO tensors; not the compressed ones ("Sparse CSR tensors do not have
+    strides"). Layouts with no torch form are not asked."""
+    return layout.torch_layout in (None, torch.strided, torch.sparse_coo)
 
 
 def sparse_refusal(op: str, layout: str) -> str:
@@ -206,8 +209,8 @@ def sparse_refusal(op: str, layout: str) -> str:
             f"jacrev / vmap (torch builds no compressed sparse tensor, and no tracked "
             f"sparse input, under these transforms); track the strided data instead and "
             f"convert inside the function, ms.as_masked_tensor(x, mask).to_sparse_csr() "
-            f"(any layout), lift a sparse_coo argument with ms.lift, or differentiate with "
-            f"torch.autograd (backward(), torch.autograd.grad)")
+            f"(any layout), lift a sparse MaskedTensor argument with ms.lift, or "
+            f"differentiate with torch.autograd (backward(), torch.autograd.grad)")
 
 
 def check_torch_result(op: str, layout: Any, values: torch.Tensor) -> None:
@@ -217,7 +220,7 @@ def check_torch_result(op: str, layout: Any, values: torch.Tensor) -> None:
     tracked values ("Sparse CSR tensors do not have strides"): ``to_tensor(0)`` /
     ``get_data()`` of such a MaskedTensor names the routes that work instead.
     """
-    if (layout.torch_layout in _COMPRESSED and active()
+    if (not builds_under_transforms(layout) and active()
             and torch._C._functorch.is_functorch_wrapped_tensor(values)):
         raise NotImplementedError(
             f"{op}: the result would be a torch {layout.name} tensor over values that "

@@ -320,29 +320,34 @@ def test_func_vmap_and_hessian_on_sparse_layouts(layout):
 
 
 @pytest.mark.parametrize("op", ["sin_mul", "mean1", "amax0", "softmax1"])
-def test_func_grad_of_a_lifted_coo_argument(op):
+@pytest.mark.parametrize("layout", TO_SPARSE, ids=list(TO_SPARSE))
+def test_func_grad_of_a_lifted_sparse_argument(layout, op):
     x, m = _func_case(seed=6)
-    mt = ms.masked_tensor(x, m).to_sparse_coo()
+    mt = TO_SPARSE[layout](ms.masked_tensor(x, m))
     ref = FUNC_OPS[op][1]
     grad = torch.func.grad(lambda a: SPARSE_FUNC_OPS[op](ms.lift(a)).sum())(mt)
     want = torch.func.grad(lambda d: ref(d, m).sum())(x)
-    assert isinstance(grad, ms.MaskedTensor) and grad.layout == torch.sparse_coo
-    assert torch.equal(grad.get_mask().to_dense(), m)
+    assert isinstance(grad, ms.MaskedTensor) and grad.layout == mt.layout
+    assert torch.equal(grad.get_mask().to_dense(), m)  # the argument's mask
     torch.testing.assert_close(grad.to_dense().to_tensor(0), torch.where(m, want, 0))
-    # a torch sparse_coo result inside grad / vjp: torch wraps it
-    out, pullback = torch.func.vjp(lambda a: ms.lift(a).sum(1).to_tensor(0).to_dense(), mt)
-    torch.testing.assert_close(out, torch.where(m, x, 0).sum(1))
+    out, pullback = torch.func.vjp(lambda a: SPARSE_FUNC_OPS["mean1"](ms.lift(a)), mt)
+    torch.testing.assert_close(out, FUNC_OPS["mean1"][1](x, m))
     torch.testing.assert_close(pullback(torch.ones(SHAPE[0], dtype=F64))[0].to_dense()
-                               .to_tensor(0), m.to(F64))
+                               .to_tensor(0), (m / m.sum(1, keepdim=True)).to(F64))
+
+
+def test_func_torch_coo_result_under_grad():
+    x, m = _func_case(seed=9)  # a torch sparse_coo result (to_tensor(0)) is one torch wraps
+    got = torch.func.grad(lambda d: ms.as_masked_tensor(d, m).to_sparse_coo().sum(1)
+                          .to_tensor(0).to_dense().pow(2).sum())(x)
+    torch.testing.assert_close(got, torch.where(m, 2 * torch.where(m, x, 0).sum(1, True), 0))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS[1:], ids=LAYOUT_IDS[1:])
 def test_func_sparse_masked_tensors_say_what_works(layout):
     mt, _, _ = make_masked(SHAPE, layout, F64, seed=8)
     x, m = _func_case(seed=8)
-    if layout == torch.sparse_csr:  # torch.func cannot track a compressed sparse tensor
-        with pytest.raises(NotImplementedError, match=r"as_masked_tensor\(x, mask\)"):
-            torch.func.grad(lambda a: ms.lift(a).sum().to_tensor(0))(mt)
+    if layout == torch.sparse_csr:  # torch.func cannot build a compressed sparse result
         with pytest.raises(NotImplementedError, match=r"to_dense\(\)\.to_tensor\(0\)"):
             torch.func.grad(lambda d: ms.as_masked_tensor(d, m).to_sparse_csr().sin()
                             .to_tensor(0).to_dense().sum())(x)
