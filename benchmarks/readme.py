@@ -118,7 +118,10 @@ def section(env: dict[str, Any], scipy_results: list[dict], goals: dict[str, lis
         "**Against scipy.sparse** on its own reductions of one 100000 × 20000 matrix with 2M "
         "stored entries, 90% specified (`benchmarks/bench_scipy.py`; scipy gets the specified "
         "entries only, every result checked against scipy's first, Note [A fair scipy "
-        "baseline]). Target: ≤ 1×.", ""]
+        "baseline]). Target: ≤ 1×. masked_sparse's times are for a repeated reduction of "
+        "the same masked tensor: the per-group counts and result masks are cached per mask "
+        "object (Note [Facts of a mask] in `layouts/_index.py`), so the first reduction "
+        "after a new mask costs about 1.3-1.6× the time shown.", ""]
     lines += scipy_table(scipy_results)
     lines += ["", "**Every sparse reduction at 1M entries ÷ raw**, the best plain-torch "
               "computation on the stored values without a mask (`benchmarks/bench_goals.py`, "

@@ -32,6 +32,7 @@ import torch
 
 import masked_sparse as ms
 from benchmarks import harness
+from benchmarks.bench_core import _quiet
 from benchmarks.raw_reductions import groups_of, raw_reduction
 
 SIZES = (10**3, 10**4, 10**5, 10**6, 10**7)
@@ -54,14 +55,6 @@ def pattern(nnz: int, gen: torch.Generator) -> tuple[torch.Tensor, tuple[int, in
     else:  # sorted distinct keys; about nnz**2 / (2 n**2) = 200 collisions fewer than nnz
         keys = torch.randint(0, n * n, (nnz,), generator=gen).unique()
     return torch.stack([keys // n, keys % n]), (n, n)
-
-
-def _quiet(fn: Any) -> Any:
-    def run() -> Any:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return fn()
-    return run
 
 
 def point_cases(nnz: int, gen: torch.Generator) -> list[tuple[str, str, harness.Case]]:

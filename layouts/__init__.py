@@ -22,7 +22,7 @@ from . import sparse_csc  # noqa: F401
 
 # isort: split
 from . import sparse_bsr  # noqa: F401
-from ._grouping import Grouping, fill_unspecified, zero_unspecified
+from ._grouping import Grouping, fill_unspecified, identity, zero_unspecified
 from ._index import linearize
 from ._linalg import sparse_mm, sparse_sparse_mm, specified_lines
 from ._lines import Lines, lines_along
@@ -52,6 +52,7 @@ __all__ = [
     "drop_unspecified",
     "expand_specified",
     "fill_unspecified",
+    "identity",
     "get_layout",
     "read_at",
     "read_broadcast",

@@ -50,6 +50,7 @@ Primitives (all on plain tensors, differentiable with respect to ``values``)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -135,6 +136,21 @@ def plain_eager(values: torch.Tensor) -> bool:
     return (values.device.type == "cpu" and not torch.compiler.is_compiling()
             and not (values.requires_grad and torch.is_grad_enabled())
             and not torch._C._are_functorch_transforms_active())
+
+
+def identity(op: str, dtype: torch.dtype) -> float | int | bool:
+    """The identity of ``op`` ("amax" or "amin") in ``dtype``: what an unspecified element
+    reads so that it never wins.
+
+    >>> identity("amax", torch.int8), identity("amin", torch.float32)
+    (-128, inf)
+    """
+    if dtype == torch.bool:
+        return op == "amin"
+    if dtype.is_floating_point:
+        return -math.inf if op == "amax" else math.inf
+    info = torch.iinfo(dtype)
+    return info.min if op == "amax" else info.max
 
 
 def fill_unspecified(values: torch.Tensor, mask: torch.Tensor, value: Any) -> torch.Tensor:

@@ -134,6 +134,13 @@ def sparse_mm(storage: Storage, dense: torch.Tensor, transpose: bool = False) ->
     The layout's ``linalg[aten.mm.default]`` kernel, else the COO kernel on its COO form
     (differentiable through ``to_coo``). ``dense`` is 2-D with ``S``'s dtype.
     """
+    if torch.compiler.is_compiling():
+        # torch's fake tensors cannot build the sparse compressed tensor that the product
+        # runs in (a device error deep in Dynamo otherwise): say what works.
+        raise NotImplementedError(
+            f"matrix product of a {storage.layout.name} MaskedTensor inside torch.compile: "
+            f"torch cannot trace sparse matrix products; compute it outside the compiled "
+            f"function, or compile the strided form (.to_dense())")
     kernel = storage.layout.linalg.get(aten.mm.default)
     if kernel is None:
         storage = storage.layout.to_coo(storage)

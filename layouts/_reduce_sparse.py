@@ -38,6 +38,7 @@ from ._grouping import (
     _BITS,
     Grouping,
     fill_unspecified,
+    identity,
     plain_eager,
     reduce_dense,
     reduced_shape,
@@ -192,13 +193,13 @@ class CooGrouping(Grouping):
         not apply (autograd, dense dims, small or other inputs): use ``reduce``."""
         if self.value_dims or self.single or not _blocked.applies(values, mask):
             return None
-        identity = 0 if op == "sum" else _identity(op, values.dtype)
+        start = 0 if op == "sum" else identity(op, values.dtype)
         if self._present is not None:
-            slots = _blocked.scatter(values, mask, identity, op, self._keys,
+            slots = _blocked.scatter(values, mask, start, op, self._keys,
                                      self._present.numel())
             return slots.index_select(0, self._uniq)
         if self.gid is not None:
-            return _blocked.scatter(values, mask, identity, op, self.gid, self.ngroups)
+            return _blocked.scatter(values, mask, start, op, self.gid, self.ngroups)
         return None
 
     # -- primitives --------------------------------------------------------------------
@@ -248,7 +249,7 @@ class CooGrouping(Grouping):
         if op in ("amax", "amin", "prod") and plain_eager(v):
             # Every slot has an element: starting from the identity gives the same result,
             # and include_self=True is 2-3x faster than the initialization pass of False.
-            init = 1 if op == "prod" else _identity(op, v.dtype)
+            init = 1 if op == "prod" else identity(op, v.dtype)
             return v.new_full(shape, init).scatter_reduce_(0, index, v, op)
         # Note: scatter_reduce's backward shares the gradient of amax/amin with the initial
         # ``self`` value when it ties with the result, even with include_self=False; NaN
@@ -399,8 +400,8 @@ class CompressedGrouping(CooGrouping):
         inner = self.coords[self.dims[0]]
         cuts = cached(self.ptr, "cuts", lambda: _blocked.line_cuts(
             torch.cat([self.offsets[self.lines], self.offsets[-1:]]), inner.dtype))
-        identity = 0 if op == "sum" else _identity(op, values.dtype)
-        return _blocked.segments(values, mask, identity, op, cuts, self.ngroups, inner,
+        start = 0 if op == "sum" else identity(op, values.dtype)
+        return _blocked.segments(values, mask, start, op, cuts, self.ngroups, inner,
                                  self.inner)
 
     def _with_gid(self) -> None:
@@ -472,16 +473,6 @@ class CompressedGrouping(CooGrouping):
         if self.keepdim and len(self.out_shape) == 2 and self.source.layout is not self.coo:
             return self.source.layout.from_coo(out)
         return out
-
-
-def _identity(op: str, dtype: torch.dtype) -> float | int | bool:
-    """The identity of ``amax`` / ``amin`` in ``dtype``."""
-    if dtype == torch.bool:
-        return op == "amin"
-    if dtype.is_floating_point:
-        return -math.inf if op == "amax" else math.inf
-    info = torch.iinfo(dtype)
-    return info.min if op == "amax" else info.max
 
 
 def _lines(ptr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -600,7 +591,7 @@ def masked_arg(storage: Storage, dims: tuple[int, ...], keepdim: bool, op: str,
     if (with_values or keepdim or len(dims) != len(storage.shape) or values.dim() != 1
             or values.numel() == 0 or values.dtype not in _BITS or not plain_eager(values)):
         return NotImplemented
-    filled = fill_unspecified(values.detach(), mask, _identity(op, values.dtype))
+    filled = fill_unspecified(values.detach(), mask, identity(op, values.dtype))
     at = int(filled.argmax() if op == "amax" else filled.argmin())
     if not bool(mask[at]):
         return NotImplemented

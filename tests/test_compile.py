@@ -89,7 +89,18 @@ FAMILIES = {
     "softmax": lambda x: (x.softmax(1), x.log_softmax(0), torch.softmax(x, -1)),
     "to_tensor": lambda x: (x.to_tensor(0), x.to_tensor(-math.inf), x.get_mask(),
                             x.get_data()),
+    "matmul": lambda x: _matmuls(x),
 }
+
+
+def _matmuls(x):
+    """The matrix-product family on a (4, 6) masked ``x``: masked @ plain, masked @ masked,
+    ``mm``, ``mv``, ``bmm``, ``addmm``, ``F.linear`` with a bias and ``einsum``."""
+    w = torch.linspace(-1, 1, 18, device=x.device).reshape(6, 3)
+    b = torch.arange(3.0, device=x.device)
+    return (x @ w, x @ x.T, torch.mm(x, w), torch.mv(x, w[:, 0]),
+            torch.bmm(x.unsqueeze(0), w.unsqueeze(0)), torch.addmm(b, x, w),
+            torch.nn.functional.linear(x, w.T, b), torch.einsum("ij,jk->ik", x, w))
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -212,13 +223,12 @@ def test_construction_and_autograd_inside_compiled_function(device):
         assert not p.grad.isnan().any()
 
 
-def test_masked_leaf_gradient_through_compiled_function(device):
+@pytest.mark.parametrize("fn", [lambda x: x.exp().softmax(1).amax(1).sum(),
+                                lambda x: sum(y.sum().to_tensor(0) for y in _matmuls(x))],
+                         ids=["softmax-amax", "matmul"])
+def test_masked_leaf_gradient_through_compiled_function(device, fn):
     mt = masked((4, 6), device).requires_grad_()
     ref_mt = masked((4, 6), device).requires_grad_()
-
-    def fn(x):
-        return x.exp().softmax(1).amax(1).sum()
-
     fn(ref_mt).backward()
     compiled(fn)(mt).backward()
     assert_same(mt.grad, ref_mt.grad)
@@ -232,6 +242,7 @@ SPARSE_FAMILIES = {  # family -> (function, compiles in one graph)
     "reduction along a dim": (lambda x: (x.sum(1), x.amax(0)), False),
     "softmax": (lambda x: x.softmax(1), False),
     "to_tensor": (lambda x: (x.to_tensor(0), x.get_mask(), x.to_tensor(1.5)), False),
+    "matmul": (lambda x: (x @ torch.ones(6, 2, device=x.device)).sin() * 2, False),
 }
 
 
@@ -239,7 +250,14 @@ SPARSE_FAMILIES = {  # family -> (function, compiles in one graph)
 # compressed code), so they run the families that compile differently: kept short for CI.
 SPARSE_CASES = [(lay, fam) for lay in ("sparse_coo", "sparse_csr") for fam in SPARSE_FAMILIES]
 SPARSE_CASES += [(lay, fam) for lay in ("sparse_csc", "sparse_bsr")
-                 for fam in ("pointwise", "full reduction", "to_tensor")]
+                 for fam in ("pointwise", "full reduction", "to_tensor", "matmul")]
+
+
+def test_sparse_matmul_under_fullgraph_names_the_way_out():
+    mt = masked((4, 6), "cpu", "sparse_csr")
+    fn = torch.compile(lambda x: x @ torch.ones(6, 2), fullgraph=True, backend="aot_eager")
+    with pytest.raises(Exception, match="compute it outside the compiled function"):
+        fn(mt)
 
 
 @pytest.mark.parametrize(("layout", "family"), SPARSE_CASES)

@@ -113,14 +113,7 @@ def fill(values: torch.Tensor, mask: torch.Tensor, value: Any) -> torch.Tensor:
     return layouts.fill_unspecified(values, mask, value)
 
 
-def identity(op: str, dtype: torch.dtype) -> Any:
-    """The identity element of ``op`` ("amax", "amin") for ``dtype``."""
-    if dtype == torch.bool:
-        return op == "amin"
-    if dtype.is_floating_point:
-        return -math.inf if op == "amax" else math.inf
-    info = torch.iinfo(dtype)
-    return info.min if op == "amax" else info.max
+identity = layouts.identity
 
 
 def source(g: Grouping, dtype: torch.dtype | None = None,
