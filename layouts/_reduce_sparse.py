@@ -413,7 +413,11 @@ class CompressedGrouping(CooGrouping):
     def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
         if not self.by_lines:
             return super().reduce(values, op)
-        if values.is_floating_point() and op in self._SEGMENT_OPS:
+        # Note [segment_reduce under torch.func]: torch has no batching rule, forward AD or
+        # double backward for segment_reduce; inside a transform the lines take the
+        # generic per-element route below (scatter / index_add over the group ids).
+        if (values.is_floating_point() and op in self._SEGMENT_OPS
+                and not torch._C._are_functorch_transforms_active()):
             if (op == "sum" and values.dim() == 1
                     and not (values.requires_grad and torch.is_grad_enabled())):
                 return self._line_sums(values)

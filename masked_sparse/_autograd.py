@@ -206,8 +206,22 @@ def masked_grad(s: Storage, values: torch.Tensor) -> MaskedTensor:
     if torch.is_grad_enabled() and values.requires_grad:
         from ._construct import masked_over
 
+        if _func.active() and not _func.builds_under_transforms(s.layout):
+            return _compressed_grad_under_func(s, values)
         return masked_over(s.layout.to_torch(s, values), s.layout.to_torch(s, s.mask))
     return _wrap(s.with_values(values))
+
+
+def _compressed_grad_under_func(s: Storage, values: torch.Tensor) -> MaskedTensor:
+    """:func:`masked_grad` of a compressed layout inside a ``torch.func`` transform, which
+    cannot build a torch CSR / CSC / BSR tensor over its tracked values: built in COO (a
+    torch sparse tensor it can build) and converted back, differentiably."""
+    from ._construct import masked_over
+    from .ops.conversion import to_layout
+
+    coo = s.layout.to_coo(s.with_values(values))
+    mt = masked_over(coo.layout.to_torch(coo, coo.values), coo.layout.to_torch(coo, coo.mask))
+    return to_layout(_func.lift(mt), s.layout, **s.layout.options_of(s))
 
 
 def on_values(fn: Kernel, inputs: Sequence[MaskedTensor], *extra: Any) -> Any:

@@ -16,6 +16,14 @@ Such MaskedTensors come from ``as_masked_tensor(x, mask)`` with a tracked ``x`` 
 autograd.Function in between), and from :func:`lift`, which turns a MaskedTensor argument
 that the transform wrapped back into a MaskedTensor.
 
+Sparse layouts keep plain tensors too (index, values, mask), so the same holds for them
+once the tracked values are inside: ``as_masked_tensor(x, mask).to_sparse_csr()`` gathers
+``x`` at the mask with plain ops, and every kernel after it runs on those values. What
+torch cannot do under a transform is build a compressed sparse tensor over tracked values
+(CSR / CSC / BSR results: :func:`check_torch_result`) or track a sparse input. ``lift``
+takes sparse arguments: the gradient of a compressed one is built in COO, which torch can
+build, and converted back (``_autograd.masked_grad``).
+
 One routing detail: an op that reaches ``__torch_dispatch__`` (pointwise ops) goes down the
 dispatcher, where functorch's layers would take the MaskedTensor for a constant and then pop
 themselves before our kernel runs on their wrappers. :func:`dispatch_below` therefore
@@ -152,6 +160,13 @@ class Lift(torch.autograd.Function):
     @staticmethod
     def vmap(info: Any, in_dims: tuple, mt: Any) -> tuple[tuple, tuple]:
         s = mt._storage
+        if s.index:  # a batch dim of the tensor is no dim of its values
+            raise NotImplementedError(
+                f"ms.lift under torch.func.vmap: a batch of {s.layout.name} MaskedTensors "
+                f"has no per-example values tensor; vmap over the strided data instead, "
+                f"ms.as_masked_tensor(x, mask).to_sparse_coo() (or to_sparse_csr(), ...) "
+                f"inside the function, or leave the argument unlifted (vmap runs the "
+                f"masked kernels on it as it is)")
         return (s.values.view_as(s.values), s.mask), (in_dims[0], in_dims[0])
 
 
@@ -177,16 +192,38 @@ def lift(x: Any) -> Any:
     from ._tensor import _wrap
 
     s = _inner(x)._storage
-    if s.index:
-        raise NotImplementedError(sparse_refusal("ms.lift", s.layout.name))
     values, mask = Lift.apply(x)
-    return _wrap(s.layout.build((), values, mask, values.shape))
+    return _wrap(s.layout.build(s.index, values, mask, s.shape if s.index else values.shape))
+
+
+def builds_under_transforms(layout: Any) -> bool:
+    """True when torch can build ``layout``'s torch form over values a transform tracks:
+    strided and COO tensors; not the compressed ones ("Sparse CSR tensors do not have
+    strides"). Layouts with no torch form are not asked."""
+    return layout.torch_layout in (None, torch.strided, torch.sparse_coo)
 
 
 def sparse_refusal(op: str, layout: str) -> str:
-    """Why a sparse MaskedTensor cannot be tracked by a transform, and what works."""
-    return (f"{op}: a {layout} MaskedTensor cannot be tracked inside torch.func.grad / vjp / "
-            f"jacrev / vmap (torch builds no sparse tensor under these transforms); "
-            f"differentiate with torch.autograd (backward(), torch.autograd.grad), use "
-            f"ms.to_tensor / ms.get_data and pointwise ops on the argument as it is, or "
-            f"convert to strided (mt.to_dense()) before the transform")
+    """Why a sparse MaskedTensor cannot be tracked this way by a transform, and what works."""
+    return (f"{op}: a {layout} tensor cannot be tracked inside torch.func.grad / vjp / "
+            f"jacrev / vmap (torch builds no compressed sparse tensor, and no tracked "
+            f"sparse input, under these transforms); track the strided data instead and "
+            f"convert inside the function, ms.as_masked_tensor(x, mask).to_sparse_csr() "
+            f"(any layout), lift a sparse MaskedTensor argument with ms.lift, or "
+            f"differentiate with torch.autograd (backward(), torch.autograd.grad)")
+
+
+def check_torch_result(op: str, layout: Any, values: torch.Tensor) -> None:
+    """Refuse a torch compressed sparse result over values a transform tracks.
+
+    Inside ``torch.func`` transforms torch cannot build a CSR / CSC / BSR tensor over its
+    tracked values ("Sparse CSR tensors do not have strides"): ``to_tensor(0)`` /
+    ``get_data()`` of such a MaskedTensor names the routes that work instead.
+    """
+    if (not builds_under_transforms(layout) and active()
+            and torch._C._functorch.is_functorch_wrapped_tensor(values)):
+        raise NotImplementedError(
+            f"{op}: the result would be a torch {layout.name} tensor over values that "
+            f"torch.func tracks, which torch cannot build inside grad / vjp / jacrev / vmap; "
+            f"take a strided result, mt.to_dense().to_tensor(0) (or .get_data()), or a "
+            f"sparse_coo one, mt.to_sparse_coo().to_tensor(0)")

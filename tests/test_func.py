@@ -249,15 +249,117 @@ def test_func_functional_api_lifts_its_argument():
     torch.testing.assert_close(grad.to_tensor(0), torch.where(m, want, 0))
 
 
+# -- torch.func on sparse layouts: the transform tracks strided data, the function converts --
+# The MaskedTensor over the tracked data converts to a sparse layout (its values gathered at
+# the mask: plain ops), and every masked op after it is the layout's kernel on those values.
+# Results are taken strided (``to_dense``): torch.func cannot build a compressed result.
+TO_SPARSE = {
+    "coo": lambda mt: mt.to_sparse_coo(),
+    "csr": lambda mt: mt.to_sparse_csr(),
+    "csc": lambda mt: mt.to_sparse_csc(),
+    "bsr": lambda mt: mt.to_sparse_bsr((1, 1)),
+}
+
+
+def _strided_out(mt):
+    return mt.to_dense().to_tensor(0)
+
+
+SPARSE_FUNC_OPS = {  # name -> masked function of a sparse MaskedTensor (strided result)
+    "sin_mul": lambda mt: _strided_out(mt.sin() * mt),
+    "sum": lambda mt: _strided_out(mt.sum()),
+    "mean1": lambda mt: _strided_out(mt.mean(1)),
+    "amax0": lambda mt: _strided_out(mt.amax(0)),
+    "var1": lambda mt: _strided_out(mt.var(1)),
+    "softmax1": lambda mt: _strided_out(mt.softmax(1)),
+    "log_softmax0": lambda mt: _strided_out(torch.log_softmax(mt, 0)),
+}
+
+
+def _sparse_case(layout, op, seed=5):
+    x, m = _func_case(seed)
+    to_sparse, fn = TO_SPARSE[layout], SPARSE_FUNC_OPS[op]
+    ref = FUNC_OPS[op][1] or _var1
+    assert ms.layout_of(to_sparse(ms.masked_tensor(x, m))).name.endswith(layout)
+    return x, m, (lambda d: fn(to_sparse(ms.as_masked_tensor(d, m)))), ref
+
+
+@pytest.mark.parametrize("op", SPARSE_FUNC_OPS, ids=list(SPARSE_FUNC_OPS))
+@pytest.mark.parametrize("layout", TO_SPARSE, ids=list(TO_SPARSE))
+def test_func_grad_vjp_jacrev_on_sparse_layouts(layout, op):
+    x, m, masked, ref = _sparse_case(layout, op)
+    w = torch.rand(ref(x, m).shape, dtype=F64)
+    got = torch.func.grad(lambda d: (masked(d) * w).sum())(x)
+    want = torch.func.grad(lambda d: (ref(d, m) * w).sum())(x)
+    torch.testing.assert_close(got, torch.where(m, want, 0))
+
+    out, pullback = torch.func.vjp(masked, x)
+    torch.testing.assert_close(out, ref(x, m))
+    torch.testing.assert_close(pullback(w)[0], got)
+
+    jac = torch.func.jacrev(masked)(x)
+    torch.testing.assert_close(jac, torch.where(m, torch.func.jacrev(lambda d: ref(d, m))(x), 0))
+
+
+@pytest.mark.parametrize("layout", TO_SPARSE, ids=list(TO_SPARSE))
+def test_func_vmap_and_hessian_on_sparse_layouts(layout):
+    x, m, masked, ref = _sparse_case(layout, "softmax1")
+    batch = torch.stack([x, x.flip(1), 2 * x])
+    got = torch.func.vmap(masked)(batch)
+    torch.testing.assert_close(got, torch.stack([ref(b, m) for b in batch]))
+
+    per_example = torch.func.vmap(torch.func.grad(lambda d: masked(d).pow(2).sum()))(batch)
+    want = torch.func.vmap(torch.func.grad(lambda d: ref(d, m).pow(2).sum()))(batch)
+    torch.testing.assert_close(per_example, torch.where(m, want, 0))
+
+    hess = torch.func.hessian(lambda d: masked(d).pow(2).sum())(x)
+    hess_ref = torch.func.hessian(lambda d: ref(d, m).pow(2).sum())(x)
+    keep = m.reshape(-1, 1) & m.reshape(1, -1)
+    torch.testing.assert_close(hess.reshape(keep.shape),
+                               torch.where(keep, hess_ref.reshape(keep.shape), 0))
+
+
+@pytest.mark.parametrize("op", ["sin_mul", "mean1", "amax0", "softmax1"])
+@pytest.mark.parametrize("layout", TO_SPARSE, ids=list(TO_SPARSE))
+def test_func_grad_of_a_lifted_sparse_argument(layout, op):
+    x, m = _func_case(seed=6)
+    mt = TO_SPARSE[layout](ms.masked_tensor(x, m))
+    ref = FUNC_OPS[op][1]
+    grad = torch.func.grad(lambda a: SPARSE_FUNC_OPS[op](ms.lift(a)).sum())(mt)
+    want = torch.func.grad(lambda d: ref(d, m).sum())(x)
+    assert isinstance(grad, ms.MaskedTensor) and grad.layout == mt.layout
+    assert torch.equal(grad.get_mask().to_dense(), m)  # the argument's mask
+    torch.testing.assert_close(grad.to_dense().to_tensor(0), torch.where(m, want, 0))
+    out, pullback = torch.func.vjp(lambda a: SPARSE_FUNC_OPS["mean1"](ms.lift(a)), mt)
+    torch.testing.assert_close(out, FUNC_OPS["mean1"][1](x, m))
+    torch.testing.assert_close(pullback(torch.ones(SHAPE[0], dtype=F64))[0].to_dense()
+                               .to_tensor(0), (m / m.sum(1, keepdim=True)).to(F64))
+
+
+def test_func_torch_coo_result_under_grad():
+    x, m = _func_case(seed=9)  # a torch sparse_coo result (to_tensor(0)) is one torch wraps
+    got = torch.func.grad(lambda d: ms.as_masked_tensor(d, m).to_sparse_coo().sum(1)
+                          .to_tensor(0).to_dense().pow(2).sum())(x)
+    torch.testing.assert_close(got, torch.where(m, 2 * torch.where(m, x, 0).sum(1, True), 0))
+
+
 @pytest.mark.parametrize("layout", LAYOUTS[1:], ids=LAYOUT_IDS[1:])
 def test_func_sparse_masked_tensors_say_what_works(layout):
     mt, _, _ = make_masked(SHAPE, layout, F64, seed=8)
-    with pytest.raises(NotImplementedError, match="torch.autograd"):
-        torch.func.grad(lambda a: ms.lift(a).sum().to_tensor(0))(mt)
-    if layout == torch.sparse_coo:  # torch.func cannot even take a compressed sparse input
-        with pytest.raises(NotImplementedError, match="to_dense"):
+    x, m = _func_case(seed=8)
+    if layout == torch.sparse_csr:  # torch.func cannot build a compressed sparse result
+        with pytest.raises(NotImplementedError, match=r"to_dense\(\)\.to_tensor\(0\)"):
+            torch.func.grad(lambda d: ms.as_masked_tensor(d, m).to_sparse_csr().sin()
+                            .to_tensor(0).to_dense().sum())(x)
+        with pytest.raises(NotImplementedError, match=r"to_dense\(\)\.to_tensor\(0\)"):
+            torch.func.vmap(lambda d: ms.as_masked_tensor(d, m).to_sparse_csr().get_data())(
+                x[None])
+    else:  # nor a sparse input it is given, nor a batch of sparse arguments
+        with pytest.raises(NotImplementedError, match=r"as_masked_tensor\(x, mask\)"):
             torch.func.grad(lambda d: ms.as_masked_tensor(d, mt.get_mask()).sum().to_tensor(0))(
                 mt.get_data())
+        with pytest.raises(NotImplementedError, match="vmap over the strided data"):
+            torch.func.vmap(lambda a: ms.lift(a).sum().to_tensor(0))(mt)
     # what works on the argument as it is: pointwise ops, then a dense result (torch.func
     # cannot wrap a compressed sparse result, so not to_tensor(0) / get_data there)
     out, pullback = torch.func.vjp(lambda a: ms.to_tensor(a.sin() * 2, -1.0), mt)

@@ -13,6 +13,7 @@ import torch
 import layouts
 from layouts import Storage
 
+from .. import _func
 from .._autograd import grad_on, grad_values, masked_grad, on_values
 from .._memory import check_fits
 from .._registry import implements
@@ -79,7 +80,10 @@ def _data(s: Storage, values: torch.Tensor) -> torch.Tensor:
     """The layout's ``get_data`` kernel, else its plain torch form (``to_torch``)."""
     own = s.layout.get_data
     out = own(s, values) if own is not None else NotImplemented
-    return s.layout.to_torch(s, values) if out is NotImplemented else out
+    if out is NotImplemented:
+        _func.check_torch_result("get_data", s.layout, values)
+        return s.layout.to_torch(s, values)
+    return out
 
 
 class _GetMask(torch.autograd.Function):
@@ -161,7 +165,10 @@ def _fill(s: Storage, value: Any) -> torch.Tensor:
         # One pass, no ``~mask`` temporary: cheaper than ``masked_fill`` at every size. A
         # Python 0 (False for bool) keeps the values' dtype and costs less than a 0-d tensor.
         filled = torch.where(s.mask, s.values, False if s.values.dtype == torch.bool else 0)
-        return s.layout.to_torch(s, filled) if s.index else filled
+        if not s.index:
+            return filled
+        _func.check_torch_result("to_tensor(0)", s.layout, filled)
+        return s.layout.to_torch(s, filled)
     if not s.index:
         return s.values.masked_fill(~s.mask, value)
     check_fits(f"to_tensor({value!r}) of a {s.layout.name} MaskedTensor", "strided", s.shape,
