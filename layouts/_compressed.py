@@ -20,12 +20,9 @@ BSC is ``Compressed(axis=1, blocked=True)`` and comes for free; it is not regist
 user-visible addition outside this change: ``to_sparse_bsc`` still says it has no layout).
 
 >>> import torch, layouts
->>> csc = layouts.get_layout(torch.sparse_csc)
->>> s = csc.from_strided(torch.tensor([[1., 2.], [3., 4.]]), torch.tensor([[True, False],
-...                                                                       [True, True]]))
->>> s.values.tolist()   # column by column
-[1.0, 3.0, 4.0]
 >>> bsr = layouts.get_layout(torch.sparse_bsr)
+>>> s = bsr.from_strided(torch.tensor([[1., 2.], [3., 4.]]), torch.tensor([[True, False],
+...                                                                       [True, True]]))
 >>> b = bsr.from_coo(layouts.convert(s, "sparse_coo"), blocksize=(1, 2))
 >>> b.values.shape, b.index[1].tolist()
 (torch.Size([2, 1, 2]), [0, 0])
