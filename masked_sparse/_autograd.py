@@ -184,14 +184,26 @@ def values_of(mt: MaskedTensor) -> torch.Tensor:
 
 
 def grad_values(grad: Any, s: Storage) -> torch.Tensor:
-    """An incoming gradient's values at ``s``'s stored positions, 0 where it is unspecified,
-    differentiable in ``grad`` (Note [Double backward])."""
+    """An incoming gradient's values at ``s``'s stored positions, 0 where it is unspecified;
+    differentiable in ``grad`` while a backward builds a graph (Note [Double backward]).
+
+    >>> import torch, layouts
+    >>> s = layouts.get_layout("strided").from_strided(torch.zeros(3), torch.ones(3) > 0)
+    >>> from masked_sparse import masked_tensor  # its unspecified values never leak
+    >>> grad_values(masked_tensor(torch.tensor([5., 99., 7.]),
+    ...                           torch.tensor([True, False, True])), s).tolist()
+    [5.0, 0.0, 7.0]
+    """
     if not isinstance(grad, MaskedTensor):
         if grad.layout != torch.strided and grad.requires_grad:
             grad = grad.to_dense()  # torch's sparse accessors would cut the graph
-        return grad_on(grad, s)[0]
-    g = grad._storage
-    values, mask = layouts.read_at(g.with_values(values_of(grad)), s)
+        values, mask = grad_on(grad, s)
+    else:
+        g = grad._storage
+        data = values_of(grad) if torch.is_grad_enabled() else g.values
+        values, mask = layouts.read_at(g.with_values(data), s)
+    if mask is s.mask:
+        return values
     return torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
 
 

@@ -139,10 +139,9 @@ class _AsMasked(torch.autograd.Function):
 
 def _masked_values(s: Storage, grad: torch.Tensor) -> torch.Tensor:
     """The incoming gradient read at ``s``'s stored positions, 0 where unspecified."""
-    from ._autograd import grad_on, grad_values
+    from ._autograd import grad_values
 
-    # Note [Double backward]: when the backward builds a graph, read ``grad`` differentiably.
-    values = grad_values(grad, s) if torch.is_grad_enabled() else grad_on(grad, s)[0]
+    values = grad_values(grad, s)  # Note [Double backward]
     return torch.where(s.mask, values, torch.zeros((), dtype=values.dtype,
                                                    device=values.device))
 

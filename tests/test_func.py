@@ -109,6 +109,15 @@ def test_plain_leaf_gradient_matches_dense_where_model(layout):
     torch.testing.assert_close(dense(data.grad), torch.where(mx, x.grad, 0))
 
 
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_plain_leaf_takes_no_value_the_masked_gradient_leaves_unspecified(layout):
+    data, mask, dx, mx = leaf_of(layout, seed=7)
+    g = torch.arange(15, dtype=F64).reshape(SHAPE) + 100
+    gmask = mx & (torch.arange(15).reshape(SHAPE) % 2 == 0)  # half of the specified ones
+    mt = ms.as_masked_tensor(data, mask)
+    mt.backward(ms.to_layout(ms.masked_tensor(g, gmask), ms.layout_of(mt)))
+    torch.testing.assert_close(dense(data.grad), torch.where(gmask, g, 0))
+
 
 def test_vjp_through_as_masked_tensor_pointwise():
     data, mask, dx, mx = leaf_of(torch.strided, seed=6)

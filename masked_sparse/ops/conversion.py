@@ -14,7 +14,7 @@ import layouts
 from layouts import Storage
 
 from .. import _func
-from .._autograd import grad_on, grad_values, masked_grad, on_values
+from .._autograd import grad_values, masked_grad, on_values
 from .._memory import check_fits
 from .._registry import implements
 from .._tensor import MaskedTensor, requires_grad_of, unwrap_grad_tracking
@@ -40,8 +40,7 @@ class _GetData(torch.autograd.Function):
         if isinstance(grad, MaskedTensor):
             return grad
         s = ctx.storage
-        return masked_grad(s, grad_values(grad, s) if torch.is_grad_enabled()
-                           else grad_on(grad, s)[0])
+        return masked_grad(s, grad_values(grad, s))
 
 
 def get_data(mt: MaskedTensor) -> torch.Tensor:
@@ -194,8 +193,7 @@ class _ToTensor(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[MaskedTensor, None]:
         s = ctx.storage
-        return masked_grad(s, grad_values(grad, s) if torch.is_grad_enabled()
-                           else grad_on(grad, s)[0]), None
+        return masked_grad(s, grad_values(grad, s)), None
 
 
 def to_tensor(mt: MaskedTensor, value: Any) -> torch.Tensor:
