@@ -422,3 +422,19 @@ def test_bad_arguments():
         ms.optim.Adagrad(p, lr=-1.0)
     with pytest.raises(ValueError, match="beta"):
         ms.optim.AdamW(p, betas=(1.0, 0.9))
+
+
+def test_positions_cache_lets_a_dead_gradient_pattern_go():
+    import gc
+
+    from masked_sparse.optim import _scatter
+
+    idx = torch.tensor([[1, 5, 7]])
+    grad = ms.masked_tensor(torch.sparse_coo_tensor(idx, torch.ones(3), (100,)),
+                            torch.sparse_coo_tensor(idx, torch.ones(3, dtype=torch.bool), (100,)))
+    _scatter._CACHE.clear()
+    _scatter._positions(grad._storage)
+    assert len(_scatter._CACHE) == 1
+    del grad
+    gc.collect()
+    assert len(_scatter._CACHE) == 0  # the cached positions did not keep the index alive

@@ -130,6 +130,8 @@ def _compute_positions(s: Storage) -> _Positions:
     (indices,) = coo.index
     sparse_shape = tuple(s.shape[: indices.shape[0]])
     keys = linearize(indices, sparse_shape)
+    if keys._base is not None:  # a view of the indices: the cache must not keep them alive
+        keys = keys.clone()
     if coo.values is s.values:
         return _Positions(keys, math.prod(s.values.shape[1:]))
     # The layout reorders or splits its values on the way to COO: follow value ids.
