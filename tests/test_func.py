@@ -377,8 +377,15 @@ def test_func_sparse_masked_tensors_say_what_works(layout):
     torch.testing.assert_close(dense(grad.to_tensor(0)), dense((mt.cos() * 2).to_tensor(0)))
 
 
-@pytest.mark.parametrize("layout", LAYOUTS + [torch.sparse_csc],
-                         ids=LAYOUT_IDS + ["csc"])
+_NO_SEGMENT_DOUBLE_BACKWARD = pytest.mark.xfail(
+    raises=RuntimeError, strict=True,
+    reason="torch: no double backward of _segment_reduce (COO / CSR line reductions)")
+
+
+@pytest.mark.parametrize("layout", [
+    pytest.param(lay, id=i, marks=_NO_SEGMENT_DOUBLE_BACKWARD
+                 if lay in (torch.sparse_coo, torch.sparse_csr) else ())
+    for lay, i in zip(LAYOUTS + [torch.sparse_csc], LAYOUT_IDS + ["csc"])])
 def test_double_backward_of_a_masked_tensor_leaf(layout):
     # a gradient penalty: d/dx |d(softmax . w)/dx|^2 against the dense torch.where model
     mt, x, m = make_masked(SHAPE, layout if layout != torch.sparse_csc else torch.sparse_csr,
@@ -387,11 +394,7 @@ def test_double_backward_of_a_masked_tensor_leaf(layout):
     w = torch.rand(SHAPE, dtype=F64)
     (g,) = torch.autograd.grad((dense(ms.to_tensor(mt.softmax(1), 0)) * w).sum(), mt,
                                create_graph=True)
-    try:
-        (gg,) = torch.autograd.grad(dense(ms.to_tensor(g, 0)).pow(2).sum(), mt)
-    except RuntimeError as e:  # torch has no double backward of its segment reductions
-        assert layout in (torch.sparse_coo, torch.sparse_csr) and "not implemented" in str(e)
-        return
+    (gg,) = torch.autograd.grad(dense(ms.to_tensor(g, 0)).pow(2).sum(), mt)
     xx = x.clone().requires_grad_()
     (gr,) = torch.autograd.grad((_where_softmax(xx, m, 1) * w).sum(), xx, create_graph=True)
     (ggr,) = torch.autograd.grad(torch.where(m, gr, 0).pow(2).sum(), xx)
