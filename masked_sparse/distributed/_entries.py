@@ -54,7 +54,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from layouts import Storage, get_layout
+from layouts import Storage, get_layout, linearize
 
 
 def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group) -> None:
@@ -91,7 +91,7 @@ def entries_of(storage: Storage, *, drop_unspecified: bool = True) -> Entries:
         if not bool(keep.all()):
             indices, values, mask = indices[:, keep], values[keep], mask[keep]
     sparse_dim = indices.shape[0]
-    return Entries(_keys(indices, storage.shape[:sparse_dim]), values, mask, storage.shape,
+    return Entries(linearize(indices, storage.shape[:sparse_dim]), values, mask, storage.shape,
                    sparse_dim)
 
 
@@ -110,14 +110,6 @@ def storage_from(e: Entries, layout, options: dict | None = None) -> Storage:
     coo = get_layout(torch.sparse_coo).build((_unravel(e.keys, e.shape[: e.sparse_dim]),),
                                              e.values, e.mask, e.shape)
     return get_layout(layout).from_coo(coo, **(options or {}))
-
-
-def _keys(indices: torch.Tensor, sparse_shape: tuple[int, ...]) -> torch.Tensor:
-    if indices.shape[0] == 1:
-        return indices[0]
-    strides = torch.tensor([math.prod(sparse_shape[d + 1:]) for d in range(len(sparse_shape))],
-                           dtype=torch.long, device=indices.device)
-    return (indices * strides[:, None]).sum(0)
 
 
 def _unravel(keys: torch.Tensor, sparse_shape: tuple[int, ...]) -> torch.Tensor:

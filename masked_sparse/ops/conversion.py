@@ -145,11 +145,7 @@ def _sparse_under_dynamo(mt: Any) -> bool:
 
 def _checked(t: Any, op: str) -> torch.Tensor:
     """``t`` if it is a MaskedTensor or a torch.func-wrapped one, else a TypeError."""
-    inner = t
-    while isinstance(inner, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(
-            inner):
-        inner = torch._C._functorch.get_unwrapped(inner)
-    if not isinstance(inner, MaskedTensor):
+    if not (isinstance(t, MaskedTensor) or _func.is_wrapped_masked(t)):
         raise TypeError(f"ms.{op}: expected a MaskedTensor, got {type(t).__name__}")
     return t
 
