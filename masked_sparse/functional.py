@@ -251,24 +251,14 @@ def normalize(input: torch.Tensor, ord: float, dim: int, *, eps: float = 1e-12,
 def cumsum(input: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None,
            mask: torch.Tensor | None = None) -> MaskedTensor:
     """Running sum of the specified elements along ``dim``; keeps the mask."""
-    return _scan("cumsum", input, dim, dtype, mask, 0)
+    return _scan("cumsum", input, dim, dtype, mask)
 
 
 def cumprod(input: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None,
             mask: torch.Tensor | None = None) -> MaskedTensor:
     """Running product of the specified elements along ``dim``; keeps the mask."""
-    return _scan("cumprod", input, dim, dtype, mask, 1)
+    return _scan("cumprod", input, dim, dtype, mask)
 
 
-def _scan(op: str, input: Any, dim: int, dtype: Any, mask: Any, identity: int) -> MaskedTensor:
-    mt = _masked(input, mask, op)
-    try:
-        return getattr(torch, op)(mt, dim, dtype=dtype)
-    except NotImplementedError:
-        if mt.layout != torch.strided:
-            raise
-    # Note [Scans before the core has them]: until the core's scan kernels are registered,
-    # the strided scan is the plain one over the identity-filled data, mask kept.
-    data, m = mt.get_data(), mt.get_mask()
-    filled = torch.where(m, data, torch.full((), identity, dtype=data.dtype))
-    return as_masked_tensor(getattr(torch, op)(filled, dim, dtype=dtype), m)
+def _scan(op: str, input: Any, dim: int, dtype: Any, mask: Any) -> MaskedTensor:
+    return getattr(torch, op)(_masked(input, mask, op), dim, dtype=dtype)
