@@ -68,8 +68,8 @@ def _specified_values(grad: torch.Tensor, where: str) -> torch.Tensor:
     if _is_plain_dense(grad):
         return grad
     s = as_masked_grad(grad, f"ms.optim.{where}")._storage
-    if all(st == 0 for st in s.mask.stride()) and (s.mask.numel() == 0 or s.mask.reshape(-1)[0]):
-        return s.values  # all specified (a broadcast True mask)
+    if not isinstance(grad, MaskedTensor):
+        return s.values  # a torch sparse gradient: every stored entry is specified
     return s.values.masked_select(s.mask)
 
 
