@@ -91,7 +91,8 @@ def sync_grads(params: Iterable[torch.Tensor], group=None, *, method: str = "aut
             [k, _layout_id(params[i].grad), local[i].sparse_dim] + local_meta(local[i])
             for i, k in enumerate(kinds)]
     device = params[0].device if params else "cpu"   # NCCL moves CUDA tensors only
-    tables = gather_meta(torch.tensor(rows, dtype=torch.long, device=device).view(-1, 5), group)
+    tables = gather_meta(torch.tensor(rows, dtype=torch.long, device=device).view(-1, 5),
+                         group).cpu()  # a few ints per parameter, read on the host from here on
     dense = []
     for i, p in enumerate(params):
         column = tables[:, i]
