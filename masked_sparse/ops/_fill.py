@@ -75,7 +75,7 @@ def zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     if (values.dtype not in _BITS or mask.dtype != torch.bool or torch.compiler.is_compiling()
             or not broadcasts_to(tuple(mask.shape), tuple(values.shape))
             or torch._C._are_functorch_transforms_active()):  # Note [MaskedTensors in torch.func]
-        out = torch.where(mask, values, torch.zeros((), dtype=values.dtype))
+        out = layouts.zero_unspecified(values, mask)
     elif torch.is_grad_enabled() and values.requires_grad:
         out = _ZeroFill.apply(values, mask)
     else:
