@@ -14,8 +14,9 @@ mask applied by bit logic (no branch to mispredict), for
   rows of a coalesced 2-D COO index);
 - ``scatter``: a group index per element (the columns of a matrix);
 
-and op ``sum`` / ``amax`` / ``amin`` on float32 and float64 values, plus mask counts. Sums
-accumulate in double (float32 sums come out more exact than torch's, never less). Results
+and op ``sum``, ``sumsq`` (the sum of squares), ``prod``, ``amax``, ``amin`` on float32 and
+float64 values, plus mask counts. Sums and products accumulate in double, as torch's CPU
+reductions do. Results
 equal the composed path's (``tests/test_native.py`` checks both against ``torch.where``).
 
 The C source is compiled on first use with the system C compiler (``$CC``, else ``cc``)
@@ -53,14 +54,15 @@ from pathlib import Path
 
 import torch
 
-from ._grouping import identity, plain_eager
+from ._grouping import identity
 
 _SOURCE = Path(__file__).with_name("_native.c")
 _FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp-simd")
 _NATIVE = ("-march=native",)  # the CPU's vector width (2x on AVX2), on Linux
 _SUFFIX = {torch.float64: "f64", torch.float32: "f32"}
 _C_TYPE = {torch.float64: ctypes.c_double, torch.float32: ctypes.c_float}
-_OPS = {"sum": "sum", "amax": "max", "amin": "min"}
+_OPS = {"sum": "sum", "sumsq": "sumsq", "prod": "prod", "amax": "max", "amin": "min"}
+_SUMS = ("sum", "sumsq", "prod")  # accumulated in double
 _why_not = ""  # why the library is not available (``status``)
 
 
@@ -126,21 +128,26 @@ def _library() -> ctypes.CDLL | None:
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Argument types of every kernel (so that ctypes converts, and checks, each call)."""
+    """Argument types of every kernel (so that ctypes converts, and checks, each call), and
+    :data:`_KERNELS`, the kernel of each ``(kind, op, dtype)``."""
     p, n = ctypes.c_void_p, ctypes.c_int64
     for dtype, suffix in _SUFFIX.items():
         t = _C_TYPE[dtype]
-        getattr(lib, f"ms_all_sum_{suffix}").argtypes = [p, p, n, p]
-        getattr(lib, f"ms_lines_sum_{suffix}").argtypes = [p, p, n, p, n, p, n, p]
-        getattr(lib, f"ms_scatter_sum_{suffix}").argtypes = [p, p, n, p, p, n]
-        for op in ("max", "min"):
-            getattr(lib, f"ms_all_{op}_{suffix}").argtypes = [p, p, n, t, p]
-            getattr(lib, f"ms_lines_{op}_{suffix}").argtypes = [p, p, n, p, n, p, n, t, p]
-            getattr(lib, f"ms_scatter_{op}_{suffix}").argtypes = [p, p, n, p, t, p, n]
+        for op, name in _OPS.items():
+            kernels = {"all": ([p, p, n, t, p], f"ms_all_{name}_{suffix}"),
+                       "lines": ([p, p, n, p, n, p, n, t, p], f"ms_lines_{name}_{suffix}"),
+                       "scatter": ([p, p, n, p, t, p, n], f"ms_scatter_{name}_{suffix}")}
+            for kind, (argtypes, symbol) in kernels.items():
+                kernel = getattr(lib, symbol)
+                kernel.argtypes = argtypes
+                _KERNELS[kind, op, dtype] = kernel
     lib.ms_all_count.argtypes = [p, n, p]
     lib.ms_lines_count.argtypes = [p, n, p, n, p, n, p]
     lib.ms_scatter_count.argtypes = [p, n, p, p, n]
     return lib
+
+
+_KERNELS: dict[tuple[str, str, torch.dtype], ctypes._CFuncPtr] = {}
 
 
 def available() -> bool:
@@ -153,20 +160,33 @@ def status() -> str:
     return "available" if available() else _why_not
 
 
+def _eager_cpu(t: torch.Tensor) -> bool:
+    return (t.device.type == "cpu" and not torch.compiler.is_compiling()
+            and not torch._C._are_functorch_transforms_active())
+
+
 def _mask_ok(mask: torch.Tensor, n: int) -> bool:
     return (mask.dtype == torch.bool and mask.dim() == 1 and mask.shape[0] == n
-            and mask.is_contiguous() and plain_eager(mask))
-
-
-def _applies(values: torch.Tensor, mask: torch.Tensor, op: str) -> bool:
-    return (op in _OPS and values.dtype in _SUFFIX and values.dim() == 1
-            and values.is_contiguous() and _mask_ok(mask, values.shape[0])
-            and plain_eager(values) and available())
+            and mask.is_contiguous())
 
 
 def _index_ok(index: torch.Tensor, n: int) -> bool:
     return (index.dtype == torch.long and index.dim() == 1 and index.shape[0] == n
             and index.is_contiguous() and index.device.type == "cpu")
+
+
+def _kernel(kind: str, values: torch.Tensor, mask: torch.Tensor, op: str):
+    """The kernel for ``values`` and ``mask``, or None where the native path does not apply
+    (other dtypes or shapes, autograd, torch.func, compiling, other devices)."""
+    if (values.dim() != 1 or not _mask_ok(mask, values.shape[0]) or not values.is_contiguous()
+            or (values.requires_grad and torch.is_grad_enabled()) or not _eager_cpu(values)
+            or not available()):
+        return None
+    return _KERNELS.get((kind, op, values.dtype))
+
+
+def _identity(op: str, dtype: torch.dtype) -> float:
+    return 0.0 if op in ("sum", "sumsq") else 1.0 if op == "prod" else identity(op, dtype)
 
 
 def _check(status: int, what: str) -> None:
@@ -176,30 +196,16 @@ def _check(status: int, what: str) -> None:
                            "was built, or is corrupt (rebuild the MaskedTensor)")
 
 
-def _ptr(t: torch.Tensor) -> int:
-    return t.data_ptr()
-
-
-def _extreme_args(values: torch.Tensor, op: str) -> tuple[torch.Tensor, list]:
-    """The output's scalar type and the identity argument of an amax / amin kernel."""
-    return values.dtype, [_C_TYPE[values.dtype](identity(op, values.dtype))]
-
-
 def reduce_all(values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor | None:
-    """``reduce(where(mask, values, identity))`` over every element, shape ``(1,)``, or None
-    where the native kernels do not apply (use the composed path)."""
-    if not _applies(values, mask, op):
+    """``reduce(where(mask, values, identity))`` over every element, shape ``(1,)``, for
+    ``op`` "sum", "sumsq" (the sum of squares), "prod", "amax" or "amin"; None where the
+    native kernels do not apply (use the composed path)."""
+    kernel = _kernel("all", values, mask, op)
+    if kernel is None:
         return None
-    lib, suffix, n = _library(), _SUFFIX[values.dtype], values.shape[0]
-    if op == "sum":
-        out = torch.empty(1, dtype=torch.float64)
-        _check(getattr(lib, f"ms_all_sum_{suffix}")(_ptr(values), _ptr(mask), n, _ptr(out)),
-               op)
-        return out.to(values.dtype)
-    dtype, ident = _extreme_args(values, op)
-    out = torch.empty(1, dtype=dtype)
-    _check(getattr(lib, f"ms_all_{_OPS[op]}_{suffix}")(_ptr(values), _ptr(mask), n, *ident,
-                                                       _ptr(out)), op)
+    out = torch.empty(1, dtype=values.dtype)
+    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0],
+                  _identity(op, values.dtype), out.data_ptr()), op)
     return out
 
 
@@ -208,19 +214,14 @@ def lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.Tens
     """Per line ``which[i]`` (its elements ``offsets[which[i]]`` up to
     ``offsets[which[i] + 1]``), ``reduce(where(mask, values, identity))``; None where the
     native kernels do not apply."""
-    if not (_applies(values, mask, op) and _index_ok(which, which.shape[0])
-            and _index_ok(offsets, offsets.shape[0]) and offsets.shape[0] > 0):
+    kernel = _kernel("lines", values, mask, op)
+    if (kernel is None or not _index_ok(which, which.shape[0])
+            or not _index_ok(offsets, offsets.shape[0]) or offsets.shape[0] == 0):
         return None
-    lib, suffix, n = _library(), _SUFFIX[values.dtype], values.shape[0]
-    args = (_ptr(values), _ptr(mask), n, _ptr(offsets), offsets.shape[0] - 1, _ptr(which),
-            which.shape[0])
-    if op == "sum":
-        out = torch.empty(which.shape[0], dtype=torch.float64)
-        _check(getattr(lib, f"ms_lines_sum_{suffix}")(*args, _ptr(out)), op)
-        return out.to(values.dtype)
-    dtype, ident = _extreme_args(values, op)
-    out = torch.empty(which.shape[0], dtype=dtype)
-    _check(getattr(lib, f"ms_lines_{_OPS[op]}_{suffix}")(*args, *ident, _ptr(out)), op)
+    out = torch.empty(which.shape[0], dtype=values.dtype)
+    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], offsets.data_ptr(),
+                  offsets.shape[0] - 1, which.data_ptr(), which.shape[0],
+                  _identity(op, values.dtype), out.data_ptr()), op)
     return out
 
 
@@ -228,49 +229,47 @@ def scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.Tens
             n: int) -> torch.Tensor | None:
     """Into ``n`` groups, ``out[index[j]] op= where(mask, values, identity)[j]`` (groups
     without an element hold the identity); None where the native kernels do not apply."""
-    if not (_applies(values, mask, op) and _index_ok(index, values.shape[0])):
+    kernel = _kernel("scatter", values, mask, op)
+    if kernel is None or not _index_ok(index, values.shape[0]):
         return None
-    lib, suffix = _library(), _SUFFIX[values.dtype]
-    args = (_ptr(values), _ptr(mask), values.shape[0], _ptr(index))
-    if op == "sum":
-        out = torch.empty(n, dtype=torch.float64)
-        _check(getattr(lib, f"ms_scatter_sum_{suffix}")(*args, _ptr(out), n), op)
-        return out.to(values.dtype)
-    dtype, ident = _extreme_args(values, op)
-    out = torch.empty(n, dtype=dtype)
-    _check(getattr(lib, f"ms_scatter_{_OPS[op]}_{suffix}")(*args, *ident, _ptr(out), n), op)
-    return out
+    out = torch.empty(n, dtype=torch.float64 if op in _SUMS else values.dtype)
+    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], index.data_ptr(),
+                  _identity(op, values.dtype), out.data_ptr(), n), op)
+    return out.to(values.dtype)
+
+
+def _count_ok(mask: torch.Tensor) -> bool:
+    return (mask.dim() == 1 and _mask_ok(mask, mask.shape[0]) and _eager_cpu(mask)
+            and available())
 
 
 def count_all(mask: torch.Tensor) -> torch.Tensor | None:
     """The number of True elements of a 1-D bool ``mask``, shape ``(1,)`` int64, or None."""
-    if not (_mask_ok(mask, mask.shape[0] if mask.dim() == 1 else -1) and available()):
+    if not _count_ok(mask):
         return None
     out = torch.empty(1, dtype=torch.long)
-    _check(_library().ms_all_count(_ptr(mask), mask.shape[0], _ptr(out)), "count")
+    _check(_library().ms_all_count(mask.data_ptr(), mask.shape[0], out.data_ptr()), "count")
     return out
 
 
 def count_lines(mask: torch.Tensor, offsets: torch.Tensor,
                 which: torch.Tensor) -> torch.Tensor | None:
     """Per line (as :func:`lines`), the number of True elements of ``mask`` (int64)."""
-    if not (_mask_ok(mask, mask.shape[0] if mask.dim() == 1 else -1) and available()
-            and _index_ok(which, which.shape[0]) and _index_ok(offsets, offsets.shape[0])
-            and offsets.shape[0] > 0):
+    if not (_count_ok(mask) and _index_ok(which, which.shape[0])
+            and _index_ok(offsets, offsets.shape[0]) and offsets.shape[0] > 0):
         return None
     out = torch.empty(which.shape[0], dtype=torch.long)
-    _check(_library().ms_lines_count(_ptr(mask), mask.shape[0], _ptr(offsets),
-                                     offsets.shape[0] - 1, _ptr(which), which.shape[0],
-                                     _ptr(out)), "count")
+    _check(_library().ms_lines_count(mask.data_ptr(), mask.shape[0], offsets.data_ptr(),
+                                     offsets.shape[0] - 1, which.data_ptr(), which.shape[0],
+                                     out.data_ptr()), "count")
     return out
 
 
 def count_scatter(mask: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor | None:
     """Per group (as :func:`scatter`), the number of True elements of ``mask`` (int64)."""
-    if not (_mask_ok(mask, mask.shape[0] if mask.dim() == 1 else -1) and available()
-            and _index_ok(index, mask.shape[0])):
+    if not (_count_ok(mask) and _index_ok(index, mask.shape[0])):
         return None
     out = torch.empty(n, dtype=torch.long)
-    _check(_library().ms_scatter_count(_ptr(mask), mask.shape[0], _ptr(index), _ptr(out), n),
-           "count")
+    _check(_library().ms_scatter_count(mask.data_ptr(), mask.shape[0], index.data_ptr(),
+                                       out.data_ptr(), n), "count")
     return out

@@ -52,6 +52,7 @@ from .registry import Storage, get_layout
 
 _SLOTS_PER_NNZ = 4  # bincount grouping while the kept key space is <= 4 * nnz + 4096
 _FEW = 4096  # line sums by segment_reduce below this many stored elements
+_FUSED = ("sum", "sumsq", "prod", "amax", "amin", "count")  # ops of ``_fused``
 
 
 class CooGrouping(Grouping):
@@ -195,12 +196,12 @@ class CooGrouping(Grouping):
         return out if out is not None else super().masked_reduce(values, mask, op)
 
     def _fused(self, op: str, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
-        """Per group, ``reduce(where(mask, values, identity), op)`` ("sum", "amax", "amin")
-        or the count of ``mask`` (``op="count"``) in one pass over the stored elements: the
-        native kernels (Note [Native reductions]), else the fill fused block by block
-        (:mod:`layouts._blocked`, not for counts); None where neither applies (autograd,
-        dense dims, other dtypes, small inputs without native kernels): the composed path."""
-        if (op not in ("sum", "amax", "amin", "count") or self.value_dims
+        """Per group, ``masked_reduce(values, mask, op)`` or the count of ``mask``
+        (``op="count"``) in one pass over the stored elements: the native kernels (Note
+        [Native reductions]), else for sum / amax / amin the fill fused block by block
+        (:mod:`layouts._blocked`); None where neither applies (autograd, dense dims, other
+        dtypes, small inputs without native kernels): the composed path."""
+        if (op not in _FUSED or self.value_dims
                 or not self.sparse_dims or (self.single and not mask.shape[0])):
             return None
         if self.single:
@@ -212,7 +213,7 @@ class CooGrouping(Grouping):
             out = _native.count_scatter(mask, index, n)
         else:
             out = _native.scatter(values, mask, op, index, n)
-            if out is None and _blocked.applies(values, mask):
+            if out is None and op in _blocked.OPS and _blocked.applies(values, mask):
                 out = _blocked.scatter(values, mask, start(op, values.dtype), op, index, n)
         return out.index_select(0, self._uniq) if out is not None and present else out
 
@@ -406,12 +407,12 @@ class CompressedGrouping(CooGrouping):
     # ``segment_reduce`` does both (masks as float32 0/1, exact below 2**24).
 
     def _fused(self, op: str, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
-        if not self.by_lines or op not in ("sum", "amax", "amin", "count"):
+        if not self.by_lines or op not in _FUSED:
             return super()._fused(op, values, mask)
         if op == "count":
             return _native.count_lines(mask, self.offsets, self.lines)
         out = _native.lines(values, mask, op, self.offsets, self.lines)
-        if out is not None or not _blocked.applies(values, mask) or (
+        if out is not None or op not in _blocked.OPS or not _blocked.applies(values, mask) or (
                 op != "sum" and not values.is_floating_point()):
             return out  # segment_reduce has no integer kernel
         inner = self.coords[self.dims[0]]
@@ -550,7 +551,7 @@ def masked_norm(storage: Storage, dims: tuple[int, ...], keepdim: bool, ord: flo
     values, mask = g.source.values, g.source.mask
     if dtype is not None:
         values = values.to(dtype)
-    out = g.masked_reduce(values * values, mask, "sum").sqrt()
+    out = g.masked_reduce(values, mask, "sumsq").sqrt()
     specified = g.reduce(mask, "any")
     return g.build(zero_unspecified(out, specified).to(out_dtype), specified)
 

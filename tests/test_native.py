@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(not native.available(),
                                 reason=f"native kernels: {native.status()}")
 
 DTYPES = [torch.float32, torch.float64]
-OPS = ["sum", "amax", "amin"]
+OPS = ["sum", "sumsq", "prod", "amax", "amin"]
 
 
 def _inputs(n: int, dtype: torch.dtype, density: float, seed: int):
@@ -42,12 +42,15 @@ def _inputs(n: int, dtype: torch.dtype, density: float, seed: int):
 def _reference(values, mask, op, groups, n):
     """Per group ``0..n-1`` (``groups[j]``: element j's group), the masked ``op`` reduction
     written with torch ops; groups without an element hold the identity."""
-    start = layouts.identity(op, values.dtype) if op != "sum" else 0
+    start = {"sum": 0, "sumsq": 0, "prod": 1}.get(op) if op in ("sum", "sumsq", "prod") \
+        else layouts.identity(op, values.dtype)
     filled = torch.where(mask, values, torch.tensor(start, dtype=values.dtype))
-    out = torch.full((n,), start, dtype=torch.float64 if op == "sum" else values.dtype)
-    reduce = {"sum": "sum", "amax": "amax", "amin": "amin"}[op]
-    out = out.scatter_reduce(0, groups, filled.to(out.dtype), reduce)
-    return out.to(values.dtype)
+    double = op in ("sum", "sumsq", "prod")  # accumulated in double, as torch's CPU sums
+    filled = filled.double() if double else filled
+    if op == "sumsq":
+        filled, op = filled * filled, "sum"
+    out = torch.full((n,), start, dtype=filled.dtype)
+    return out.scatter_reduce(0, groups, filled, op).to(values.dtype)
 
 
 def _assert_same(got, want):
