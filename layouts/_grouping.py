@@ -37,9 +37,10 @@ Primitives (all on plain tensors, differentiable with respect to ``values``)
 ``masked_sum(values, mask, with_count=False)``
     ``reduce(where(mask, values, 0), "sum")`` and, with ``with_count``, the number of
     ``mask``-ed elements per group (int64): a layout may fuse the two (strided does).
-``softmax(values, log)``
-    Plain (unmasked) softmax / log_softmax of ``values`` within each group of a
-    ``keepdim=True`` grouping (a group whose values are all -inf gives NaN, as in torch).
+``softmax(values, mask, log)``
+    Softmax / log_softmax within each group of a ``keepdim=True`` grouping over the
+    ``mask``-ed elements (the others weigh nothing and read anything: the caller
+    zero-fills them); a group whose specified values are all -inf gives NaN, as in torch.
 ``build(out_values, out_mask)``
     The output :class:`Storage` (its layout is the layout's choice).
 ``restore(values)``
@@ -84,14 +85,16 @@ class Grouping:
     def expand(self, out: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def softmax(self, values: torch.Tensor, log: bool) -> torch.Tensor:
+    def softmax(self, values: torch.Tensor, mask: torch.Tensor, log: bool) -> torch.Tensor:
         # The shift cancels in value and gradient; detaching it saves a backward pass. A +inf
         # or NaN maximum is kept: the whole group is NaN, as torch.softmax gives.
-        top = self.reduce(values, "amax").detach()
+        top = self.masked_reduce(values, mask, "amax").detach()
         top = torch.where(torch.isneginf(top), torch.zeros((), dtype=top.dtype,
                                                            device=top.device), top)
-        shifted = values - self.expand(top)
-        e = shifted.exp()
+        # Unspecified elements are shifted to 0, not -inf, before ``exp``: torch's CPU exp is
+        # 5-10x slower on arguments that underflow; they are zeroed after.
+        shifted = zero_unspecified(values - self.expand(top), mask)
+        e = zero_unspecified(shifted.exp(), mask)
         total = self.expand(self.reduce(e, "sum"))
         return shifted - total.log() if log else e / total
 

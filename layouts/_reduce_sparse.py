@@ -225,7 +225,8 @@ class CooGrouping(Grouping):
                 and (self._counted is None or self._counted[0] is not v)):
             return self._of_mask("any", v, self._slot_any)
         counted = self._counted is not None and self._counted[0] is v
-        if self.single and op == "any" and not counted and not self.value_dims:
+        if (self.single and op == "any" and not counted and not self.value_dims
+                and not _native.available()):  # else the count, cached per mask
             return reduce_dense(v, (0,), True, "any") if v.shape[0] else v.bool()
         if v.dtype == torch.bool and op in ("sum", "any") and not self.value_dims:
             counts = self._count(v)

@@ -25,10 +25,19 @@ keep the input's own mask (``restore``).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import _native
-from ._grouping import Grouping, plain_eager, reduce_dense, reduced_shape, sort_order
+from ._grouping import (
+    Grouping,
+    fill_unspecified,
+    plain_eager,
+    reduce_dense,
+    reduced_shape,
+    sort_order,
+)
 from ._index import linearize
 from ._vector_mask import vector_mask
 from .registry import Storage
@@ -77,10 +86,11 @@ class StridedGrouping(Grouping):
             _native.reduce_all(values.view(-1), flat, op)
         return None if out is None else out.view(self.out_shape)
 
-    def softmax(self, values: torch.Tensor, log: bool) -> torch.Tensor:
+    def softmax(self, values: torch.Tensor, mask: torch.Tensor, log: bool) -> torch.Tensor:
         if len(self.dims) != 1:
-            return super().softmax(values, log)
-        return (torch.log_softmax if log else torch.softmax)(values, self.dims[0])
+            return super().softmax(values, mask, log)
+        filled = fill_unspecified(values, mask, -math.inf)  # weighs nothing
+        return (torch.log_softmax if log else torch.softmax)(filled, self.dims[0])
 
     def expand(self, out: torch.Tensor) -> torch.Tensor:
         if not self.keepdim:

@@ -21,7 +21,6 @@ MaskedTensor(
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -33,14 +32,14 @@ from .._registry import implements, op_name
 from .._tensor import dtype_of, ndim_of
 from . import reductions_args as A
 from ._fill import zero_fill
-from .reductions import fill, run, source
+from .reductions import run, source
 
 
 def k_softmax(g: Grouping, dtype: torch.dtype | None, log: bool) -> Storage:
-    """Unspecified elements read -inf (they weigh nothing), then the layout's plain softmax;
-    fully masked slices (0/0 there) and every unspecified element end as 0, masked."""
+    """The layout's softmax over the specified elements (the others weigh nothing); fully
+    masked slices and every unspecified element end as 0, masked."""
     v, m = source(g, dtype)
-    out = g.softmax(fill(v, m, -math.inf), log)
+    out = g.softmax(v, m, log)
     return g.restore(zero_fill(out, m))
 
 
