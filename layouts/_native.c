@@ -13,9 +13,8 @@
  * specified NaN, as torch.amax does. The mask is applied by bit logic, not a branch:
  * `keep = -m` is all ones or all zeros, and `(bits & keep) | (identity & ~keep)` is the
  * value or the identity (a branch on a random mask mispredicts once in a few elements).
- * A long run of elements is reduced in vector lanes (an OpenMP simd reduction: the
- * compiler keeps one accumulator per lane); short runs (the rows of a sparse matrix) in
- * one scalar accumulator, which costs no setup.
+ * Runs of elements are reduced in vector lanes (RANGE says how), never in one scalar
+ * accumulator that would wait on its own latency at every element.
  *
  * Every index read from memory is checked before it is used; a kernel returns -1 at the
  * first one out of range (and the caller raises), never reads or writes out of bounds.
@@ -26,7 +25,13 @@
 #include <stdint.h>
 #include <string.h>
 
-#define LONG_RUN 64 /* runs at least this long are reduced in vector lanes */
+#define LONG_RUN 256 /* runs at least this long are one simd loop */
+#define LANES 16     /* shorter runs of at least CHUNKS_op elements: LANES accumulators */
+#define CHUNKS_sum LANES
+#define CHUNKS_sumsq LANES
+#define CHUNKS_prod LANES
+#define CHUNKS_max 64 /* a max's scalar step is cheap: lanes pay from longer runs */
+#define CHUNKS_min 64
 
 typedef double f64;
 typedef float f32;
@@ -51,8 +56,8 @@ KEEP(f64)
 KEEP(f32)
 
 /* The ops: accumulator type, start (the identity: for max / min the caller's, the
- * dtype's lowest / highest value), the bits an unspecified element reads, one step, and
- * the OpenMP reduction that combines vector lanes. */
+ * dtype's lowest / highest value), one step, the OpenMP reduction that combines vector
+ * lanes, and how two accumulators join. */
 #define ACC_sum(T) double
 #define ACC_sumsq(T) double
 #define ACC_prod(T) double
@@ -73,27 +78,46 @@ KEEP(f32)
 #define LANES_prod *
 #define LANES_max max
 #define LANES_min min
+#define JOIN_sum(a, b) ((a) += (b))
+#define JOIN_sumsq(a, b) ((a) += (b))
+#define JOIN_prod(a, b) ((a) *= (b))
+#define JOIN_max(a, b) ((a) = (b) > (a) ? (b) : (a))
+#define JOIN_min(a, b) ((a) = (b) < (a) ? (b) : (a))
 #define PRAGMA(x) _Pragma(#x)
 #define SIMD(OP) PRAGMA(omp simd reduction(LANES_##OP : s) reduction(| : nan))
 
 /* OP over where(m, v, identity)[a:b]; `other` is the bits an unspecified element reads.
- * Inlined always, so that a constant `other` (0 for sums) folds into the bit logic. */
+ * A long run is one OpenMP simd loop; a run of a few dozen elements (a sparse row) would
+ * spend more on that loop's setup than on its work, so it goes LANES at a time into
+ * LANES accumulators, a loop of fixed length that the compiler turns into vector
+ * instructions with no setup. Inlined always, so that a constant `other` (0 for sums)
+ * folds into the bit logic. */
 #define RANGE(T, OP)                                                                     \
     static inline __attribute__((always_inline)) ACC_##OP(T) OP##_range_##T(            \
         const T *v, const uint8_t *m, int64_t a, int64_t b, ACC_##OP(T) s,               \
         bits_##T other) {                                                                \
         int nan = 0;                                                                     \
+        int64_t j = a;                                                                   \
         if (b - a >= LONG_RUN) {                                                         \
             SIMD(OP)                                                                     \
-            for (int64_t j = a; j < b; j++) {                                            \
-                T x = keep_##T(v[j], m[j], other);                                       \
+            for (int64_t i = a; i < b; i++) {                                            \
+                T x = keep_##T(v[i], m[i], other);                                       \
                 STEP_##OP(s, x);                                                         \
             }                                                                            \
-        } else {                                                                         \
-            for (int64_t j = a; j < b; j++) {                                            \
-                T x = keep_##T(v[j], m[j], other);                                       \
-                STEP_##OP(s, x);                                                         \
-            }                                                                            \
+            j = b;                                                                       \
+        } else if (b - a >= CHUNKS_##OP) {                                               \
+            ACC_##OP(T) acc[LANES];                                                      \
+            for (int k = 0; k < LANES; k++) acc[k] = s;                                  \
+            for (; j + LANES <= b; j += LANES)                                           \
+                for (int k = 0; k < LANES; k++) {                                        \
+                    T x = keep_##T(v[j + k], m[j + k], other);                           \
+                    STEP_##OP(acc[k], x);                                                \
+                }                                                                        \
+            for (int k = 0; k < LANES; k++) JOIN_##OP(s, acc[k]);                        \
+        }                                                                                \
+        for (; j < b; j++) {                                                             \
+            T x = keep_##T(v[j], m[j], other);                                           \
+            STEP_##OP(s, x);                                                             \
         }                                                                                \
         return nan ? (ACC_##OP(T))NAN : s;                                               \
     }
