@@ -167,7 +167,7 @@ def _eager_cpu(t: torch.Tensor) -> bool:
 
 def _mask_ok(mask: torch.Tensor, n: int) -> bool:
     return (mask.dtype == torch.bool and mask.dim() == 1 and mask.shape[0] == n
-            and mask.is_contiguous())
+            and mask.is_contiguous() and mask.device.type == "cpu")
 
 
 def _index_ok(index: torch.Tensor, n: int) -> bool:
