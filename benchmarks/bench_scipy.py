@@ -151,6 +151,35 @@ def cases(quick: bool = False, matrix: ReductionMatrix | None = None) -> list[Ca
     return out
 
 
+def _rebuilt(t: Any) -> Any:
+    """A new MaskedTensor equal to ``t``, built from its parts (new index and mask tensors:
+    nothing cached for it yet)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ms.masked_tensor(t.get_data(), t.get_mask())
+
+
+def cold_ratios(m: ReductionMatrix, rounds: int = 15) -> dict[str, float]:
+    """The first reduction of a newly built masked tensor ÷ a repeated one (the cases'
+    times), per CSR reduction: median seconds of ``rounds`` calls each, the cold call on a
+    tensor rebuilt before it (outside the timing)."""
+    import time
+
+    out = {}
+    for name, (ours_of, _scipy_of, _axis) in OPS.items():
+        cold, warm = [], []
+        for _ in range(rounds):
+            fresh = _rebuilt(m.csr)
+            start = time.perf_counter()
+            ours_of(fresh)
+            cold.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            ours_of(fresh)
+            warm.append(time.perf_counter() - start)
+        out[name] = float(np.median(cold) / np.median(warm))
+    return out
+
+
 def main() -> None:
     from benchmarks.harness import module_main
 

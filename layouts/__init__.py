@@ -26,6 +26,7 @@ from ._grouping import Grouping, fill_unspecified, identity, zero_unspecified
 from ._index import linearize
 from ._linalg import sparse_mm, sparse_sparse_mm, specified_lines
 from ._lines import Lines, lines_along
+from ._native import status as native_status
 from ._reduce_sparse import group_by
 from ._size import storage_nbytes
 from ._validate import check_sparse_input
@@ -59,6 +60,7 @@ __all__ = [
     "group_by",
     "lines_along",
     "linearize",
+    "native_status",
     "register_layout",
     "registered_layouts",
     "sparse_mm",

@@ -151,13 +151,14 @@ _KERNELS: dict[tuple[str, str, torch.dtype], ctypes._CFuncPtr] = {}
 
 
 def available() -> bool:
-    """True when the native kernels are compiled and loaded (see :func:`status`)."""
-    return _library() is not None
+    """True when the native kernels are compiled and loaded (see :func:`status`); False
+    while torch.compile traces (they never run in a compiled graph)."""
+    return not torch.compiler.is_compiling() and _library() is not None
 
 
 def status() -> str:
     """``"available"``, or why the native kernels are not (the composed torch path runs)."""
-    return "available" if available() else _why_not
+    return "available" if _library() is not None else _why_not
 
 
 def _eager_cpu(t: torch.Tensor) -> bool:
