@@ -64,6 +64,7 @@ def reference(op: str, inputs: list) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 CASES = [(lay, dt) for lay in LAYOUTS for dt in FLOAT_DTYPES]
+WIRE_CASES = [(lay, dt) for lay in ("strided", "coo") for dt in (torch.bool, torch.complex64)]
 METHODS = ["gather", "dense", "auto"]
 
 
@@ -103,6 +104,11 @@ def collectives_worker(rank: int, world: int) -> dict:
         mine = rank_input(lay, dt, rank)[0]
         dist.scatter(mine, sent, src=0)
         out["dist.scatter", lay, dt] = mine
+    for lay, dt in WIRE_CASES:   # values that travel as uint8 / real pairs
+        mt = rank_input(lay, dt, rank)[0]
+        out["broadcast", lay, dt] = [msd.broadcast(mt, src) for src in range(world)]
+        sent = [rank_input(lay, dt, r, seed=1)[0] for r in range(world)] if rank == 0 else None
+        out["scatter", lay, dt] = msd.scatter(sent, mt, src=0)
     return out
 
 
@@ -165,6 +171,19 @@ def test_gather_broadcast_scatter(world, lay, dt):
             _check(b, inputs[src][1], inputs[src][2], lay)
         _, data, mask = rank_input(lay, dt, r, seed=1)
         _check(res["scatter", lay, dt], data, mask, lay)
+
+
+@pytest.mark.parametrize("world", list(WORLDS))
+@pytest.mark.parametrize("lay,dt", WIRE_CASES, ids=[f"{lay}-{str(dt)[6:]}"
+                                                    for lay, dt in WIRE_CASES])
+def test_broadcast_scatter_of_bool_and_complex_values(world, lay, dt):
+    results_ = results(world)
+    inputs = _inputs(lay, dt, world)
+    for r in range(world):
+        for src, b in enumerate(results_[r]["broadcast", lay, dt]):
+            assert b.dtype == dt
+            _check(b, inputs[src][1], inputs[src][2], lay)
+        _check(results_[r]["scatter", lay, dt], *rank_input(lay, dt, r, seed=1)[1:], lay)
 
 
 @pytest.mark.parametrize("world,lay,dt", COLLECTIVE_CASES, ids=COLLECTIVE_IDS)
