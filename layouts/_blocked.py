@@ -28,6 +28,7 @@ from ._grouping import _BITS, plain_eager
 
 BLOCK = 1 << 18  # elements per block (1-2 MB of values): fewer, larger blocks measured
 # faster than L2-sized ones, as each block costs a few torch calls
+OPS = ("sum", "amax", "amin")  # the ops of :func:`scatter` and :func:`segments`
 MIN_SIZE = 1 << 16  # below this the whole-array ops cost less than the block loop
 
 

@@ -29,6 +29,11 @@ Primitives (all on plain tensors, differentiable with respect to ``values``)
 ``select(values, mask, rank)``
     Per group, the element of ascending-order ``rank`` among the ``mask``-ed elements
     (NaN sorts last), as ``(values, positions)``: how medians are picked.
+``masked_reduce(values, mask, op)``
+    ``reduce(where(mask, values, identity), op)`` for ``op`` "sum", "prod", "amax" or
+    "amin" (unspecified elements read the op's identity), and "sumsq": the sum of the
+    squares of ``where(mask, values, 0)``. A layout may fuse the fill into the reduction
+    (Note [Native reductions]).
 ``masked_sum(values, mask, with_count=False)``
     ``reduce(where(mask, values, 0), "sum")`` and, with ``with_count``, the number of
     ``mask``-ed elements per group (int64): a layout may fuse the two (strided does).
@@ -89,6 +94,12 @@ class Grouping:
         e = shifted.exp()
         total = self.expand(self.reduce(e, "sum"))
         return shifted - total.log() if log else e / total
+
+    def masked_reduce(self, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor:
+        if op == "sumsq":
+            filled = zero_unspecified(values, mask)
+            return self.reduce(filled * filled, "sum")
+        return self.reduce(fill_unspecified(values, mask, start(op, values.dtype)), op)
 
     def masked_sum(self, values: torch.Tensor, mask: torch.Tensor,
                    with_count: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -151,6 +162,12 @@ def identity(op: str, dtype: torch.dtype) -> float | int | bool:
         return -math.inf if op == "amax" else math.inf
     info = torch.iinfo(dtype)
     return info.min if op == "amax" else info.max
+
+
+def start(op: str, dtype: torch.dtype) -> float | int | bool:
+    """What an unspecified element reads in a masked ``op`` reduction: 0 for "sum" and
+    "sumsq", 1 for "prod", else :func:`identity`."""
+    return 0 if op in ("sum", "sumsq") else 1 if op == "prod" else identity(op, dtype)
 
 
 def fill_unspecified(values: torch.Tensor, mask: torch.Tensor, value: Any) -> torch.Tensor:

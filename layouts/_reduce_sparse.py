@@ -33,7 +33,7 @@ from functools import partial
 
 import torch
 
-from . import _blocked
+from . import _blocked, _native
 from ._grouping import (
     _BITS,
     Grouping,
@@ -43,6 +43,7 @@ from ._grouping import (
     reduce_dense,
     reduced_shape,
     sort_order,
+    start,
     zero_unspecified,
 )
 from ._index import cached, crow_from_rows, linearize, rows_from_crow
@@ -51,6 +52,7 @@ from .registry import Storage, get_layout
 
 _SLOTS_PER_NNZ = 4  # bincount grouping while the kept key space is <= 4 * nnz + 4096
 _FEW = 4096  # line sums by segment_reduce below this many stored elements
+_FUSED = ("sum", "sumsq", "prod", "amax", "amin", "count")  # ops of ``_fused``
 
 
 class CooGrouping(Grouping):
@@ -167,46 +169,60 @@ class CooGrouping(Grouping):
                       partial(compute, mask), data=mask)
 
     def _count_pass(self, mask: torch.Tensor) -> torch.Tensor:
+        counts = None if self.value_dims else self._fused("count", mask, mask)
+        if counts is not None:
+            return counts
         small = mask.shape[0] < 2**31  # int32 counts cannot overflow
         return self.reduce(mask.to(torch.int32 if small else torch.long), "sum").long()
 
     def masked_sum(self, values: torch.Tensor, mask: torch.Tensor,
                    with_count: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        total = self._fused("sum", values, mask)
+        if total is not None:
+            return total, self._count(mask) if with_count else None
         if self.single and not self.value_dims:
-            # One group: the strided layout's blocked bitwise sum over the values, which also
-            # counts the mask when asked (Note [Fused masked sum]); a sum's result mask is
-            # one vectorized ``any`` (``reduce``), cheaper than counting.
+            # One group without native kernels: the strided layout's blocked bitwise sum,
+            # which also counts the mask when asked (Note [Fused masked sum]).
             fused = fused_masked_sum(values, mask, (0,), True, with_count)
             if fused is not None:
                 if with_count:
                     self._counted = (mask, fused[1])
                 return fused
-        total = self.masked_reduce(values, mask, "sum")
-        if total is not None:
-            return total, self._count(mask) if with_count else None
         return super().masked_sum(values, mask, with_count)
 
     def masked_reduce(self, values: torch.Tensor, mask: torch.Tensor,
-                      op: str) -> torch.Tensor | None:
-        """Per group, ``reduce(where(mask, values, identity), op)`` for "sum", "amax" and
-        "amin", fused block by block (:mod:`layouts._blocked`); None where that path does
-        not apply (autograd, dense dims, small or other inputs): use ``reduce``."""
-        if self.value_dims or self.single or not _blocked.applies(values, mask):
+                      op: str) -> torch.Tensor:
+        out = self._fused(op, values, mask)
+        return out if out is not None else super().masked_reduce(values, mask, op)
+
+    def _fused(self, op: str, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
+        """Per group, ``masked_reduce(values, mask, op)`` or the count of ``mask``
+        (``op="count"``) in one pass over the stored elements: the native kernels (Note
+        [Native reductions]), else for sum / amax / amin the fill fused block by block
+        (:mod:`layouts._blocked`); None where neither applies (autograd, dense dims, other
+        dtypes, small inputs without native kernels): the composed path."""
+        if (op not in _FUSED or self.value_dims
+                or not self.sparse_dims or (self.single and not mask.shape[0])):
             return None
-        start = 0 if op == "sum" else identity(op, values.dtype)
-        if self._present is not None:
-            slots = _blocked.scatter(values, mask, start, op, self._keys,
-                                     self._present.numel())
-            return slots.index_select(0, self._uniq)
-        if self.gid is not None:
-            return _blocked.scatter(values, mask, start, op, self.gid, self.ngroups)
-        return None
+        if self.single:
+            return _native.count_all(mask) if op == "count" else \
+                _native.reduce_all(values, mask, op)
+        present = self._present is not None
+        index, n = (self._keys, self._present.numel()) if present else (self.gid, self.ngroups)
+        if op == "count":
+            out = _native.count_scatter(mask, index, n)
+        else:
+            out = _native.scatter(values, mask, op, index, n)
+            if out is None and op in _blocked.OPS and _blocked.applies(values, mask):
+                out = _blocked.scatter(values, mask, start(op, values.dtype), op, index, n)
+        return out.index_select(0, self._uniq) if out is not None and present else out
 
     # -- primitives --------------------------------------------------------------------
     def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
         v = values
         if (op == "any" and v.dtype == torch.bool and self._present is not None
-                and not self.value_dims and (self._counted is None or self._counted[0] is not v)):
+                and not self.value_dims and not _native.available()
+                and (self._counted is None or self._counted[0] is not v)):
             return self._of_mask("any", v, self._slot_any)
         counted = self._counted is not None and self._counted[0] is v
         if self.single and op == "any" and not counted and not self.value_dims:
@@ -390,19 +406,20 @@ class CompressedGrouping(CooGrouping):
     # elements, building the torch CSR tensor costs more than the sum itself: one
     # ``segment_reduce`` does both (masks as float32 0/1, exact below 2**24).
 
-    def masked_reduce(self, values: torch.Tensor, mask: torch.Tensor,
-                      op: str) -> torch.Tensor | None:
-        if not self.by_lines:
-            return super().masked_reduce(values, mask, op)
-        if not _blocked.applies(values, mask) or (op != "sum"
-                                                  and not values.is_floating_point()):
-            return None  # segment_reduce has no integer kernel
+    def _fused(self, op: str, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
+        if not self.by_lines or op not in _FUSED:
+            return super()._fused(op, values, mask)
+        if op == "count":
+            return _native.count_lines(mask, self.offsets, self.lines)
+        out = _native.lines(values, mask, op, self.offsets, self.lines)
+        if out is not None or op not in _blocked.OPS or not _blocked.applies(values, mask) or (
+                op != "sum" and not values.is_floating_point()):
+            return out  # segment_reduce has no integer kernel
         inner = self.coords[self.dims[0]]
         cuts = cached(self.ptr, "cuts", lambda: _blocked.line_cuts(
             torch.cat([self.offsets[self.lines], self.offsets[-1:]]), inner.dtype))
-        start = 0 if op == "sum" else identity(op, values.dtype)
-        return _blocked.segments(values, mask, start, op, cuts, self.ngroups, inner,
-                                 self.inner)
+        return _blocked.segments(values, mask, start(op, values.dtype), op, cuts,
+                                 self.ngroups, inner, self.inner)
 
     def _with_gid(self) -> None:
         if self.by_lines and self.gid is None:
@@ -449,7 +466,10 @@ class CompressedGrouping(CooGrouping):
     def _count_pass(self, mask: torch.Tensor) -> torch.Tensor:
         if not self.by_lines:
             return super()._count_pass(mask)
-        return self._line_sums(mask.view(torch.uint8))  # int64 counts (values are 1-D)
+        counts = self._fused("count", mask, mask)
+        if counts is None:  # int64 counts (values are 1-D)
+            counts = self._line_sums(mask.view(torch.uint8))
+        return counts
 
     def expand(self, out: torch.Tensor) -> torch.Tensor:
         if not self.by_lines:
@@ -509,62 +529,29 @@ class ViaCooGrouping(CooGrouping):
         return self.original.layout.from_coo_like(self.source.with_values(values), self.original)
 
 
-def masked_extreme(storage: Storage, dims: tuple[int, ...], keepdim: bool,
-                   op: str) -> Storage:
-    """The sparse layouts' ``reduction`` kernel of ``amax`` / ``amin`` (``op``) along
-    ``dims``: the semantics of the core's generic kernel (unspecified elements read the
-    identity; a group is specified iff it has a specified element, else it holds 0), with
-    the fill fused into the reduction (:meth:`CooGrouping.masked_reduce`). Returns
-    ``NotImplemented`` (the generic route) where that path does not apply.
-
-    >>> import torch, layouts
-    >>> coo = layouts.get_layout("sparse_coo")
-    >>> s = coo.from_strided(torch.ones(2, 3), torch.ones(2, 3, dtype=torch.bool))
-    >>> masked_extreme(s, (1,), False, "amax")  # small: the generic route
-    NotImplemented
-    """
-    values, mask = storage.values, storage.mask
-    if (not _blocked.applies(values, mask) or not values.is_floating_point()
-            or len(dims) == len(storage.shape)):
-        return NotImplemented
-    g = group_by(storage, dims, keepdim)
-    out = g.masked_reduce(g.source.values, g.source.mask, op) \
-        if isinstance(g, CooGrouping) else None
-    if out is None:
-        return NotImplemented
-    specified = g.reduce(g.source.mask, "any")
-    return g.build(zero_unspecified(out, specified), specified)
-
-
 def masked_norm(storage: Storage, dims: tuple[int, ...], keepdim: bool, ord: float,
                 dtype: torch.dtype | None, out_dtype: torch.dtype) -> Storage:
     """The sparse layouts' ``reduction`` kernel of the 2-norm (``linalg.vector_norm``):
     ``sqrt`` of the masked sum of squares, the fill fused with the sum
-    (:meth:`CooGrouping.masked_reduce`); over every dim, torch's own norm of the filled
-    values. ``NotImplemented`` (the generic route) for other orders, complex or small
-    inputs, and with autograd.
+    (:meth:`Grouping.masked_reduce`, Note [Native reductions]). ``NotImplemented`` (the
+    generic route) for other orders, complex inputs, dense dims and with autograd.
 
     >>> import torch, layouts
     >>> coo = layouts.get_layout("sparse_coo")
-    >>> s = coo.from_strided(torch.ones(2, 3), torch.ones(2, 3, dtype=torch.bool))
-    >>> masked_norm(s, (1,), False, 2.0, None, torch.float32)  # small: the generic route
-    NotImplemented
+    >>> s = coo.from_strided(torch.tensor([[3., 4.]]), torch.ones(1, 2, dtype=torch.bool))
+    >>> masked_norm(s, (1,), False, 2.0, None, torch.float32).values.tolist()
+    [5.0]
     """
-    values, mask = storage.values, storage.mask
-    if dtype is not None:
-        values = values.to(dtype)
-    if ord != 2 or not values.is_floating_point() or not _blocked.applies(values, mask):
+    if (ord != 2 or not (dtype or storage.values.dtype).is_floating_point
+            or not plain_eager(storage.values)):
         return NotImplemented
     g = group_by(storage, dims, keepdim)
     if not isinstance(g, CooGrouping) or g.value_dims:
         return NotImplemented
-    if g.single:
-        out = torch.linalg.vector_norm(fill_unspecified(values, mask, 0)).reshape(1)
-    else:
-        total = g.masked_reduce(values * values, mask, "sum")
-        if total is None:
-            return NotImplemented
-        out = total.sqrt()
+    values, mask = g.source.values, g.source.mask
+    if dtype is not None:
+        values = values.to(dtype)
+    out = g.masked_reduce(values, mask, "sumsq").sqrt()
     specified = g.reduce(mask, "any")
     return g.build(zero_unspecified(out, specified).to(out_dtype), specified)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from . import _native
 from ._grouping import Grouping, plain_eager, reduce_dense, reduced_shape, sort_order
 from ._index import linearize
 from ._vector_mask import vector_mask
@@ -51,10 +52,30 @@ class StridedGrouping(Grouping):
     def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
         return reduce_dense(values, self.dims, self.keepdim, op)
 
+    def masked_reduce(self, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor:
+        out = self._native_full(op, values, mask)
+        return out if out is not None else super().masked_reduce(values, mask, op)
+
     def masked_sum(self, values: torch.Tensor, mask: torch.Tensor,
                    with_count: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        total = self._native_full("sum", values, mask)
+        if total is not None:
+            return total, self._native_full("count", mask, mask) if with_count else None
         fused = fused_masked_sum(values, mask, self.dims, self.keepdim, with_count)
         return fused if fused is not None else super().masked_sum(values, mask, with_count)
+
+    def _native_full(self, op: str, values: torch.Tensor,
+                     mask: torch.Tensor) -> torch.Tensor | None:
+        """A reduction over every dim of contiguous ``values`` ("sum", "amax", "amin", or
+        "count" of ``mask``) in one native pass (Note [Native reductions]), else None."""
+        if (len(self.dims) != values.dim() or not self.dims or not values.numel()
+                or mask.shape != values.shape or not values.is_contiguous()
+                or not mask.is_contiguous()):
+            return None
+        flat = mask.view(-1)
+        out = _native.count_all(flat) if op == "count" else \
+            _native.reduce_all(values.view(-1), flat, op)
+        return None if out is None else out.view(self.out_shape)
 
     def softmax(self, values: torch.Tensor, log: bool) -> torch.Tensor:
         if len(self.dims) != 1:

@@ -8,7 +8,9 @@ fixture ``fast`` lowers the sizes so that small inputs take them):
 - the 2-norm: the sum of squares fused with the fill, torch's norm over every dim;
 - ``argmax`` / ``argmin`` over every dim of COO / CSR through torch's own ``argmax``;
   amax / amin / prod scattered from the identity (``include_self``);
-- ``layouts._blocked``: sums and amax/amin fused with the fill -- runs of whole lines
+- the native kernels (Note [Native reductions]: sums, amax/amin and counts in one pass),
+  and without them ``layouts._blocked``: sums and amax/amin fused with the fill -- runs of
+  whole lines
   (CSR rows, CSC columns, rows of a COO matrix: ordered storage) and scatters into slots
   or group ids (COO / CSR columns, a 3-D COO grouped by ``unique``: unordered storage);
 - the group counts and result masks cached per index and mask object (Note [Facts of a
@@ -30,6 +32,7 @@ import torch
 import layouts
 import layouts._blocked as blocked
 import layouts._grouping as grouping
+import layouts._native as native
 import masked_sparse as ms
 from tests.conftest import check_invariants
 
@@ -38,9 +41,14 @@ DTYPES = [torch.float32, torch.float64, torch.int32]
 SPARSE = {"coo": torch.sparse_coo, "csr": torch.sparse_csr, "csc": torch.sparse_csc}
 
 
-@pytest.fixture
-def fast(monkeypatch):
-    """Every fast path runs, with blocks of a few elements (many blocks per input)."""
+@pytest.fixture(params=["native", "blocked"])
+def fast(request, monkeypatch):
+    """Every fast path runs: the native kernels, or without them the blocked torch path
+    with blocks of a few elements (many blocks per input)."""
+    if request.param == "native" and not native.available():
+        pytest.skip(f"native kernels: {native.status()}")
+    if request.param == "blocked":
+        monkeypatch.setattr(native, "available", lambda: False)
     monkeypatch.setattr(blocked, "MIN_SIZE", 1)
     monkeypatch.setattr(blocked, "BLOCK", 5)
     monkeypatch.setattr(grouping, "_BITWISE_MIN", 1)
@@ -108,6 +116,7 @@ def test_fast_paths_match_dense_and_generic(fast, monkeypatch, layout, dtype, op
     got = _call(op, _sparse(data, mask, stored, layout), dim, keepdim)
     check_invariants(got)
     monkeypatch.setattr(blocked, "applies", lambda values, mask: False)
+    monkeypatch.setattr(native, "available", lambda: False)
     monkeypatch.setattr(grouping, "_BITWISE_MIN", 1 << 62)
     # References without the fast paths and without cached counts: dense, and the generic
     # route on a freshly built tensor.

@@ -151,14 +151,13 @@ def k_mean(g: Grouping, dtype: torch.dtype, nan: bool) -> Storage:
 def k_prod(g: Grouping, dtype: torch.dtype) -> Storage:
     v, m = source(g, dtype)
     specified = g.reduce(m, "any")
-    return g.build(zero_unspecified(g.reduce(fill(v, m, 1), "prod"), specified), specified)
+    return g.build(zero_unspecified(g.masked_reduce(v, m, "prod"), specified), specified)
 
 
 def k_extreme(g: Grouping, op: str) -> Storage:
     v, m = source(g)
     specified = g.reduce(m, "any")
-    out = g.reduce(fill(v, m, identity(op, v.dtype)), op)
-    return g.build(zero_unspecified(out, specified), specified)
+    return g.build(zero_unspecified(g.masked_reduce(v, m, op), specified), specified)
 
 
 def k_all_any(g: Grouping, op: str, dtype: torch.dtype) -> Storage:
@@ -222,7 +221,7 @@ def k_logsumexp(g: Grouping, dtype: torch.dtype) -> Storage:
     v, m = source(g, dtype)
     specified = g.reduce(m, "any")
     # The shift cancels in value and gradient; detaching it saves a backward pass.
-    top = g.reduce(fill(v, m, -math.inf), "amax").detach()
+    top = g.masked_reduce(v, m, "amax").detach()
     top = torch.where(torch.isfinite(top), top, _full(0, top))
     z = fill(v - g.expand(top), m, -math.inf)
     total = g.reduce(z.exp(), "sum")
@@ -234,7 +233,7 @@ def k_arg(g: Grouping, op: str, with_values: bool) -> Any:
     """argmax/argmin (op "amax"/"amin"): first position of the extreme, NaN first."""
     v, m = source(g)
     specified = g.reduce(m, "any")
-    top = g.reduce(fill(v, m, identity(op, v.dtype)), op)
+    top = g.masked_reduce(v, m, op)
     at = g.expand(top)
     hit = v == at
     if v.is_floating_point():

@@ -1,0 +1,183 @@
+/* Masked reductions of stored values in one pass: the native kernels of layouts/_native.py.
+ *
+ * Every kernel reads a values array `v` (float or double), its mask `m` (bytes, 0 or 1)
+ * and, for grouped reductions, an index, and reduces `where(m, v, identity)` per group:
+ *
+ *   all      one group of every element                   (a full reduction)
+ *   lines    group i is elements offsets[lines[i]] .. offsets[lines[i] + 1] - 1
+ *            (CSR rows; COO rows of a row-major coalesced index)
+ *   scatter  element j belongs to group index[j]            (columns of a matrix)
+ *
+ * with op sum, sumsq (the sum of squares), prod, max or min. Sums and products accumulate
+ * in double for both value types (as torch's CPU reductions do); max and min propagate a
+ * specified NaN, as torch.amax does. The mask is applied by bit logic, not a branch:
+ * `keep = -m` is all ones or all zeros, and `(bits & keep) | (identity & ~keep)` is the
+ * value or the identity (a branch on a random mask mispredicts once in a few elements).
+ * A long run of elements is reduced in vector lanes (an OpenMP simd reduction: the
+ * compiler keeps one accumulator per lane); short runs (the rows of a sparse matrix) in
+ * one scalar accumulator, which costs no setup.
+ *
+ * Every index read from memory is checked before it is used; a kernel returns -1 at the
+ * first one out of range (and the caller raises), never reads or writes out of bounds.
+ * Nothing is allocated here; the caller owns every array. Compiled for the machine it runs
+ * on (-march=native: the vector width of the CPU; _native.py keys the build by CPU).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define LONG_RUN 64 /* runs at least this long are reduced in vector lanes */
+
+typedef double f64;
+typedef float f32;
+typedef uint64_t bits_f64;
+typedef uint32_t bits_f32;
+
+/* x where k, else the value whose bits are `other`. */
+#define KEEP(T)                                                                          \
+    static inline T keep_##T(T x, uint8_t k, bits_##T other) {                           \
+        bits_##T b, keep = -(bits_##T)(k != 0);                                           \
+        memcpy(&b, &x, sizeof b);                                                        \
+        b = (b & keep) | (other & ~keep);                                                \
+        memcpy(&x, &b, sizeof x);                                                        \
+        return x;                                                                        \
+    }                                                                                    \
+    static inline bits_##T bits_of_##T(T x) {                                            \
+        bits_##T b;                                                                      \
+        memcpy(&b, &x, sizeof b);                                                        \
+        return b;                                                                        \
+    }
+KEEP(f64)
+KEEP(f32)
+
+/* The ops: accumulator type, start (the identity: for max / min the caller's, the
+ * dtype's lowest / highest value), the bits an unspecified element reads, one step, and
+ * the OpenMP reduction that combines vector lanes. */
+#define ACC_sum(T) double
+#define ACC_sumsq(T) double
+#define ACC_prod(T) double
+#define ACC_max(T) T
+#define ACC_min(T) T
+#define START_sum(identity) 0.0
+#define START_sumsq(identity) 0.0
+#define START_prod(identity) 1.0
+#define START_max(identity) (identity)
+#define START_min(identity) (identity)
+#define STEP_sum(a, x) ((a) += (double)(x))
+#define STEP_sumsq(a, x) ((a) += (double)(x) * (double)(x))
+#define STEP_prod(a, x) ((a) *= (double)(x))
+#define STEP_max(a, x) ((a) = (x) > (a) ? (x) : (a), nan |= (x) != (x))
+#define STEP_min(a, x) ((a) = (x) < (a) ? (x) : (a), nan |= (x) != (x))
+#define LANES_sum +
+#define LANES_sumsq +
+#define LANES_prod *
+#define LANES_max max
+#define LANES_min min
+#define PRAGMA(x) _Pragma(#x)
+#define SIMD(OP) PRAGMA(omp simd reduction(LANES_##OP : s) reduction(| : nan))
+
+/* OP over where(m, v, identity)[a:b]; `other` is the bits an unspecified element reads.
+ * Inlined always, so that a constant `other` (0 for sums) folds into the bit logic. */
+#define RANGE(T, OP)                                                                     \
+    static inline __attribute__((always_inline)) ACC_##OP(T) OP##_range_##T(            \
+        const T *v, const uint8_t *m, int64_t a, int64_t b, ACC_##OP(T) s,               \
+        bits_##T other) {                                                                \
+        int nan = 0;                                                                     \
+        if (b - a >= LONG_RUN) {                                                         \
+            SIMD(OP)                                                                     \
+            for (int64_t j = a; j < b; j++) {                                            \
+                T x = keep_##T(v[j], m[j], other);                                       \
+                STEP_##OP(s, x);                                                         \
+            }                                                                            \
+        } else {                                                                         \
+            for (int64_t j = a; j < b; j++) {                                            \
+                T x = keep_##T(v[j], m[j], other);                                       \
+                STEP_##OP(s, x);                                                         \
+            }                                                                            \
+        }                                                                                \
+        return nan ? (ACC_##OP(T))NAN : s;                                               \
+    }
+
+/* The three kernels of one op and value type. */
+#define KERNELS(T, OP)                                                                   \
+    RANGE(T, OP)                                                                         \
+    int ms_all_##OP##_##T(const T *v, const uint8_t *m, int64_t n, T identity, T *out) {  \
+        const ACC_##OP(T) start = START_##OP(identity);                                  \
+        (void)identity; /* the sums' identity is their own */                            \
+        *out = (T)OP##_range_##T(v, m, 0, n, start, bits_of_##T((T)start));              \
+        return 0;                                                                        \
+    }                                                                                    \
+    int ms_lines_##OP##_##T(const T *v, const uint8_t *m, int64_t n,                     \
+                            const int64_t *offsets, int64_t nlines_all,                  \
+                            const int64_t *lines, int64_t nlines, T identity, T *out) {  \
+        const ACC_##OP(T) start = START_##OP(identity);                                  \
+        const bits_##T other = bits_of_##T((T)start);                                    \
+        for (int64_t i = 0; i < nlines; i++) {                                           \
+            uint64_t r = (uint64_t)lines[i];                                             \
+            if (r >= (uint64_t)nlines_all) return -1;                                    \
+            int64_t a = offsets[r], b = offsets[r + 1];                                  \
+            if (a < 0 || a > b || b > n) return -1;                                      \
+            out[i] = (T)OP##_range_##T(v, m, a, b, start, other);                        \
+        }                                                                                \
+        return 0;                                                                        \
+    }                                                                                    \
+    int ms_scatter_##OP##_##T(const T *v, const uint8_t *m, int64_t n,                   \
+                              const int64_t *index, T identity, ACC_##OP(T) *out,        \
+                              int64_t nout) {                                            \
+        const ACC_##OP(T) start = START_##OP(identity);                                  \
+        const bits_##T other = bits_of_##T((T)start);                                    \
+        int nan = 0;                                                                     \
+        for (int64_t g = 0; g < nout; g++) out[g] = start;                               \
+        for (int64_t j = 0; j < n; j++) {                                                \
+            uint64_t g = (uint64_t)index[j];                                             \
+            if (g >= (uint64_t)nout) return -1;                                          \
+            T x = keep_##T(v[j], m[j], other);                                           \
+            STEP_##OP(out[g], x);                                                        \
+            if (nan) out[g] = (ACC_##OP(T))NAN, nan = 0; /* a NaN, once in, stays */     \
+        }                                                                                \
+        return 0;                                                                        \
+    }
+
+#define ALL_OPS(T)                                                                       \
+    KERNELS(T, sum)                                                                      \
+    KERNELS(T, sumsq)                                                                    \
+    KERNELS(T, prod)                                                                     \
+    KERNELS(T, max)                                                                      \
+    KERNELS(T, min)
+ALL_OPS(f64)
+ALL_OPS(f32)
+
+/* -- counts of the mask ---------------------------------------------------------------- */
+static inline int64_t count_range(const uint8_t *m, int64_t a, int64_t b) {
+    int64_t c = 0;
+    for (int64_t j = a; j < b; j++) c += m[j] != 0;
+    return c;
+}
+
+int ms_all_count(const uint8_t *m, int64_t n, int64_t *out) {
+    *out = count_range(m, 0, n);
+    return 0;
+}
+
+int ms_lines_count(const uint8_t *m, int64_t n, const int64_t *offsets, int64_t nlines_all,
+                   const int64_t *lines, int64_t nlines, int64_t *out) {
+    for (int64_t i = 0; i < nlines; i++) {
+        uint64_t r = (uint64_t)lines[i];
+        if (r >= (uint64_t)nlines_all) return -1;
+        int64_t a = offsets[r], b = offsets[r + 1];
+        if (a < 0 || a > b || b > n) return -1;
+        out[i] = count_range(m, a, b);
+    }
+    return 0;
+}
+
+int ms_scatter_count(const uint8_t *m, int64_t n, const int64_t *index, int64_t *out,
+                     int64_t nout) {
+    memset(out, 0, (size_t)nout * sizeof *out);
+    for (int64_t j = 0; j < n; j++) {
+        uint64_t g = (uint64_t)index[j];
+        if (g >= (uint64_t)nout) return -1;
+        out[g] += m[j] != 0;
+    }
+    return 0;
+}

@@ -1,0 +1,275 @@
+"""Native masked reductions: one compiled pass over values, mask and index.
+
+Note [Native reductions]
+~~~~~~~~~~~~~~~~~~~~~~~~
+A masked reduction of stored values composed from torch ops makes several passes: fill the
+unspecified values with the identity (Note [Bitwise fill]), then reduce (``segment_reduce``,
+``index_add_``, ``scatter_reduce_``), and each torch call costs about a microsecond before
+it starts. scipy.sparse reduces in one compiled loop. The kernels of ``_native.c`` do the
+same for a mask: per group, ``reduce(where(mask, values, identity))`` in one pass, the
+mask applied by bit logic (no branch to mispredict), for
+
+- ``all``: every element in one group (a full reduction);
+- ``lines``: groups that are runs of consecutive elements given by offsets (CSR rows, the
+  rows of a coalesced 2-D COO index);
+- ``scatter``: a group index per element (the columns of a matrix);
+
+and op ``sum``, ``sumsq`` (the sum of squares), ``prod``, ``amax``, ``amin`` on float32 and
+float64 values, plus mask counts. Sums and products accumulate in double, as torch's CPU
+reductions do. Results
+equal the composed path's (``tests/test_native.py`` checks both against ``torch.where``).
+
+The C source is compiled on first use with the system C compiler (``$CC``, else ``cc``)
+into ``$MASKED_SPARSE_CACHE`` (default ``~/.cache/masked_sparse``) for this CPU
+(``-march=native``; a build is keyed by a hash of the source, flags and CPU) and loaded
+with ``ctypes``: no torch headers, about a second of compiling once per machine. Without a
+compiler (or with ``MASKED_SPARSE_NATIVE=0``) every caller runs its composed torch path:
+:func:`status` says which. The kernels check every index they read and return an error
+instead of touching memory out of bounds.
+
+They run forward only, on CPU, eager (:func:`layouts._grouping.plain_eager`): autograd,
+torch.func, torch.compile and other devices take the composed path. They are one-threaded:
+at one thread (the scipy comparison) they are 1.5-3x faster than the composed path, and at
+two threads still faster (``benchmarks/bench_scipy.py``).
+
+>>> import torch
+>>> v, m = torch.tensor([1., float("nan"), 3.]), torch.tensor([True, False, True])
+>>> out = scatter(v, m, "sum", torch.tensor([0, 0, 1]), 2)
+>>> out is None or out.tolist() == [1.0, 3.0]
+True
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ._grouping import identity
+
+_SOURCE = Path(__file__).with_name("_native.c")
+_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp-simd")
+_NATIVE = ("-march=native",)  # the CPU's vector width (2x on AVX2), on Linux
+_SUFFIX = {torch.float64: "f64", torch.float32: "f32"}
+_C_TYPE = {torch.float64: ctypes.c_double, torch.float32: ctypes.c_float}
+_OPS = {"sum": "sum", "sumsq": "sumsq", "prod": "prod", "amax": "max", "amin": "min"}
+_SUMS = ("sum", "sumsq", "prod")  # accumulated in double
+_why_not = ""  # why the library is not available (``status``)
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("MASKED_SPARSE_CACHE")
+    if root:
+        return Path(root)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "masked_sparse"
+
+
+def _cpu() -> str:
+    """What identifies this CPU's instruction set: a build for one CPU (``-march=native``)
+    is never loaded on another that shares the cache directory."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            return "".join(sorted({line for line in info
+                                   if line.startswith(("model name", "flags"))}))
+    except OSError:
+        return platform.processor()
+
+
+def _compile(compiler: str, flags: tuple[str, ...], target: Path) -> None:
+    """Compile the source into ``target``, atomically (a finished file or none: processes
+    starting together each compile into their own temporary file and rename)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        subprocess.run([compiler, *flags, "-o", tmp, str(_SOURCE)], check=True,
+                       capture_output=True, timeout=300)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    global _why_not
+    if os.environ.get("MASKED_SPARSE_NATIVE", "1") == "0":
+        _why_not = "disabled by MASKED_SPARSE_NATIVE=0"
+        return None
+    if sys.platform not in ("linux", "darwin"):
+        _why_not = f"no native build on {sys.platform}"
+        return None
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        _why_not = "no C compiler found (set CC)"
+        return None
+    flags = _FLAGS + (_NATIVE if sys.platform == "linux" else ())
+    key = hashlib.sha256(_SOURCE.read_bytes() + repr((flags, compiler, platform.machine(),
+                                                      _cpu())).encode()).hexdigest()
+    target = _cache_dir() / f"native-{key[:16]}.so"
+    try:
+        if not target.exists():
+            _compile(compiler, flags, target)
+        return _declare(ctypes.CDLL(str(target)))
+    except (OSError, subprocess.SubprocessError) as error:
+        detail = getattr(error, "stderr", b"") or b""
+        _why_not = f"{type(error).__name__}: {error} {detail.decode(errors='replace')[:500]}"
+        return None
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Argument types of every kernel (so that ctypes converts, and checks, each call), and
+    :data:`_KERNELS`, the kernel of each ``(kind, op, dtype)``."""
+    p, n = ctypes.c_void_p, ctypes.c_int64
+    for dtype, suffix in _SUFFIX.items():
+        t = _C_TYPE[dtype]
+        for op, name in _OPS.items():
+            kernels = {"all": ([p, p, n, t, p], f"ms_all_{name}_{suffix}"),
+                       "lines": ([p, p, n, p, n, p, n, t, p], f"ms_lines_{name}_{suffix}"),
+                       "scatter": ([p, p, n, p, t, p, n], f"ms_scatter_{name}_{suffix}")}
+            for kind, (argtypes, symbol) in kernels.items():
+                kernel = getattr(lib, symbol)
+                kernel.argtypes = argtypes
+                _KERNELS[kind, op, dtype] = kernel
+    lib.ms_all_count.argtypes = [p, n, p]
+    lib.ms_lines_count.argtypes = [p, n, p, n, p, n, p]
+    lib.ms_scatter_count.argtypes = [p, n, p, p, n]
+    return lib
+
+
+_KERNELS: dict[tuple[str, str, torch.dtype], ctypes._CFuncPtr] = {}
+
+
+def available() -> bool:
+    """True when the native kernels are compiled and loaded (see :func:`status`)."""
+    return _library() is not None
+
+
+def status() -> str:
+    """``"available"``, or why the native kernels are not (the composed torch path runs)."""
+    return "available" if available() else _why_not
+
+
+def _eager_cpu(t: torch.Tensor) -> bool:
+    return (t.device.type == "cpu" and not torch.compiler.is_compiling()
+            and not torch._C._are_functorch_transforms_active())
+
+
+def _mask_ok(mask: torch.Tensor, n: int) -> bool:
+    return (mask.dtype == torch.bool and mask.dim() == 1 and mask.shape[0] == n
+            and mask.is_contiguous())
+
+
+def _index_ok(index: torch.Tensor, n: int) -> bool:
+    return (index.dtype == torch.long and index.dim() == 1 and index.shape[0] == n
+            and index.is_contiguous() and index.device.type == "cpu")
+
+
+def _kernel(kind: str, values: torch.Tensor, mask: torch.Tensor, op: str):
+    """The kernel for ``values`` and ``mask``, or None where the native path does not apply
+    (other dtypes or shapes, autograd, torch.func, compiling, other devices)."""
+    if (values.dim() != 1 or not _mask_ok(mask, values.shape[0]) or not values.is_contiguous()
+            or (values.requires_grad and torch.is_grad_enabled()) or not _eager_cpu(values)
+            or not available()):
+        return None
+    return _KERNELS.get((kind, op, values.dtype))
+
+
+def _identity(op: str, dtype: torch.dtype) -> float:
+    return 0.0 if op in ("sum", "sumsq") else 1.0 if op == "prod" else identity(op, dtype)
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"masked reduction ({what}): an index is out of range for the "
+                           "stored values; the sparse index was modified after the tensor "
+                           "was built, or is corrupt (rebuild the MaskedTensor)")
+
+
+def reduce_all(values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor | None:
+    """``reduce(where(mask, values, identity))`` over every element, shape ``(1,)``, for
+    ``op`` "sum", "sumsq" (the sum of squares), "prod", "amax" or "amin"; None where the
+    native kernels do not apply (use the composed path)."""
+    kernel = _kernel("all", values, mask, op)
+    if kernel is None:
+        return None
+    out = torch.empty(1, dtype=values.dtype)
+    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0],
+                  _identity(op, values.dtype), out.data_ptr()), op)
+    return out
+
+
+def lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.Tensor,
+          which: torch.Tensor) -> torch.Tensor | None:
+    """Per line ``which[i]`` (its elements ``offsets[which[i]]`` up to
+    ``offsets[which[i] + 1]``), ``reduce(where(mask, values, identity))``; None where the
+    native kernels do not apply."""
+    kernel = _kernel("lines", values, mask, op)
+    if (kernel is None or not _index_ok(which, which.shape[0])
+            or not _index_ok(offsets, offsets.shape[0]) or offsets.shape[0] == 0):
+        return None
+    out = torch.empty(which.shape[0], dtype=values.dtype)
+    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], offsets.data_ptr(),
+                  offsets.shape[0] - 1, which.data_ptr(), which.shape[0],
+                  _identity(op, values.dtype), out.data_ptr()), op)
+    return out
+
+
+def scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.Tensor,
+            n: int) -> torch.Tensor | None:
+    """Into ``n`` groups, ``out[index[j]] op= where(mask, values, identity)[j]`` (groups
+    without an element hold the identity); None where the native kernels do not apply."""
+    kernel = _kernel("scatter", values, mask, op)
+    if kernel is None or not _index_ok(index, values.shape[0]):
+        return None
+    out = torch.empty(n, dtype=torch.float64 if op in _SUMS else values.dtype)
+    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], index.data_ptr(),
+                  _identity(op, values.dtype), out.data_ptr(), n), op)
+    return out.to(values.dtype)
+
+
+def _count_ok(mask: torch.Tensor) -> bool:
+    return (mask.dim() == 1 and _mask_ok(mask, mask.shape[0]) and _eager_cpu(mask)
+            and available())
+
+
+def count_all(mask: torch.Tensor) -> torch.Tensor | None:
+    """The number of True elements of a 1-D bool ``mask``, shape ``(1,)`` int64, or None."""
+    if not _count_ok(mask):
+        return None
+    out = torch.empty(1, dtype=torch.long)
+    _check(_library().ms_all_count(mask.data_ptr(), mask.shape[0], out.data_ptr()), "count")
+    return out
+
+
+def count_lines(mask: torch.Tensor, offsets: torch.Tensor,
+                which: torch.Tensor) -> torch.Tensor | None:
+    """Per line (as :func:`lines`), the number of True elements of ``mask`` (int64)."""
+    if not (_count_ok(mask) and _index_ok(which, which.shape[0])
+            and _index_ok(offsets, offsets.shape[0]) and offsets.shape[0] > 0):
+        return None
+    out = torch.empty(which.shape[0], dtype=torch.long)
+    _check(_library().ms_lines_count(mask.data_ptr(), mask.shape[0], offsets.data_ptr(),
+                                     offsets.shape[0] - 1, which.data_ptr(), which.shape[0],
+                                     out.data_ptr()), "count")
+    return out
+
+
+def count_scatter(mask: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor | None:
+    """Per group (as :func:`scatter`), the number of True elements of ``mask`` (int64)."""
+    if not (_count_ok(mask) and _index_ok(index, mask.shape[0])):
+        return None
+    out = torch.empty(n, dtype=torch.long)
+    _check(_library().ms_scatter_count(mask.data_ptr(), mask.shape[0], index.data_ptr(),
+                                       out.data_ptr(), n), "count")
+    return out

@@ -1,0 +1,179 @@
+"""The native reduction kernels (``layouts/_native.c``, Note [Native reductions]).
+
+Each kernel is compared with its definition written in torch ops on random inputs
+(hypothesis: sizes, densities, empty and fully masked groups, NaN and +-inf specified or
+not): ``reduce(where(mask, values, identity))`` per group. Out-of-range indices raise
+instead of reading memory; without a compiler (or with ``MASKED_SPARSE_NATIVE=0``) the
+library says why and the reductions take the composed path, with the same results.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import layouts
+import layouts._native as native
+
+pytestmark = pytest.mark.skipif(not native.available(),
+                                reason=f"native kernels: {native.status()}")
+
+DTYPES = [torch.float32, torch.float64]
+OPS = ["sum", "sumsq", "prod", "amax", "amin"]
+
+
+def _inputs(n: int, dtype: torch.dtype, density: float, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    values = (torch.randn(n, generator=g, dtype=torch.float64) * 4).to(dtype)
+    pick = torch.randint(0, 20, (n,), generator=g)
+    special = torch.tensor([math.nan, math.inf, -math.inf], dtype=dtype)
+    values = torch.where(pick < 3, special[pick.clamp(max=2)], values)
+    mask = torch.rand(n, generator=g) < density
+    return values, mask
+
+
+def _reference(values, mask, op, groups, n):
+    """Per group ``0..n-1`` (``groups[j]``: element j's group), the masked ``op`` reduction
+    written with torch ops; groups without an element hold the identity."""
+    start = {"sum": 0, "sumsq": 0, "prod": 1}.get(op) if op in ("sum", "sumsq", "prod") \
+        else layouts.identity(op, values.dtype)
+    filled = torch.where(mask, values, torch.tensor(start, dtype=values.dtype))
+    double = op in ("sum", "sumsq", "prod")  # accumulated in double, as torch's CPU sums
+    filled = filled.double() if double else filled
+    if op == "sumsq":
+        filled, op = filled * filled, "sum"
+    out = torch.full((n,), start, dtype=filled.dtype)
+    return out.scatter_reduce(0, groups, filled, op).to(values.dtype)
+
+
+def _assert_same(got, want):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
+sizes = st.integers(0, 300)
+densities = st.sampled_from([0.0, 0.1, 0.5, 0.9, 1.0])
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=sizes, density=densities, seed=st.integers(0, 2**16),
+       dtype=st.sampled_from(DTYPES), op=st.sampled_from(OPS))
+def test_reduce_all_is_the_masked_reduction(n, density, seed, dtype, op):
+    values, mask = _inputs(n, dtype, density, seed)
+    got = native.reduce_all(values, mask, op)
+    _assert_same(got, _reference(values, mask, op, torch.zeros(n, dtype=torch.long), 1))
+    assert native.count_all(mask).item() == int(mask.sum())
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(0, 90), min_size=1, max_size=12), density=densities,
+       seed=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES), op=st.sampled_from(OPS),
+       data=st.data())
+def test_lines_are_the_masked_reduction_of_each_run(lengths, density, seed, dtype, op, data):
+    """Lines of any length (empty ones, long ones on the vector path), any subset of them
+    in any order."""
+    offsets = torch.tensor([0, *lengths]).cumsum(0)
+    n = int(offsets[-1])
+    values, mask = _inputs(n, dtype, density, seed)
+    which = torch.tensor(data.draw(st.lists(st.integers(0, len(lengths) - 1), max_size=12)),
+                         dtype=torch.long)
+    line_of = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    want = _reference(values, mask, op, line_of, len(lengths))[which]
+    _assert_same(native.lines(values, mask, op, offsets, which), want)
+    counts = torch.zeros(len(lengths), dtype=torch.long).index_add_(0, line_of, mask.long())
+    assert torch.equal(native.count_lines(mask, offsets, which), counts[which])
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=sizes, groups=st.integers(1, 40), density=densities, seed=st.integers(0, 2**16),
+       dtype=st.sampled_from(DTYPES), op=st.sampled_from(OPS))
+def test_scatter_is_the_masked_reduction_per_group(n, groups, density, seed, dtype, op):
+    values, mask = _inputs(n, dtype, density, seed)
+    index = torch.randint(0, groups, (n,), generator=torch.Generator().manual_seed(seed))
+    _assert_same(native.scatter(values, mask, op, index, groups),
+                 _reference(values, mask, op, index, groups))
+    counts = torch.zeros(groups, dtype=torch.long).index_add_(0, index, mask.long())
+    assert torch.equal(native.count_scatter(mask, index, groups), counts)
+
+
+def test_a_specified_nan_wins_and_an_unspecified_one_is_ignored():
+    values = torch.tensor([1.0, math.nan, 3.0, math.nan, -1.0])
+    mask = torch.tensor([True, True, True, False, True])
+    offsets, which = torch.tensor([0, 3, 5]), torch.tensor([0, 1])
+    assert native.lines(values, mask, "amax", offsets, which)[0].isnan()
+    assert native.lines(values, mask, "amax", offsets, which)[1].item() == -1.0
+    assert native.lines(values, mask, "sum", offsets, which)[1].item() == -1.0
+
+
+def test_sums_of_float32_accumulate_exactly_enough():
+    """1e6 float32 values summed one by one in float32 would drift by ~1e-3 relative."""
+    values = torch.full((1_000_000,), 0.1, dtype=torch.float32)
+    mask = torch.ones(1_000_000, dtype=torch.bool)
+    got = native.reduce_all(values, mask, "sum").item()
+    assert got == pytest.approx(100_000.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("bad", ["scatter", "which", "offsets"])
+def test_an_out_of_range_index_raises_and_touches_nothing(bad):
+    values, mask = torch.ones(4), torch.ones(4, dtype=torch.bool)
+    with pytest.raises(RuntimeError, match="out of range"):
+        if bad == "scatter":
+            native.scatter(values, mask, "sum", torch.tensor([0, 1, 7, 1]), 3)
+        elif bad == "which":
+            native.lines(values, mask, "amax", torch.tensor([0, 2, 4]), torch.tensor([2]))
+        else:  # decreasing pointers, and one past the stored values
+            native.lines(values, mask, "sum", torch.tensor([0, 3, 1, 9]), torch.tensor([1]))
+    with pytest.raises(RuntimeError, match="out of range"):
+        native.count_lines(mask, torch.tensor([0, 9]), torch.tensor([0]))
+
+
+def test_a_corrupted_sparse_index_raises_in_a_reduction():
+    """An index written in place after the MaskedTensor was built is caught, not read."""
+    import masked_sparse as ms
+
+    dense = torch.arange(12.0).view(3, 4)
+    mt = ms.masked_tensor(dense, dense > 2).to_sparse_csr()
+    mt._storage.index[0][1] = 100  # row 0 now ends far past the stored values
+    with pytest.raises(RuntimeError, match="out of range"):
+        mt.sum(1)
+
+
+@pytest.mark.parametrize("kind", ["autograd", "other dtype", "2-D"])
+def test_inputs_the_kernels_do_not_take_go_to_the_composed_path(kind):
+    values, mask = torch.ones(6), torch.ones(6, dtype=torch.bool)
+    if kind == "autograd":
+        values.requires_grad_()
+    elif kind == "other dtype":
+        values = values.to(torch.float16)
+    else:
+        values, mask = values.view(2, 3), mask.view(2, 3)
+    assert native.reduce_all(values, mask, "sum") is None
+
+
+_SCRIPT = """
+import torch, masked_sparse as ms, layouts._native as native
+d = torch.tensor([[1., float('nan'), 3.], [4., 5., 6.]])
+m = torch.tensor([[True, False, True], [False, True, True]])
+print(native.status())
+print(ms.masked_tensor(d, m).to_sparse_csr().sum(1).to_tensor(0).to_dense().tolist())
+"""
+
+
+@pytest.mark.parametrize("env", [{"MASKED_SPARSE_NATIVE": "0"}, {"CC": "/bin/false"}],
+                         ids=["disabled", "no compiler"])
+def test_without_the_kernels_reductions_are_the_same(env, tmp_path):
+    """In a fresh process without the native kernels, the library says why and reduces
+    through the composed path."""
+    full_env = {**os.environ, **env, "MASKED_SPARSE_CACHE": str(tmp_path),
+                "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", _SCRIPT], env=full_env, capture_output=True,
+                         text=True, timeout=120, check=True).stdout.splitlines()
+    assert out[0] != "available"
+    assert out[1] == "[4.0, 11.0]"
