@@ -24,10 +24,10 @@ on the plain input, specified everywhere -- exactly what ``torch.masked`` comput
 reduction (a row sum runs 10x faster). The masked route stays where the two differ: an
 empty input (its groups are empty: unspecified, not 0 or NaN); dtypes other than float32 /
 float64 (the masked ops order bools, refuse complex orders and non-float softmax with their
-own messages, give half-precision var / std in float32); and, to the last bit,
-``torch.masked``'s own formulas that the masked route reproduces and torch's plain op does
-not: var / std (two passes, where ``torch.var`` makes one) and ``prod`` over all dims (one
-dim at a time).
+own messages, give half-precision var / std in float32); and var / std, whose two passes
+reproduce ``torch.masked``'s formula to the last bit where ``torch.var`` makes one pass.
+(``prod`` over all dims is the one result that can differ from ``torch.masked``'s in the last
+bits: it multiplies one dim at a time, a workaround for pytorch#56586.)
 
 >>> import torch, masked_sparse as ms
 >>> x = torch.tensor([[1., 2.], [3., 4.]])
@@ -148,10 +148,10 @@ def _all_dims(dim: Any, mt: MaskedTensor | torch.Tensor) -> Any:
 def prod(input: torch.Tensor, dim: Any = None, *, keepdim: bool = False,
          dtype: torch.dtype | None = None, mask: torch.Tensor | None = None) -> MaskedTensor:
     """Product of the specified elements over one ``dim`` (all when None)."""
-    mt = _masked(input, mask, "prod", plain=dim is not None)
+    mt = _masked(input, mask, "prod")
     if dim is None:
         out = torch.prod(mt, dtype=dtype)
-        return out.reshape((1,) * mt.dim()) if keepdim else out
+        return _specified(out.reshape((1,) * mt.dim()) if keepdim else out)
     if isinstance(dim, (tuple, list)):
         if len(dim) != 1:
             raise TypeError(f"masked_sparse.functional.prod: dim must be one int, got {dim}")
