@@ -22,6 +22,7 @@ from . import sparse_csc  # noqa: F401
 
 # isort: split
 from . import sparse_bsr  # noqa: F401
+from ._grouping import _BITS as SAME_WIDTH_INT  # dtype -> the integer dtype of its bits
 from ._grouping import Grouping, fill_unspecified, identity, zero_unspecified
 from ._index import linearize
 from ._linalg import sparse_mm, sparse_sparse_mm, specified_lines
@@ -47,6 +48,7 @@ __all__ = [
     "Kernel",
     "Layout",
     "Lines",
+    "SAME_WIDTH_INT",
     "Storage",
     "check_sparse_input",
     "convert",

@@ -366,6 +366,8 @@ class SparseLines(Lines):
         v, m = self.to_lines(values), self.to_lines(mask)
         device = v.device
         perm = torch.empty(self.nnz, dtype=torch.long, device=device)  # slot -> element
+        # topk keeps only the first k slots of each line: their (line, slot), computed once
+        kept_slots = None if k is None else _slots(self.lengths.clamp(max=k))
         for (elems, row, slot, width), lines in zip(self._blocks(), self._buckets()):
             part_v = v if elems is None else v[elems]
             part_m = m if elems is None else m[elems]
@@ -383,15 +385,17 @@ class SparseLines(Lines):
             order = _top_order(block_v, tier, descending, k)
             if order is None:
                 order = stable_order(block_v, tier == 0, 1, descending, tier)[:, :k]
-            starts = self.starts if lines is None else self.starts[lines]
-            lengths = self.lengths if lines is None else self.lengths[lines]
-            row, slot = _slots(lengths.clamp(max=k))  # only the kept slots of each line
+            if lines is None:
+                starts, (row, slot) = self.starts, kept_slots
+            else:  # a bucket: its own lines' kept slots
+                starts = self.starts[lines]
+                row, slot = _slots(self.lengths[lines].clamp(max=k))
             perm[starts[row] + slot] = order[row, slot] + starts[row]
-        if k is None:
+        if kept_slots is None:
             indices = self.indices.clone()
             indices[self.dim] = self.rank
         else:
-            row, slot = _slots(self.lengths.clamp(max=k))
+            row, slot = kept_slots
             kept = self.starts[row] + slot
             perm, indices = perm[kept], self.indices[:, kept]
             indices[self.dim] = slot

@@ -14,6 +14,21 @@ matrices), since specifying the implicit zeros would densify it. A strided mask 
 given for a sparse input (its True positions are stored) and broadcasts to a strided input.
 A MaskedTensor input is used with its own mask (``mask`` must then be omitted).
 
+Note [Strided input without a mask]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+With ``mask=None`` every element of a strided input is specified. When the input has
+elements, every group then has a specified element, so the masked result is torch's own op
+on the plain input, specified everywhere -- exactly what ``torch.masked`` computes for
+``mask=None``. The functions run that op directly (:func:`_masked` returns the input itself,
+:func:`_specified` wraps the result): no full-size all-True mask, no fill pass, no mask
+reduction (a row sum runs 10x faster). The masked route stays where the two differ: an
+empty input (its groups are empty: unspecified, not 0 or NaN); dtypes other than float32 /
+float64 (the masked ops order bools, refuse complex orders and non-float softmax with their
+own messages, give half-precision var / std in float32); and var / std, whose two passes
+reproduce ``torch.masked``'s formula to the last bit where ``torch.var`` makes one pass.
+(``prod`` over all dims is the one result that can differ from ``torch.masked``'s in the last
+bits: it multiplies one dim at a time, a workaround for pytorch#56586.)
+
 >>> import torch, masked_sparse as ms
 >>> x = torch.tensor([[1., 2.], [3., 4.]])
 >>> ms.functional.sum(x, 1, mask=torch.tensor([[True, False], [False, False]]))
@@ -30,8 +45,8 @@ import torch
 
 import layouts
 
-from ._construct import as_masked_tensor
-from ._func import lift
+from . import _func
+from ._construct import as_masked_tensor, masked_over
 from ._tensor import MaskedTensor
 from .ops import reductions_args as A
 from .ops.reductions import group_norm, run, source, zero_unspecified
@@ -40,9 +55,15 @@ __all__ = ["amax", "amin", "argmax", "argmin", "cumprod", "cumsum", "log_softmax
            "mean", "median", "norm", "normalize", "prod", "softmax", "softmin", "std", "sum",
            "var"]
 
-def _masked(input: Any, mask: Any, op: str, dtype: torch.dtype | None = None) -> MaskedTensor:
-    """``input`` with ``mask`` as a MaskedTensor (cast to ``dtype``), differentiable."""
-    input = lift(input)  # a MaskedTensor argument of a torch.func transform
+_PLAIN_DTYPES = (torch.float32, torch.float64)  # Note [Strided input without a mask]
+
+
+def _masked(input: Any, mask: Any, op: str, dtype: torch.dtype | None = None, *,
+            plain: bool = True) -> MaskedTensor | torch.Tensor:
+    """``input`` with ``mask`` as a MaskedTensor (cast to ``dtype``), differentiable; with
+    ``plain``, a float strided input with elements and no mask stays plain (Note [Strided
+    input without a mask]): the caller wraps its op's result with :func:`_specified`."""
+    input = _func.lift(input)  # a MaskedTensor argument of a torch.func transform
     if isinstance(input, MaskedTensor):
         if mask is not None:
             raise TypeError(f"masked_sparse.functional.{op}: input is a MaskedTensor, which "
@@ -51,9 +72,26 @@ def _masked(input: Any, mask: Any, op: str, dtype: torch.dtype | None = None) ->
     elif not isinstance(input, torch.Tensor):
         raise TypeError(f"masked_sparse.functional.{op}: input must be a torch.Tensor, got "
                         f"{type(input).__name__}")
+    elif plain and mask is None and input.layout == torch.strided and input.numel() > 0 \
+            and input.dtype in _PLAIN_DTYPES:
+        mt = input
     else:
         mt = as_masked_tensor(input, _mask_for(input, mask, op))
     return mt if dtype is None or dtype == mt.dtype else mt.to(dtype)
+
+
+def _specified(out: MaskedTensor | torch.Tensor) -> MaskedTensor:
+    """An op's result as a MaskedTensor: a plain one (Note [Strided input without a
+    mask]) specified everywhere.
+
+    ``masked_over`` keeps the gradient reaching ``out`` plain, for torch's derivative
+    formula of the op that made it; under a ``torch.func`` transform ``as_masked_tensor``
+    wraps the transform's own tracked ``out`` (Note [MaskedTensors in torch.func]).
+    """
+    if isinstance(out, MaskedTensor):
+        return out
+    mask = torch.ones(out.shape, dtype=torch.bool, device=out.device)
+    return as_masked_tensor(out, mask) if _func.active() else masked_over(out, mask)
 
 
 def _mask_for(input: torch.Tensor, mask: Any, op: str) -> torch.Tensor:
@@ -100,10 +138,10 @@ def sum(input: torch.Tensor, dim: Any = None, *, keepdim: bool = False,
     MaskedTensor(  5.0000, True)
     """
     mt = _masked(input, mask, "sum")
-    return torch.sum(mt, _all_dims(dim, mt), keepdim=keepdim, dtype=dtype)
+    return _specified(torch.sum(mt, _all_dims(dim, mt), keepdim=keepdim, dtype=dtype))
 
 
-def _all_dims(dim: Any, mt: MaskedTensor) -> Any:
+def _all_dims(dim: Any, mt: MaskedTensor | torch.Tensor) -> Any:
     return tuple(range(mt.dim())) if dim is None else dim
 
 
@@ -113,64 +151,67 @@ def prod(input: torch.Tensor, dim: Any = None, *, keepdim: bool = False,
     mt = _masked(input, mask, "prod")
     if dim is None:
         out = torch.prod(mt, dtype=dtype)
-        return out.reshape((1,) * mt.dim()) if keepdim else out
+        return _specified(out.reshape((1,) * mt.dim()) if keepdim else out)
     if isinstance(dim, (tuple, list)):
         if len(dim) != 1:
             raise TypeError(f"masked_sparse.functional.prod: dim must be one int, got {dim}")
         dim = dim[0]
-    return torch.prod(mt, dim, keepdim=keepdim, dtype=dtype)
+    return _specified(torch.prod(mt, dim, keepdim=keepdim, dtype=dtype))
 
 
 def amax(input: torch.Tensor, dim: Any = None, *, keepdim: bool = False,
          dtype: torch.dtype | None = None, mask: torch.Tensor | None = None) -> MaskedTensor:
     """Maximum of the specified elements over ``dim`` (all dims when None)."""
-    return torch.amax(_masked(input, mask, "amax", dtype), _dims(dim), keepdim=keepdim)
+    return _specified(torch.amax(_masked(input, mask, "amax", dtype), _dims(dim),
+                                keepdim=keepdim))
 
 
 def amin(input: torch.Tensor, dim: Any = None, *, keepdim: bool = False,
          dtype: torch.dtype | None = None, mask: torch.Tensor | None = None) -> MaskedTensor:
     """Minimum of the specified elements over ``dim`` (all dims when None)."""
-    return torch.amin(_masked(input, mask, "amin", dtype), _dims(dim), keepdim=keepdim)
+    return _specified(torch.amin(_masked(input, mask, "amin", dtype), _dims(dim),
+                                keepdim=keepdim))
 
 
 def argmax(input: torch.Tensor, dim: int | None = None, *, keepdim: bool = False,
            dtype: torch.dtype | None = None, mask: torch.Tensor | None = None) -> MaskedTensor:
     """Index of the first maximum among the specified elements along ``dim``."""
-    return torch.argmax(_masked(input, mask, "argmax", dtype), dim, keepdim=keepdim)
+    return _specified(torch.argmax(_masked(input, mask, "argmax", dtype), dim, keepdim=keepdim))
 
 
 def argmin(input: torch.Tensor, dim: int | None = None, *, keepdim: bool = False,
            dtype: torch.dtype | None = None, mask: torch.Tensor | None = None) -> MaskedTensor:
     """Index of the first minimum among the specified elements along ``dim``."""
-    return torch.argmin(_masked(input, mask, "argmin", dtype), dim, keepdim=keepdim)
+    return _specified(torch.argmin(_masked(input, mask, "argmin", dtype), dim, keepdim=keepdim))
 
 
 def mean(input: torch.Tensor, dim: Any = None, *, keepdim: bool = False,
          dtype: torch.dtype | None = None, mask: torch.Tensor | None = None) -> MaskedTensor:
     """Mean of the specified elements over ``dim`` (all dims when None)."""
     mt = _masked(input, mask, "mean")
-    return torch.mean(mt, _all_dims(dim, mt), keepdim=keepdim, dtype=dtype)
+    return _specified(torch.mean(mt, _all_dims(dim, mt), keepdim=keepdim, dtype=dtype))
 
 
 def median(input: torch.Tensor, dim: int = -1, *, keepdim: bool = False,
            dtype: torch.dtype | None = None, mask: torch.Tensor | None = None) -> MaskedTensor:
     """Lower median of the specified elements along one ``dim`` (values only, as
     ``torch.masked.median``)."""
-    return torch.median(_masked(input, mask, "median", dtype), dim, keepdim=keepdim).values
+    mt = _masked(input, mask, "median", dtype)
+    return _specified(torch.median(mt, dim, keepdim=keepdim).values)
 
 
 def logsumexp(input: torch.Tensor, dim: Any = None, *, keepdim: bool = False,
               dtype: torch.dtype | None = None, mask: torch.Tensor | None = None) -> MaskedTensor:
     """``log(sum(exp(x)))`` of the specified elements over ``dim`` (all dims when None)."""
     mt = _masked(input, mask, "logsumexp", dtype)
-    return torch.logsumexp(mt, _all_dims(dim, mt), keepdim=keepdim)
+    return _specified(torch.logsumexp(mt, _all_dims(dim, mt), keepdim=keepdim))
 
 
 def norm(input: torch.Tensor, ord: float = 2.0, dim: Any = None, *, keepdim: bool = False,
          dtype: torch.dtype | None = None, mask: torch.Tensor | None = None) -> MaskedTensor:
     """Vector ``ord``-norm of the specified elements over ``dim`` (all dims when None)."""
     mt = _masked(input, mask, "norm")
-    return torch.linalg.vector_norm(mt, ord, dim, keepdim, dtype=dtype)
+    return _specified(torch.linalg.vector_norm(mt, ord, dim, keepdim, dtype=dtype))
 
 
 def var(input: torch.Tensor, dim: Any = None, unbiased: bool | None = None, *,
@@ -189,7 +230,7 @@ def std(input: torch.Tensor, dim: Any = None, unbiased: bool | None = None, *,
 
 def _spread(fn: Any, op: str, input: Any, dim: Any, unbiased: Any, correction: Any,
             keepdim: bool, dtype: Any, mask: Any) -> MaskedTensor:
-    mt = _masked(input, mask, op, dtype)
+    mt = _masked(input, mask, op, dtype, plain=False)
     if unbiased is not None:
         if correction is not None:
             raise TypeError(f"masked_sparse.functional.{op}: pass either unbiased or "
@@ -203,19 +244,19 @@ def _spread(fn: Any, op: str, input: Any, dim: Any, unbiased: Any, correction: A
 def softmax(input: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None,
             mask: torch.Tensor | None = None) -> MaskedTensor:
     """Softmax over the specified elements of each slice along ``dim``; keeps the mask."""
-    return torch.softmax(_masked(input, mask, "softmax"), dim, dtype=dtype)
+    return _specified(torch.softmax(_masked(input, mask, "softmax"), dim, dtype=dtype))
 
 
 def log_softmax(input: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None,
                 mask: torch.Tensor | None = None) -> MaskedTensor:
     """Log-softmax over the specified elements of each slice along ``dim``; keeps the mask."""
-    return torch.log_softmax(_masked(input, mask, "log_softmax"), dim, dtype=dtype)
+    return _specified(torch.log_softmax(_masked(input, mask, "log_softmax"), dim, dtype=dtype))
 
 
 def softmin(input: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None,
             mask: torch.Tensor | None = None) -> MaskedTensor:
     """``softmax(-input)`` over the specified elements along ``dim``; keeps the mask."""
-    return torch.softmax(-_masked(input, mask, "softmin"), dim, dtype=dtype)
+    return _specified(torch.softmax(-_masked(input, mask, "softmin"), dim, dtype=dtype))
 
 
 def _k_normalize(g: layouts.Grouping, ord: float, eps: float,
@@ -243,6 +284,10 @@ def normalize(input: torch.Tensor, ord: float, dim: int, *, eps: float = 1e-12,
         raise TypeError(f"masked_sparse.functional.normalize: expected a floating point "
                         f"input, got {mt.dtype}; pass dtype=torch.float32")
     dims = A.one_dim(dim, mt.dim(), "normalize")
+    if not isinstance(mt, MaskedTensor):  # Note [Strided input without a mask]
+        x = mt if dtype is None else mt.to(dtype)
+        norms = torch.linalg.vector_norm(x, ord, dims, keepdim=True)
+        return _specified(x / torch.clamp_min(norms, eps))
     return run(normalize, "normalize", _k_normalize, mt, dims, True, float(ord), float(eps),
                dtype)
 
@@ -261,4 +306,4 @@ def cumprod(input: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None,
 
 
 def _scan(op: str, input: Any, dim: int, dtype: Any, mask: Any) -> MaskedTensor:
-    return getattr(torch, op)(_masked(input, mask, op), dim, dtype=dtype)
+    return _specified(getattr(torch, op)(_masked(input, mask, op), dim, dtype=dtype))

@@ -64,6 +64,7 @@ def reference(op: str, inputs: list) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 CASES = [(lay, dt) for lay in LAYOUTS for dt in FLOAT_DTYPES]
+WIRE_CASES = [(lay, dt) for lay in ("strided", "coo") for dt in (torch.bool, torch.complex64)]
 METHODS = ["gather", "dense", "auto"]
 
 
@@ -103,6 +104,17 @@ def collectives_worker(rank: int, world: int) -> dict:
         mine = rank_input(lay, dt, rank)[0]
         dist.scatter(mine, sent, src=0)
         out["dist.scatter", lay, dt] = mine
+    # parameters that differ by rank, overwritten in place by rank world // 2's
+    params = [nn.Parameter(rank_input(lay, torch.float32, rank, seed=2)[0]) for lay in LAYOUTS]
+    params.append(nn.Parameter(torch.full((3,), float(rank))))
+    msd.broadcast_parameters(params, src=world // 2)
+    out["broadcast_parameters"] = [(p, isinstance(p, nn.Parameter) and p.requires_grad)
+                                   for p in params]
+    for lay, dt in WIRE_CASES:   # values that travel as uint8 / real pairs
+        mt = rank_input(lay, dt, rank)[0]
+        out["broadcast", lay, dt] = [msd.broadcast(mt, src) for src in range(world)]
+        sent = [rank_input(lay, dt, r, seed=1)[0] for r in range(world)] if rank == 0 else None
+        out["scatter", lay, dt] = msd.scatter(sent, mt, src=0)
     return out
 
 
@@ -165,6 +177,31 @@ def test_gather_broadcast_scatter(world, lay, dt):
             _check(b, inputs[src][1], inputs[src][2], lay)
         _, data, mask = rank_input(lay, dt, r, seed=1)
         _check(res["scatter", lay, dt], data, mask, lay)
+
+
+@pytest.mark.parametrize("world", list(WORLDS))
+@pytest.mark.parametrize("lay,dt", WIRE_CASES, ids=[f"{lay}-{str(dt)[6:]}"
+                                                    for lay, dt in WIRE_CASES])
+def test_broadcast_scatter_of_bool_and_complex_values(world, lay, dt):
+    results_ = results(world)
+    inputs = _inputs(lay, dt, world)
+    for r in range(world):
+        for src, b in enumerate(results_[r]["broadcast", lay, dt]):
+            assert b.dtype == dt
+            _check(b, inputs[src][1], inputs[src][2], lay)
+        _check(results_[r]["scatter", lay, dt], *rank_input(lay, dt, r, seed=1)[1:], lay)
+
+
+@pytest.mark.parametrize("world", list(WORLDS))
+def test_broadcast_parameters(world):
+    src = world // 2
+    for r in range(world):
+        *masked, (dense, dense_ok) = results(world)[r]["broadcast_parameters"]
+        for lay, (p, ok) in zip(LAYOUTS, masked):
+            assert ok, lay                      # still a Parameter that requires grad
+            _check(p, *rank_input(lay, torch.float32, src, seed=2)[1:], lay)
+        assert dense_ok
+        torch.testing.assert_close(dense, torch.full((3,), float(src)))
 
 
 @pytest.mark.parametrize("world,lay,dt", COLLECTIVE_CASES, ids=COLLECTIVE_IDS)

@@ -25,6 +25,7 @@ import torch
 
 import layouts._reduce_sparse as reduce_sparse
 import masked_sparse as ms
+import masked_sparse.ops._fill as fill
 import masked_sparse.ops.pointwise as pointwise
 import masked_sparse.ops.reductions_args as A
 from tests.conftest import (
@@ -197,6 +198,37 @@ def test_accessors_with_and_without_grad_agree(layout):
         assert graphed.requires_grad and not plain.requires_grad
         assert plain.layout == graphed.layout
         torch.testing.assert_close(plain.to_dense(), graphed.detach().to_dense())
+
+
+BY_BITS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@pytest.mark.parametrize("dtype", list(BY_BITS) + [torch.int64, torch.int8, torch.bool,
+                                                   torch.complex64], ids=str)
+def test_zero_fill_by_bits_matches_where(dtype, monkeypatch):
+    # Note [Zero fill by bits]: the four float dtypes fill by their integer bits, the others
+    # (where an integer product would be slower or wrong) by ``where``; same result.
+    bits_calls = []
+    by_bits = fill._bitwise_zero_fill
+    monkeypatch.setattr(fill, "_bitwise_zero_fill",
+                        lambda v, m: bits_calls.append(v.dtype) or by_bits(v, m))
+    g = torch.Generator().manual_seed(8)
+    values = torch.randn(3, 4, 5, generator=g, dtype=torch.float64)
+    values[0, 0, :3] = torch.tensor([math.nan, math.inf, -0.0])
+    values = values.to(dtype) if dtype != torch.bool else values > 0
+    full = torch.rand(3, 4, 5, generator=g) < 0.5
+    full[0, 0, :2] = False                                   # NaN and inf under the mask
+    full[0, 0, 2] = True                                     # a specified -0.0 stays -0.0
+    heads = (torch.rand(1, 4, 5, generator=g) < 0.5).expand(3, 4, 5)   # stride-0 dim
+    for mask in (full, heads):
+        got = fill.zero_fill(values, mask)
+        ref = torch.where(mask, values, torch.zeros((), dtype=dtype))
+        assert got.dtype == dtype
+        if dtype in BY_BITS:   # bit for bit: +0.0 where unspecified, -0.0 kept
+            same_width = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+            got, ref = got.view(same_width), ref.view(same_width)
+        torch.testing.assert_close(got, ref, rtol=0, atol=0, equal_nan=True)
+    assert bits_calls == ([dtype, dtype] if dtype in BY_BITS else [])
 
 
 def _lines_case(layout: str) -> tuple[ms.MaskedTensor, torch.Tensor, torch.Tensor]:

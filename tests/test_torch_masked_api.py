@@ -115,6 +115,92 @@ def test_functional_mask_none_and_masked_input():
         MF.sum(mt, mask=x != 0)
 
 
+# -- mask=None on a strided input: torch's own op (Note [Strided input without a mask]) ------
+OVER_ALL = {"norm": (2.0,)}  # the call over all dims, where the function has one
+ELEMENTWISE = ("softmax", "log_softmax", "softmin", "normalize", "cumsum", "cumprod")
+
+
+def _calls(name):
+    """(args, kwargs) of each call of ``name`` checked: along dim 1, keepdim, all dims."""
+    calls = [(ARGS.get(name, (1,)), {})]
+    if name not in ELEMENTWISE:
+        calls.append((ARGS.get(name, (1,)), {"keepdim": True}))
+    if name not in ARGS or name in OVER_ALL:
+        calls += [(OVER_ALL.get(name, ()), {}), (OVER_ALL.get(name, ()), {"keepdim": True})]
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("name", FUNCS)
+def test_functional_without_mask_is_torch_masked_exactly(name, dtype):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 7, 4, generator=g, dtype=dtype)
+    for args, kwargs in _calls(name):
+        out = getattr(MF, name)(x, *args, **kwargs)
+        ref = getattr(torch.masked, name)(x, *args, **kwargs)
+        assert isinstance(out, ms.MaskedTensor)
+        # torch.masked.argmax / argmin give the indices in the input's dtype
+        assert out.dtype == (torch.long if name in ("argmax", "argmin") else ref.dtype)
+        assert out.shape == ref.shape and bool(out.get_mask().all()), (args, kwargs)
+        # torch.masked.prod over all dims multiplies one dim at a time (pytorch#56586)
+        exact = name != "prod" or args
+        torch.testing.assert_close(out.to_tensor(0), ref.to(out.dtype),
+                                   **({"rtol": 0, "atol": 0} if exact else {}))
+
+
+def _with_specials(x):
+    if x.is_floating_point():  # NaN, +-inf and a tie in the rows
+        x[0, 1], x[1, 2], x[2, 3], x[0, 4] = math.nan, math.inf, -math.inf, x[0, 0]
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.int64,
+                                   torch.bool, torch.complex64],
+                         ids=["f32", "f64", "f16", "i64", "bool", "c64"])
+@pytest.mark.parametrize("name", FUNCS)
+def test_functional_without_mask_equals_an_all_true_mask(name, dtype):
+    # whichever route mask=None takes, the result is the masked op's on an all-True mask:
+    # values, mask, dtype, or the same error; empty inputs leave every group unspecified
+    for x in (_with_specials(make_masked((3, 7), dtype=dtype, seed=6)[1]),
+              torch.zeros(0, 7, dtype=dtype), torch.zeros(3, 0, dtype=dtype)):
+        everywhere = torch.ones(x.shape, dtype=torch.bool)
+        calls = _calls(name)
+        if name in ("sum", "mean", "softmax", "cumsum") and dtype != torch.complex64:
+            calls.append(((1,), {"dtype": torch.float64}))
+        for args, kwargs in calls:
+            fn = getattr(MF, name)
+            try:
+                ref = fn(x, *args, mask=everywhere, **kwargs)
+            except Exception as e:  # noqa: BLE001
+                with pytest.raises(type(e)):
+                    fn(x, *args, **kwargs)
+                continue
+            out = fn(x, *args, **kwargs)
+            assert out.dtype == ref.dtype and torch.equal(out.get_mask(), ref.get_mask())
+            # mask=None runs torch's own norm and product: equal up to the last bits
+            exact = name not in ("norm", "normalize", "prod")
+            torch.testing.assert_close(out.to_tensor(0), ref.to_tensor(0), equal_nan=True,
+                                       **({"rtol": 0, "atol": 0} if exact else {}))
+
+
+@pytest.mark.parametrize("name", [n for n in FUNCS if n not in ("argmax", "argmin")])
+def test_functional_without_mask_gradients(name):
+    x0 = torch.randn(4, 6, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    args = ARGS.get(name, (1,))
+    grads = []
+    for mask in (None, torch.ones(x0.shape, dtype=torch.bool)):
+        x = x0.clone().requires_grad_(True)
+        out = getattr(MF, name)(x, *args, mask=mask).to_tensor(0)
+        (out * torch.arange(1.0, out.numel() + 1, dtype=x.dtype).view(out.shape)).sum().backward()
+        grads.append(x.grad)
+    assert type(grads[0]) is torch.Tensor
+    torch.testing.assert_close(grads[0], grads[1])
+    jac = torch.func.jacrev(lambda t: getattr(MF, name)(t, *args).to_tensor(0))(x0)
+    torch.testing.assert_close(jac, torch.func.jacrev(
+        lambda t: getattr(MF, name)(t, *args, mask=torch.ones(t.shape, dtype=torch.bool))
+        .to_tensor(0))(x0))
+
+
 def test_functional_is_differentiable_and_reexported():
     x, mask = _inputs(3)
     x.requires_grad_(True)

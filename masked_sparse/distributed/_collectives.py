@@ -16,6 +16,7 @@ from ._entries import (
     OPS,
     Entries,
     all_gather_rows,
+    as_wire,
     entries_of,
     gather_meta,
     local_meta,
@@ -136,13 +137,12 @@ def broadcast(mt: MaskedTensor, src: int = 0, *, group=None) -> MaskedTensor:
     if dist.get_rank(group) != src_in_group and meta[2:].tolist() != _shape_meta(e):
         raise ValueError(f"masked_sparse.distributed.broadcast: rank {src} sends a MaskedTensor "
                          f"of another shape than this rank's {tuple(e.shape)}")
-    n = int(meta[0])
+    n, sends = int(meta[0]), dist.get_rank(group) == src_in_group
     parts = []
-    for t, dtype in ((e.keys, torch.long), (e.values, e.values.dtype), (e.mask, torch.bool)):
-        buf = t if dist.get_rank(group) == src_in_group else t.new_empty((n,) + t.shape[1:])
-        wire = buf.contiguous().view(torch.uint8) if dtype == torch.bool else buf.contiguous()
-        dist.broadcast(wire, src, group=group)
-        parts.append(wire.view(torch.bool) if dtype == torch.bool else wire)
+    for t in (e.keys, e.values, e.mask):
+        buf = t.contiguous() if sends else t.new_empty((n,) + t.shape[1:])
+        dist.broadcast(as_wire(buf), src, group=group)   # a view: receives into buf
+        parts.append(buf)
     return _rebuild(e._replace(keys=parts[0], values=parts[1], mask=parts[2]), mt)
 
 
@@ -174,19 +174,18 @@ def scatter(mts: list[MaskedTensor] | None, like: MaskedTensor, src: int = 0, *,
     parts = []
     for field in ("keys", "values", "mask"):
         proto = getattr(mine, field)
-        wire = proto.view(torch.uint8) if proto.dtype == torch.bool else proto
+        rows = (longest,) + tuple(proto.shape[1:])
         chunks = None
         if sent is not None:
             chunks = []
             for e in sent:
                 t = getattr(e, field)
-                t = t.view(torch.uint8) if t.dtype == torch.bool else t
-                pad = wire.new_zeros((longest,) + tuple(wire.shape[1:]))
+                pad = proto.new_zeros(rows)
                 pad[: t.shape[0]] = t
-                chunks.append(pad)
-        out = wire.new_empty((longest,) + tuple(wire.shape[1:]))
-        dist.scatter(out, chunks, src=src, group=group)
-        parts.append(out[:n].view(torch.bool) if proto.dtype == torch.bool else out[:n])
+                chunks.append(as_wire(pad))
+        out = proto.new_empty(rows)
+        dist.scatter(as_wire(out), chunks, src=src, group=group)   # a view: receives into out
+        parts.append(out[:n])
     return _rebuild(mine._replace(keys=parts[0], values=parts[1], mask=parts[2]), like)
 
 

@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as _TorchDDP
 from torch.utils._pytree import tree_flatten
 
 from .._tensor import MaskedTensor
+from . import _torch_api  # noqa: F401  (torch.distributed.broadcast of a MaskedTensor)
 from ._grads import sync_grads
 
 _SPARSE_MODULES = (torch.nn.Embedding, torch.nn.EmbeddingBag)
@@ -62,15 +63,15 @@ def split_for_ddp(module: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 
 def broadcast_parameters(params: Iterable[torch.Tensor], src: int = 0, group=None) -> None:
-    """Copy rank ``src``'s parameter values to every rank, in place (masked ones included)."""
-    from ._collectives import broadcast
+    """Copy rank ``src``'s parameter values to every rank, in place (masked ones included).
 
+    A MaskedTensor parameter goes through ``torch.distributed.broadcast`` itself, whose
+    masked handler (``_torch_api``) writes rank ``src``'s values and mask into it in its
+    own layout; ``p.data`` would not do: it is another wrapper of the same storage.
+    """
     with torch.no_grad():
         for p in params:
-            if isinstance(p, MaskedTensor):
-                p._storage = broadcast(p, src, group=group)._storage
-            else:
-                dist.broadcast(p.data, src, group=group)
+            dist.broadcast(p if isinstance(p, MaskedTensor) else p.data, src, group=group)
 
 
 class DistributedDataParallel(_TorchDDP):

@@ -167,14 +167,16 @@ def gather_meta(rows: torch.Tensor, group) -> torch.Tensor:
 
 
 # -- one packed, padded all-gather of rows (Note [Packed rows]) --------------------------------
-def _wire(t: torch.Tensor) -> torch.Tensor:
-    """A dtype every backend moves: bool as uint8, complex as its real pairs."""
+def as_wire(t: torch.Tensor) -> torch.Tensor:
+    """``t`` viewed in a dtype every backend moves: bool as uint8, complex as its real
+    pairs (a view: a collective writing into it writes into ``t``)."""
     if t.dtype == torch.bool:
         return t.view(torch.uint8)
     return torch.view_as_real(t) if t.is_complex() else t
 
 
-def _unwire(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def from_wire(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The inverse of :func:`as_wire`: ``t`` viewed back as ``dtype``."""
     if dtype == torch.bool:
         return t.view(torch.bool)
     return torch.view_as_complex(t) if dtype.is_complex else t
@@ -188,7 +190,7 @@ def all_gather_packed(parts: list[torch.Tensor], fills: list, counts: list[int],
     ``r * longest``; padding rows hold ``fills``.
     """
     world, longest = len(counts), max(counts)
-    wires = [_wire(p) for p in parts]
+    wires = [as_wire(p) for p in parts]
     if longest == 0:                        # nothing stored anywhere: nothing to send
         return [p.new_empty((0,) + tuple(p.shape[1:])) for p in parts]
     widths = [math.prod(w.shape[1:]) * w.element_size() for w in wires]
@@ -206,7 +208,7 @@ def all_gather_packed(parts: list[torch.Tensor], fills: list, counts: list[int],
         field[part.shape[0]:] = fill
     out = torch.empty((world * longest, row), dtype=torch.uint8, device=device)
     _all_gather_flat(out, mine, group)
-    return [_unwire(_field(out, offsets[k], widths[k], wires[k]), parts[k].dtype)
+    return [from_wire(_field(out, offsets[k], widths[k], wires[k]), parts[k].dtype)
             for k in range(len(parts))]
 
 
@@ -302,10 +304,10 @@ def _reduce_dense(e: Entries, values: torch.Tensor, op: str, fill, plan: Plan,
     count = torch.zeros(count_shape, dtype=_count_dtype(world), device=values.device)
     count.index_copy_(0, e.keys, e.mask.to(count.dtype) if plan.masks else
                       torch.ones_like(e.keys, dtype=count.dtype))
-    wire = _wire(buf)
+    wire = as_wire(buf)
     dist.all_reduce(wire, op=getattr(dist.ReduceOp, _TORCH_OP[op]), group=group)
     dist.all_reduce(count, op=dist.ReduceOp.SUM, group=group)
-    buf = _unwire(wire, values.dtype)
+    buf = from_wire(wire, values.dtype)
     present = count if count.dim() == 1 else count.flatten(1).any(1)
     keys = present.nonzero().squeeze(1)
     out, count = buf.index_select(0, keys), count.index_select(0, keys)

@@ -15,8 +15,11 @@ import layouts
 from .pointwise import broadcasts_to
 
 _ZERO_FILLED: WeakIdKeyDictionary = WeakIdKeyDictionary()  # Note [Known zero fill]
-_BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
-         torch.float64: torch.int64}
+
+
+def _fills_by_bits(dtype: torch.dtype) -> bool:
+    """A float dtype with a same-width integer view (float16, bfloat16, float32, float64)."""
+    return dtype.is_floating_point and dtype in layouts.SAME_WIDTH_INT
 
 
 def _bitwise_zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -26,7 +29,7 @@ def _bitwise_zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     small = compact(mask)
     if values.dtype == torch.float64 and small is mask:
         return layouts.fill_unspecified(values, mask, 0)
-    return (values.view(_BITS[values.dtype]) * small).view(values.dtype)
+    return (values.view(layouts.SAME_WIDTH_INT[values.dtype]) * small).view(values.dtype)
 
 
 def compact(t: torch.Tensor) -> torch.Tensor:
@@ -72,7 +75,8 @@ def zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     would have to broadcast to, use ``torch.where``; so does compiled code, where Inductor
     fuses the ``where`` into the kernel that computes ``values``.
     """
-    if (values.dtype not in _BITS or mask.dtype != torch.bool or torch.compiler.is_compiling()
+    if (not _fills_by_bits(values.dtype) or mask.dtype != torch.bool
+            or torch.compiler.is_compiling()
             or not broadcasts_to(tuple(mask.shape), tuple(values.shape))
             or torch._C._are_functorch_transforms_active()):  # Note [MaskedTensors in torch.func]
         out = layouts.zero_unspecified(values, mask)
