@@ -8,9 +8,10 @@
  *            (CSR rows; COO rows of a row-major coalesced index)
  *   scatter  element j belongs to group index[j]            (columns of a matrix)
  *
- * with op sum, sumsq (the sum of squares), prod, max or min. Sums and products accumulate
- * in double for both value types (as torch's CPU reductions do); max and min propagate a
- * specified NaN, as torch.amax does. The mask is applied by bit logic, not a branch:
+ * with op sum, sumsq (the sum of squares), prod, max or min. Sums accumulate in double for
+ * both value types (float sums come out as exact as torch's pairwise ones or more);
+ * products in the value type, as torch's (an intermediate overflow is inf in both); max
+ * and min propagate a specified NaN, as torch.amax does. The mask is applied by bit logic, not a branch:
  * `keep = -m` is all ones or all zeros, and `(bits & keep) | (identity & ~keep)` is the
  * value or the identity (a branch on a random mask mispredicts once in a few elements).
  * Runs of elements are reduced in vector lanes (RANGE says how), never in one scalar
@@ -60,7 +61,7 @@ KEEP(f32)
  * lanes, and how two accumulators join. */
 #define ACC_sum(T) double
 #define ACC_sumsq(T) double
-#define ACC_prod(T) double
+#define ACC_prod(T) T
 #define ACC_max(T) T
 #define ACC_min(T) T
 #define START_sum(identity) 0.0
@@ -70,7 +71,7 @@ KEEP(f32)
 #define START_min(identity) (identity)
 #define STEP_sum(a, x) ((a) += (double)(x))
 #define STEP_sumsq(a, x) ((a) += (double)(x) * (double)(x))
-#define STEP_prod(a, x) ((a) *= (double)(x))
+#define STEP_prod(a, x) ((a) *= (x))
 #define STEP_max(a, x) ((a) = (x) > (a) ? (x) : (a), nan |= (x) != (x))
 #define STEP_min(a, x) ((a) = (x) < (a) ? (x) : (a), nan |= (x) != (x))
 #define LANES_sum +

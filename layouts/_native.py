@@ -15,10 +15,11 @@ mask applied by bit logic (no branch to mispredict), for
 - ``scatter``: a group index per element (the columns of a matrix);
 
 and op ``sum``, ``sumsq`` (the sum of squares), ``prod``, ``amax``, ``amin`` on float32 and
-float64 values, plus mask counts. Sums and products accumulate in double, as torch's CPU
-reductions do. Results equal the composed path's up to summation order
-(``tests/test_native.py`` checks the kernels against ``torch.where`` and ``scatter_reduce``;
-``tests/test_sparse_reduce_kernels.py`` both paths against the dense reference).
+float64 values, plus mask counts. Sums accumulate in double; products in the value type, as
+torch's do (an intermediate overflow is inf on both paths). Results equal the composed
+path's up to summation order (``tests/test_native.py`` checks the kernels against
+``torch.where`` and ``scatter_reduce``, ``tests/test_sparse_reduce_kernels.py`` both paths
+against the dense reference).
 
 The C source is compiled on first use with the system C compiler (``$CC``, else ``cc``)
 into ``$MASKED_SPARSE_CACHE`` (default ``~/.cache/masked_sparse``) for this CPU
@@ -48,6 +49,7 @@ import functools
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -64,7 +66,7 @@ _NATIVE = ("-march=native",)  # the CPU's vector width (2x on AVX2), on Linux
 _SUFFIX = {torch.float64: "f64", torch.float32: "f32"}
 _C_TYPE = {torch.float64: ctypes.c_double, torch.float32: ctypes.c_float}
 _OPS = {"sum": "sum", "sumsq": "sumsq", "prod": "prod", "amax": "max", "amin": "min"}
-_SUMS = ("sum", "sumsq", "prod")  # accumulated in double
+_SUMS = ("sum", "sumsq")  # accumulated in double
 _why_not = ""  # why the library is not available (``status``)
 
 
@@ -87,14 +89,14 @@ def _cpu() -> str:
         return platform.processor()
 
 
-def _compile(compiler: str, flags: tuple[str, ...], target: Path) -> None:
+def _compile(compiler: list[str], flags: tuple[str, ...], target: Path) -> None:
     """Compile the source into ``target``, atomically (a finished file or none: processes
     starting together each compile into their own temporary file and rename)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([compiler, *flags, "-o", tmp, str(_SOURCE)], check=True,
+        subprocess.run([*compiler, *flags, "-o", tmp, str(_SOURCE)], check=True,
                        capture_output=True, timeout=300)
         os.replace(tmp, target)
     finally:
@@ -111,22 +113,23 @@ def _library() -> ctypes.CDLL | None:
     if sys.platform not in ("linux", "darwin"):
         _why_not = f"no native build on {sys.platform}"
         return None
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        _why_not = "no C compiler found (set CC)"
-        return None
-    flags = _FLAGS + (_NATIVE if sys.platform == "linux" else ())
-    key = hashlib.sha256(_SOURCE.read_bytes() + repr((flags, compiler, platform.machine(),
-                                                      _cpu())).encode()).hexdigest()
-    target = _cache_dir() / f"native-{key[:16]}.so"
-    try:
-        if not target.exists():
-            _compile(compiler, flags, target)
-        return _declare(ctypes.CDLL(str(target)))
-    except (OSError, subprocess.SubprocessError) as error:
-        detail = getattr(error, "stderr", b"") or b""
-        _why_not = f"{type(error).__name__}: {error} {detail.decode(errors='replace')[:500]}"
-        return None
+    compiler = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or "gcc"]
+    errors = []
+    # -march=native where the compiler takes it (the CPU's vector width), else portable.
+    for flags in ((_FLAGS + _NATIVE, _FLAGS) if sys.platform == "linux" else (_FLAGS,)):
+        try:
+            key = hashlib.sha256(_SOURCE.read_bytes() + repr(
+                (flags, compiler, platform.machine(), _cpu())).encode()).hexdigest()
+            target = _cache_dir() / f"native-{key[:16]}.so"
+            if not target.exists():
+                _compile(compiler, flags, target)
+            return _declare(ctypes.CDLL(str(target)))
+        except (OSError, subprocess.SubprocessError) as error:
+            detail = getattr(error, "stderr", b"") or b""
+            errors.append(f"{type(error).__name__}: {error} "
+                          f"{detail.decode(errors='replace')[:300]}")
+    _why_not = "; ".join(errors)
+    return None
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -164,8 +167,13 @@ def status() -> str:
 
 
 def _eager_cpu(t: torch.Tensor) -> bool:
-    return (t.device.type == "cpu" and not torch.compiler.is_compiling()
-            and not torch._C._are_functorch_transforms_active())
+    """True for a plain CPU tensor with memory behind it, eager: not a subclass (a fake
+    tensor has no data, a functorch wrapper hides its own), no dispatch mode active (fake
+    mode, ``make_fx`` tracing would record nothing of a ctypes call), not compiling."""
+    return (type(t) is torch.Tensor and t.device.type == "cpu"
+            and not torch.compiler.is_compiling()
+            and not torch._C._are_functorch_transforms_active()
+            and not torch._C._len_torch_dispatch_stack())
 
 
 def _mask_ok(mask: torch.Tensor, n: int) -> bool:
