@@ -374,7 +374,11 @@ class CompressedGrouping(CooGrouping):
         ptr, idx = storage.index if index is None else index
         self.by_lines = dims == (1 - axis,)
         if not self.by_lines:
-            outer = rows_from_crow(ptr, idx.numel())
+            # Every element's outer coordinate (its row, for CSR) is O(nnz) to expand; a
+            # reduction over the outer dim groups by the inner one and needs it only for
+            # positions (argmax).
+            self._ptr, self._axis = ptr, axis
+            outer = None if axis in dims else rows_from_crow(ptr, idx.numel())
             coords = [outer, idx] if axis == 0 else [idx, outer]
             super().__init__(storage, dims, keepdim, coords, row_major=axis == 0, owner=idx)
             return
@@ -482,6 +486,9 @@ class CompressedGrouping(CooGrouping):
 
     def positions(self) -> torch.Tensor:
         if not self.by_lines:
+            if self.coords[self._axis] is None:
+                inner = self.coords[1 - self._axis]
+                self.coords[self._axis] = rows_from_crow(self._ptr, inner.numel())
             return super().positions()
         return self.coords[self.dims[0]].long()
 
