@@ -5,6 +5,7 @@
  *
  *   all      one group of every element                   (a full reduction)
  *   lines    group i is elements offsets[lines[i]] .. offsets[lines[i] + 1] - 1
+ *            (lines NULL: every line, lines[i] = i)
  *            (CSR rows; COO rows of a row-major coalesced index)
  *   scatter  element j belongs to group index[j]            (columns of a matrix)
  *
@@ -138,7 +139,7 @@ KEEP(f32)
         const ACC_##OP(T) start = START_##OP(identity);                                  \
         const bits_##T other = bits_of_##T((T)start);                                    \
         for (int64_t i = 0; i < nlines; i++) {                                           \
-            uint64_t r = (uint64_t)lines[i];                                             \
+            uint64_t r = lines ? (uint64_t)lines[i] : (uint64_t)i;                       \
             if (r >= (uint64_t)nlines_all) return -1;                                    \
             int64_t a = offsets[r], b = offsets[r + 1];                                  \
             if (a < 0 || a > b || b > n) return -1;                                      \
@@ -187,7 +188,7 @@ int ms_all_count(const uint8_t *m, int64_t n, int64_t *out) {
 int ms_lines_count(const uint8_t *m, int64_t n, const int64_t *offsets, int64_t nlines_all,
                    const int64_t *lines, int64_t nlines, int64_t *out) {
     for (int64_t i = 0; i < nlines; i++) {
-        uint64_t r = (uint64_t)lines[i];
+        uint64_t r = lines ? (uint64_t)lines[i] : (uint64_t)i;
         if (r >= (uint64_t)nlines_all) return -1;
         int64_t a = offsets[r], b = offsets[r + 1];
         if (a < 0 || a > b || b > n) return -1;

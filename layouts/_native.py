@@ -221,17 +221,19 @@ def reduce_all(values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tenso
 
 
 def lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.Tensor,
-          which: torch.Tensor) -> torch.Tensor | None:
+          which: torch.Tensor | None = None) -> torch.Tensor | None:
     """Per line ``which[i]`` (its elements ``offsets[which[i]]`` up to
-    ``offsets[which[i] + 1]``), ``reduce(where(mask, values, identity))``; None where the
-    native kernels do not apply."""
+    ``offsets[which[i] + 1]``; every line when ``which`` is None),
+    ``reduce(where(mask, values, identity))``; None where the native kernels do not
+    apply."""
     kernel = _kernel("lines", values, mask, op)
-    if (kernel is None or not _index_ok(which, which.shape[0])
-            or not _index_ok(offsets, offsets.shape[0]) or offsets.shape[0] == 0):
+    if (kernel is None or not _index_ok(offsets, offsets.shape[0]) or offsets.shape[0] == 0
+            or (which is not None and not _index_ok(which, which.shape[0]))):
         return None
-    out = torch.empty(which.shape[0], dtype=values.dtype)
+    n = offsets.shape[0] - 1 if which is None else which.shape[0]
+    out = torch.empty(n, dtype=values.dtype)
     _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], offsets.data_ptr(),
-                  offsets.shape[0] - 1, which.data_ptr(), which.shape[0],
+                  offsets.shape[0] - 1, None if which is None else which.data_ptr(), n,
                   _identity(op, values.dtype), out.data_ptr()), op)
     return out
 
@@ -264,14 +266,16 @@ def count_all(mask: torch.Tensor) -> torch.Tensor | None:
 
 
 def count_lines(mask: torch.Tensor, offsets: torch.Tensor,
-                which: torch.Tensor) -> torch.Tensor | None:
+                which: torch.Tensor | None = None) -> torch.Tensor | None:
     """Per line (as :func:`lines`), the number of True elements of ``mask`` (int64)."""
-    if not (_count_ok(mask) and _index_ok(which, which.shape[0])
-            and _index_ok(offsets, offsets.shape[0]) and offsets.shape[0] > 0):
+    if not (_count_ok(mask) and _index_ok(offsets, offsets.shape[0]) and offsets.shape[0] > 0
+            and (which is None or _index_ok(which, which.shape[0]))):
         return None
-    out = torch.empty(which.shape[0], dtype=torch.long)
+    n = offsets.shape[0] - 1 if which is None else which.shape[0]
+    out = torch.empty(n, dtype=torch.long)
     _check(_library().ms_lines_count(mask.data_ptr(), mask.shape[0], offsets.data_ptr(),
-                                     offsets.shape[0] - 1, which.data_ptr(), which.shape[0],
+                                     offsets.shape[0] - 1,
+                                     None if which is None else which.data_ptr(), n,
                                      out.data_ptr()), "count")
     return out
 

@@ -414,9 +414,10 @@ class CompressedGrouping(CooGrouping):
     def _fused(self, op: str, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
         if not self.by_lines or op not in _FUSED:
             return super()._fused(op, values, mask)
-        if op == "count":
-            return _native.count_lines(mask, self.offsets, self.lines)
-        out = _native.lines(values, mask, op, self.offsets, self.lines)
+        which = None if self.lines.shape[0] == self.offsets.shape[0] - 1 else self.lines
+        if op == "count":  # (``which`` None: no empty line, every line is a group)
+            return _native.count_lines(mask, self.offsets, which)
+        out = _native.lines(values, mask, op, self.offsets, which)
         if out is not None or op not in _blocked.OPS or not _blocked.applies(values, mask) or (
                 op != "sum" and not values.is_floating_point()):
             return out  # segment_reduce has no integer kernel

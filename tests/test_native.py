@@ -89,8 +89,11 @@ def test_lines_are_the_masked_reduction_of_each_run(lengths, density, seed, dtyp
     line_of = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
     want = _reference(values, mask, op, line_of, len(lengths))[which]
     _assert_same(native.lines(values, mask, op, offsets, which), want)
+    every = _reference(values, mask, op, line_of, len(lengths))
+    _assert_same(native.lines(values, mask, op, offsets), every)  # which=None: every line
     counts = torch.zeros(len(lengths), dtype=torch.long).index_add_(0, line_of, mask.long())
     assert torch.equal(native.count_lines(mask, offsets, which), counts[which])
+    assert torch.equal(native.count_lines(mask, offsets), counts)
 
 
 @settings(max_examples=40, deadline=None)
