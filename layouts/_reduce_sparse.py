@@ -106,8 +106,11 @@ class CooGrouping(Grouping):
             elif space <= _SLOTS_PER_NNZ * nnz + 4096:
                 # Note [Reducing into key slots]
                 def present_slots() -> tuple[torch.Tensor, torch.Tensor]:
-                    present = torch.zeros(space, dtype=torch.bool, device=device)
-                    present[keys] = True
+                    if plain_eager(keys):  # a count: 2x faster than a bool index_put
+                        present = torch.bincount(keys, minlength=space) > 0
+                    else:  # compiled: an output size that does not depend on the data
+                        present = torch.zeros(space, dtype=torch.bool, device=device)
+                        present[keys] = True
                     return present, present.nonzero().squeeze(1)
 
                 self._present, uniq = present_slots() if owner is None else \
