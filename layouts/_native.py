@@ -170,20 +170,19 @@ def _eager_cpu(t: torch.Tensor) -> bool:
     """True for a plain CPU tensor with memory behind it, eager: not a subclass (a fake
     tensor has no data, a functorch wrapper hides its own), no dispatch mode active (fake
     mode, ``make_fx`` tracing would record nothing of a ctypes call), not compiling."""
-    return (type(t) is torch.Tensor and t.device.type == "cpu"
-            and not torch.compiler.is_compiling()
+    return (type(t) is torch.Tensor and t.is_cpu and not torch.compiler.is_compiling()
             and not torch._C._are_functorch_transforms_active()
             and not torch._C._len_torch_dispatch_stack())
 
 
 def _mask_ok(mask: torch.Tensor, n: int) -> bool:
-    return (mask.dtype == torch.bool and mask.dim() == 1 and mask.shape[0] == n
-            and mask.is_contiguous() and mask.device.type == "cpu")
+    return (mask.dtype is torch.bool and mask.is_cpu and mask.is_contiguous()
+            and mask.shape == (n,))
 
 
 def _index_ok(index: torch.Tensor, n: int) -> bool:
-    return (index.dtype == torch.long and index.dim() == 1 and index.shape[0] == n
-            and index.is_contiguous() and index.device.type == "cpu")
+    return (index.dtype is torch.long and index.is_cpu and index.is_contiguous()
+            and index.shape == (n,))
 
 
 def _kernel(kind: str, values: torch.Tensor, mask: torch.Tensor, op: str):
