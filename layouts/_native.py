@@ -108,6 +108,9 @@ def _compile(compiler: list[str], flags: tuple[str, ...], target: Path) -> None:
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
+    """The loaded kernels, compiled first if this machine has no build yet; None (and the
+    reason in ``_why_not``) when disabled or when no build works: callers compose torch
+    ops instead."""
     global _why_not
     if os.environ.get("MASKED_SPARSE_NATIVE", "1") == "0":
         _why_not = "disabled by MASKED_SPARSE_NATIVE=0"
