@@ -10,7 +10,7 @@
  *   scatter  element j belongs to group index[j]            (columns of a matrix)
  *
  * with op sum, sumsq (the sum of squares), prod, max or min. Sums accumulate in double
- * (long float sums block by block: SUM_BLOCK); products in the value type, as torch's (an
+ * (never less exact than torch's float sums); products in the value type, as torch's (an
  * intermediate overflow is inf in both); max and min propagate a specified NaN, as
  * torch.amax does. The mask is applied by bit logic, not a branch: `keep = -m` is all
  * ones or all zeros, and `(bits & keep) | (identity & ~keep)` is the value or the identity
@@ -85,15 +85,6 @@ KEEP(f32)
 #define JOIN_prod(a, b) ((a) *= (b))
 #define JOIN_max(a, b) ((a) = (b) > (a) ? (b) : (a))
 #define JOIN_min(a, b) ((a) = (b) < (a) ? (b) : (a))
-/* A long sum runs in the value type within blocks of SUM_BLOCK elements (float lanes are
- * twice as many as double ones, and need no conversion) and in double across blocks: for
- * float32, an error like torch's pairwise sum's (both ~1e-7 relative at 1e6 elements). */
-#define SUM_BLOCK 4096
-#define BLOCKED_sum 1
-#define BLOCKED_sumsq 0
-#define BLOCKED_prod 0
-#define BLOCKED_max 0
-#define BLOCKED_min 0
 /* An element as the simd loop reads it: max / min select (a masked move in vector code,
  * 1.3-1.4x faster there than the bit logic); the others by bits. */
 #define PICK_sum(T, x, k, other, start) keep_##T(x, k, other)
@@ -116,16 +107,7 @@ KEEP(f32)
         bits_##T other) {                                                                \
         int nan = 0;                                                                     \
         int64_t j = a;                                                                   \
-        if (b - a >= LONG_RUN && BLOCKED_##OP) {                                         \
-            for (; j < b; j += SUM_BLOCK) { /* in the value type, block by block */      \
-                int64_t e = j + SUM_BLOCK < b ? j + SUM_BLOCK : b;                       \
-                T part = 0;                                                              \
-                PRAGMA(omp simd reduction(+ : part))                                     \
-                for (int64_t i = j; i < e; i++) part += keep_##T(v[i], m[i], other);     \
-                s += part;                                                               \
-            }                                                                            \
-            j = b;                                                                       \
-        } else if (b - a >= LONG_RUN) {                                                  \
+        if (b - a >= LONG_RUN) {                                                         \
             const ACC_##OP(T) start = s;                                                 \
             SIMD(OP)                                                                     \
             for (int64_t i = a; i < b; i++) {                                            \

@@ -15,13 +15,13 @@ mask applied by bit logic (no branch to mispredict), for
 - ``scatter``: a group index per element (the columns of a matrix);
 
 and op ``sum``, ``sumsq`` (the sum of squares), ``prod``, ``amax``, ``amin`` on float32 and
-float64 values, plus mask counts. Sums accumulate in double (a long float32 sum in float
-within blocks of 4096 elements, in double across them: twice the vector lanes, an error like
-torch's own float sum's); products in the value type, as torch's do (an intermediate overflow
-is inf on both paths). Results equal the composed
-path's up to summation order (``tests/test_native.py`` checks the kernels against
-``torch.where`` and ``scatter_reduce``, ``tests/test_sparse_reduce_kernels.py`` both paths
-against the dense reference).
+float64 values, plus mask counts. Sums accumulate in double (a row sum and a column sum of
+the same entries agree, whatever the cancellation; float accumulation in blocks measured
+1.8x faster on float32 but lost 254 -> 0 on a 256-long row with +-1e8 ends); products in
+the value type, as torch's do (an intermediate overflow is inf on both paths). Results
+equal the composed path's up to summation order (``tests/test_native.py`` checks the
+kernels against ``torch.where`` and ``scatter_reduce``,
+``tests/test_sparse_reduce_kernels.py`` both paths against the dense reference).
 
 The C source is compiled on first use with the system C compiler (``$CC``, else ``cc``)
 into ``$MASKED_SPARSE_CACHE`` (default ``~/.cache/masked_sparse``) for this CPU

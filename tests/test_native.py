@@ -154,6 +154,19 @@ def test_fake_tensors_and_tracing_take_the_composed_path():
     assert graph(data, mask).item() == 7.0
 
 
+@pytest.mark.parametrize("n", [255, 256, 4096, 10_000])
+def test_a_cancelling_float32_sum_is_the_same_on_every_path(n):
+    """+-1e8 at the ends of a row of ones: lines (rows), scatter (columns) and all agree
+    with the double sum, whatever the row's length picks for the vector path."""
+    values, mask = torch.ones(n), torch.ones(n, dtype=torch.bool)
+    values[0], values[-1] = 1e8, -1e8
+    exact = float(n - 2)
+    assert native.lines(values, mask, "sum", torch.tensor([0, n])).item() == exact
+    assert native.scatter(values, mask, "sum", torch.zeros(n, dtype=torch.long), 1).item() \
+        == exact
+    assert native.reduce_all(values, mask, "sum").item() == exact
+
+
 def test_sums_of_float32_accumulate_exactly_enough():
     """1e6 float32 values summed one by one in float32 would drift by ~1e-3 relative."""
     values = torch.full((1_000_000,), 0.1, dtype=torch.float32)
