@@ -40,7 +40,7 @@ import torch
 from ._index import crow_from_rows, linearize, lookup, rows_from_crow
 from ._linalg import compressed_mask_any, compressed_mm
 from ._lines import compressed_lines
-from ._reduce_sparse import CompressedGrouping, masked_arg, masked_norm
+from ._reduce_sparse import CompressedGrouping, masked_arg
 from ._shape_compressed import shape_ops
 from .registry import Layout, Storage, get_layout, takes_layout
 
@@ -237,10 +237,10 @@ class Compressed:
                              f"within each {self.line}")
 
     def reduction_table(self) -> dict[Any, Any]:
-        """The ``reduction`` kernels: the fused 2-norm; argmax / argmin over
-        every dim where the storage order is row-major (CSR)."""
+        """The ``reduction`` kernels: argmax / argmin over every dim where the storage
+        order is row-major (CSR)."""
         aten = torch.ops.aten
-        table = {aten.linalg_vector_norm.default: masked_norm}
+        table: dict[Any, Any] = {}
         if self.axis == 0:
             arg = partial(masked_arg, coords=self.coords_of)
             table.update({aten.argmax.default: arg, aten.argmin.default: arg})

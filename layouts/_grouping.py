@@ -91,11 +91,12 @@ class Grouping:
         top = self.masked_reduce(values, mask, "amax").detach()
         top = torch.where(torch.isneginf(top), torch.zeros((), dtype=top.dtype,
                                                            device=top.device), top)
-        # Unspecified elements are shifted to 0, not -inf, before ``exp``: torch's CPU exp is
-        # 5-10x slower on arguments that underflow; they are zeroed after.
+        # Unspecified elements are shifted to 0, not -inf, before ``exp`` (torch's CPU exp is
+        # 5-10x slower on arguments that underflow) and left out of the sum; the caller
+        # zero-fills them in the output.
         shifted = zero_unspecified(values - self.expand(top), mask)
-        e = zero_unspecified(shifted.exp(), mask)
-        total = self.expand(self.reduce(e, "sum"))
+        e = shifted.exp()
+        total = self.expand(self.masked_reduce(e, mask, "sum"))
         return shifted - total.log() if log else e / total
 
     def masked_reduce(self, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor:

@@ -60,7 +60,7 @@ from pathlib import Path
 
 import torch
 
-from ._grouping import identity
+from ._grouping import start
 
 _SOURCE = Path(__file__).with_name("_native.c")
 _FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp-simd")
@@ -195,13 +195,9 @@ def _kernel(kind: str, values: torch.Tensor, mask: torch.Tensor, op: str):
     (other dtypes or shapes, autograd, torch.func, compiling, other devices)."""
     if (values.dim() != 1 or not _mask_ok(mask, values.shape[0]) or not values.is_contiguous()
             or (values.requires_grad and torch.is_grad_enabled()) or not _eager_cpu(values)
-            or not available()):
+            or _library() is None):
         return None
     return _KERNELS.get((kind, op, values.dtype))
-
-
-def _identity(op: str, dtype: torch.dtype) -> float:
-    return 0.0 if op in ("sum", "sumsq") else 1.0 if op == "prod" else identity(op, dtype)
 
 
 def _check(status: int, what: str) -> None:
@@ -220,7 +216,7 @@ def reduce_all(values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tenso
         return None
     out = torch.empty(1, dtype=values.dtype)
     _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0],
-                  _identity(op, values.dtype), out.data_ptr()), op)
+                  start(op, values.dtype), out.data_ptr()), op)
     return out
 
 
@@ -238,7 +234,7 @@ def lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.Tens
     out = torch.empty(n, dtype=values.dtype)
     _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], offsets.data_ptr(),
                   offsets.shape[0] - 1, None if which is None else which.data_ptr(), n,
-                  _identity(op, values.dtype), out.data_ptr()), op)
+                  start(op, values.dtype), out.data_ptr()), op)
     return out
 
 
@@ -251,13 +247,13 @@ def scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.Tens
         return None
     out = torch.empty(n, dtype=torch.float64 if op in _SUMS else values.dtype)
     _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], index.data_ptr(),
-                  _identity(op, values.dtype), out.data_ptr(), n), op)
+                  start(op, values.dtype), out.data_ptr(), n), op)
     return out.to(values.dtype)
 
 
 def _count_ok(mask: torch.Tensor) -> bool:
     return (mask.dim() == 1 and _mask_ok(mask, mask.shape[0]) and _eager_cpu(mask)
-            and available())
+            and _library() is not None)
 
 
 def count_all(mask: torch.Tensor) -> torch.Tensor | None:

@@ -44,7 +44,6 @@ from ._grouping import (
     reduced_shape,
     sort_order,
     start,
-    zero_unspecified,
 )
 from ._index import cached, crow_from_rows, linearize, rows_from_crow
 from ._reduce_strided import fused_masked_sum
@@ -172,7 +171,7 @@ class CooGrouping(Grouping):
                       partial(compute, mask), data=mask)
 
     def _count_pass(self, mask: torch.Tensor) -> torch.Tensor:
-        counts = None if self.value_dims else self._fused("count", mask, mask)
+        counts = self._fused("count", mask, mask)
         if counts is not None:
             return counts
         small = mask.shape[0] < 2**31  # int32 counts cannot overflow
@@ -539,33 +538,6 @@ class ViaCooGrouping(CooGrouping):
 
     def restore(self, values: torch.Tensor) -> Storage:
         return self.original.layout.from_coo_like(self.source.with_values(values), self.original)
-
-
-def masked_norm(storage: Storage, dims: tuple[int, ...], keepdim: bool, ord: float,
-                dtype: torch.dtype | None, out_dtype: torch.dtype) -> Storage:
-    """The sparse layouts' ``reduction`` kernel of the 2-norm (``linalg.vector_norm``):
-    ``sqrt`` of the masked sum of squares, the fill fused with the sum
-    (:meth:`Grouping.masked_reduce`, Note [Native reductions]). ``NotImplemented`` (the
-    generic route) for other orders, complex inputs, dense dims and with autograd.
-
-    >>> import torch, layouts
-    >>> coo = layouts.get_layout("sparse_coo")
-    >>> s = coo.from_strided(torch.tensor([[3., 4.]]), torch.ones(1, 2, dtype=torch.bool))
-    >>> masked_norm(s, (1,), False, 2.0, None, torch.float32).values.tolist()
-    [5.0]
-    """
-    if (ord != 2 or not (dtype or storage.values.dtype).is_floating_point
-            or not plain_eager(storage.values)):
-        return NotImplemented
-    g = group_by(storage, dims, keepdim)
-    if not isinstance(g, CooGrouping) or g.value_dims:
-        return NotImplemented
-    values, mask = g.source.values, g.source.mask
-    if dtype is not None:
-        values = values.to(dtype)
-    out = g.masked_reduce(values, mask, "sumsq").sqrt()
-    specified = g.reduce(mask, "any")
-    return g.build(zero_unspecified(out, specified).to(out_dtype), specified)
 
 
 def masked_arg(storage: Storage, dims: tuple[int, ...], keepdim: bool, op: str,

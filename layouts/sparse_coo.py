@@ -20,7 +20,7 @@ from ._index import coalesce_coo, linearize, lookup
 from ._linalg import coo_mask_any as _mask_any
 from ._linalg import coo_mm as _mm
 from ._lines import sparse_lines
-from ._reduce_sparse import coo_grouping, masked_arg, masked_norm
+from ._reduce_sparse import coo_grouping, masked_arg
 from ._shape_coo import SHAPE_OPS as _SHAPE_OPS
 from .registry import Layout, Storage, register_layout, takes_layout
 
@@ -133,8 +133,7 @@ register_layout(Layout(
     validate=_validate,
     linalg={torch.ops.aten.any.dim: _mask_any, torch.ops.aten.mm.default: _mm},
     reduction={torch.ops.aten.argmax.default: partial(masked_arg, coords=_coords),
-               torch.ops.aten.argmin.default: partial(masked_arg, coords=_coords),
-               torch.ops.aten.linalg_vector_norm.default: masked_norm},
+               torch.ops.aten.argmin.default: partial(masked_arg, coords=_coords)},
     group=coo_grouping,
     lines=sparse_lines,
     shape_ops=_SHAPE_OPS,

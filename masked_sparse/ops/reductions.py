@@ -182,8 +182,10 @@ def k_norm(g: Grouping, ord: float, dtype: torch.dtype | None, out_dtype: torch.
 def group_norm(g: Grouping, v: torch.Tensor, m: torch.Tensor,
                ord: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``ord``-norm of the specified elements of each group, and which groups have one."""
-    a = fill(v, m, 0).abs()
     specified = g.reduce(m, "any")
+    if ord == 2 and not v.is_complex():  # the sum of squares fused with the fill
+        return safe_root(g.masked_reduce(v, m, "sumsq"), 2), specified
+    a = fill(v, m, 0).abs()
     if ord == math.inf:
         out = g.reduce(a, "amax")
     elif ord == -math.inf:
