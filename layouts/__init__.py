@@ -24,7 +24,7 @@ from . import sparse_csc  # noqa: F401
 from . import sparse_bsr  # noqa: F401
 from ._grouping import _BITS as SAME_WIDTH_INT  # dtype -> the integer dtype of its bits
 from ._grouping import Grouping, fill_unspecified, identity, zero_unspecified
-from ._index import linearize
+from ._index import all_true, linearize
 from ._linalg import sparse_mm, sparse_sparse_mm, specified_lines
 from ._lines import Lines, lines_along
 from ._native import status as native_status
@@ -44,6 +44,7 @@ from .registry import (
 )
 
 __all__ = [
+    "all_true",
     "Grouping",
     "Kernel",
     "Layout",

@@ -13,6 +13,16 @@ from typing import Any
 import torch
 
 
+def all_true(like: torch.Tensor) -> torch.Tensor:
+    """A True mask shaped like ``like``, broadcast from one element (no memory per
+    element): a mask for values that are all specified.
+
+    >>> all_true(torch.zeros(2, 3)).shape, all_true(torch.zeros(2, 3)).stride()
+    (torch.Size([2, 3]), (0, 0))
+    """
+    return torch.ones((), dtype=torch.bool, device=like.device).expand(like.shape)
+
+
 def linearize(coords: torch.Tensor | Sequence[torch.Tensor],
               shape: Sequence[int]) -> torch.Tensor:
     """Row-major linear position of each element, from its coordinates along ``shape``.

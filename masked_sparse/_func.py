@@ -151,9 +151,7 @@ class Lift(torch.autograd.Function):
                 "ms.lift: per-example gradients (vmap of grad / vjp) with respect to a "
                 "MaskedTensor argument have no MaskedTensor form; differentiate with respect "
                 "to the data instead, ms.as_masked_tensor(x, mask) inside the function")
-        if grad is None:
-            grad = torch.zeros_like(s.values)
-        elif isinstance(grad, MaskedTensor):  # the values fed a masked op (double backward)
+        if isinstance(grad, MaskedTensor):  # the values fed a masked op (double backward)
             grad = grad_values(grad, s)
         return masked_grad(s, grad)
 

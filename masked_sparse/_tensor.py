@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import warnings
 from pathlib import Path
 from typing import Any
@@ -350,8 +349,7 @@ def layout_of(t: torch.Tensor) -> layouts.Layout:
 def _source_digest() -> str:
     """A digest of the ``.py`` sources of ``masked_sparse`` and ``layouts`` (read once)."""
     digest = hashlib.blake2b(digest_size=16)
-    spec = importlib.util.find_spec("layouts")
-    for package in (Path(__file__).parent, Path(spec.origin if spec else __file__).parent):
+    for package in (Path(__file__).parent, Path(layouts.__file__).parent):
         for path in sorted(package.rglob("*.py")):
             digest.update(path.read_bytes())
     return digest.hexdigest()

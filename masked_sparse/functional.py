@@ -90,7 +90,7 @@ def _specified(out: MaskedTensor | torch.Tensor) -> MaskedTensor:
     """
     if isinstance(out, MaskedTensor):
         return out
-    mask = torch.ones(out.shape, dtype=torch.bool, device=out.device)
+    mask = layouts.all_true(out)  # broadcast: no memory per element
     return as_masked_tensor(out, mask) if _func.active() else masked_over(out, mask)
 
 

@@ -54,7 +54,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from layouts import Storage, get_layout, linearize
+from layouts import Storage, all_true, get_layout, linearize
 
 
 def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group) -> None:
@@ -290,7 +290,7 @@ def _reduce_gathered(e: Entries, values: torch.Tensor, op: str, fill, plan: Plan
         keys, out = keys[:-1], out[:-1]
         count = None if count is None else count[:-1]
     if count is None:
-        return e._replace(keys=keys, values=out, mask=_all_true(out))
+        return e._replace(keys=keys, values=out, mask=all_true(out))
     return _finish(e, keys, out, count, op)
 
 
@@ -312,7 +312,7 @@ def _reduce_dense(e: Entries, values: torch.Tensor, op: str, fill, plan: Plan,
     keys = present.nonzero().squeeze(1)
     out, count = buf.index_select(0, keys), count.index_select(0, keys)
     if not plan.masks and op != "mean":
-        return e._replace(keys=keys, values=out, mask=_all_true(out))
+        return e._replace(keys=keys, values=out, mask=all_true(out))
     return _finish(e, keys, out, count, op)
 
 
@@ -322,7 +322,3 @@ def _finish(e: Entries, keys: torch.Tensor, out: torch.Tensor, count: torch.Tens
     if op == "mean":
         out = out / count.clamp(min=1).to(out.dtype if out.is_floating_point() else torch.float)
     return e._replace(keys=keys, values=out, mask=(count > 0).expand(out.shape))
-
-
-def _all_true(like: torch.Tensor) -> torch.Tensor:
-    return torch.ones((), dtype=torch.bool, device=like.device).expand(like.shape)

@@ -49,11 +49,6 @@ from .._tensor import MaskedTensor, _wrap
 __all__ = ["add_at_", "as_masked_grad", "grad_for", "read_at", "target_of"]
 
 
-def _all_true(like: torch.Tensor) -> torch.Tensor:
-    """A broadcast True mask shaped like ``like`` (no memory per element)."""
-    return torch.ones((), dtype=torch.bool, device=like.device).expand(like.shape)
-
-
 def as_masked_grad(grad: Any, where: str = "as_masked_grad") -> MaskedTensor:
     """``grad`` as a MaskedTensor, specified exactly where the gradient is given.
 
@@ -79,7 +74,7 @@ def as_masked_grad(grad: Any, where: str = "as_masked_grad") -> MaskedTensor:
                         f"or register the layout with layouts.register_layout") from None
     # The gradient's own pattern: its stored entries are the specified ones.
     s = layout.from_torch(grad, grad)
-    return _wrap(s.with_values(s.values, _all_true(s.values)))
+    return _wrap(s.with_values(s.values, layouts.all_true(s.values)))
 
 
 def target_of(param: torch.Tensor) -> torch.Tensor:
