@@ -19,7 +19,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import layouts
 import layouts._native as native
 
 pytestmark = pytest.mark.skipif(not native.available(),
@@ -44,8 +43,7 @@ def _reference(values, mask, op, groups, n):
     written with torch ops; groups without an element hold the identity. Sums accumulate in
     double (the kernels' documented choice: as exact as torch's or more), products in the
     values' dtype (torch's: an overflow on the way is inf)."""
-    start = {"sum": 0, "sumsq": 0, "prod": 1}.get(op) if op in ("sum", "sumsq", "prod") \
-        else layouts.identity(op, values.dtype)
+    start = {"sum": 0, "sumsq": 0, "prod": 1, "amax": -math.inf, "amin": math.inf}[op]
     filled = torch.where(mask, values, torch.tensor(start, dtype=values.dtype))
     if op in ("sum", "sumsq"):
         filled = filled.double()
