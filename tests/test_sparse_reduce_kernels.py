@@ -34,7 +34,7 @@ import layouts._blocked as blocked
 import layouts._grouping as grouping
 import layouts._native as native
 import masked_sparse as ms
-from tests.conftest import check_invariants
+from tests.conftest import _to_layout, assert_masked_equal, check_invariants, dense_of
 
 INF, NAN = math.inf, math.nan
 DTYPES = [torch.float32, torch.float64, torch.int32]
@@ -79,9 +79,8 @@ def _matrix(dtype, shape=(9, 13), seed=0, specials=True):
 
 
 def _sparse(data, mask, stored, layout):
-    idx = stored.nonzero().t()
-    coo = ms.masked_tensor(torch.sparse_coo_tensor(idx, data[stored], data.shape).coalesce(),
-                           torch.sparse_coo_tensor(idx, mask[stored], data.shape).coalesce())
+    coo = ms.masked_tensor(_to_layout(data, stored, torch.sparse_coo),
+                           _to_layout(mask, stored, torch.sparse_coo))
     return {"coo": coo, "csr": coo.to_sparse_csr(), "csc": coo.to_sparse_csc()}[layout]
 
 
@@ -94,12 +93,8 @@ def _call(op, mt, dim, keepdim):
 
 
 def _same(got, want):
-    """Same specified set and values there (bit for bit up to summation order)."""
-    gd, gm = got.to_tensor(0).to_dense(), got.get_mask().to_dense()
-    wd, wm = want.to_tensor(0).to_dense(), want.get_mask().to_dense()
-    assert torch.equal(gm, wm), (gm, wm)
-    assert gd.dtype == wd.dtype
-    torch.testing.assert_close(gd, wd, equal_nan=True)
+    """Same specified set, dtype and values there (bit for bit up to summation order)."""
+    assert_masked_equal(got, *dense_of(want))
 
 
 OPS = ["sum", "nansum", "mean", "amax", "amin", "prod", "argmax", "argmin", "norm"]
