@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import warnings
 from pathlib import Path
 from typing import Any
@@ -349,7 +350,8 @@ def layout_of(t: torch.Tensor) -> layouts.Layout:
 def _source_digest() -> str:
     """A digest of the ``.py`` sources of ``masked_sparse`` and ``layouts`` (read once)."""
     digest = hashlib.blake2b(digest_size=16)
-    for package in (Path(__file__).parent, Path(layouts.__file__).parent):
+    spec = importlib.util.find_spec("layouts")  # the core reads only layouts' public API
+    for package in (Path(__file__).parent, Path(spec.origin if spec else __file__).parent):
         for path in sorted(package.rglob("*.py")):
             digest.update(path.read_bytes())
     return digest.hexdigest()
