@@ -112,9 +112,12 @@ def _library() -> ctypes.CDLL | None:
     reason in ``_why_not``) when disabled or when no build works: callers compose torch
     ops instead."""
     global _why_not
-    if os.environ.get("MASKED_SPARSE_NATIVE", "1") == "0":
+    setting = os.environ.get("MASKED_SPARSE_NATIVE", "1")
+    if setting == "0":
         _why_not = "disabled by MASKED_SPARSE_NATIVE=0"
         return None
+    # MASKED_SPARSE_NATIVE=portable: the portable loops only, no explicit AVX-512 code.
+    extra = ("-DMASKED_SPARSE_PORTABLE",) if setting == "portable" else ()
     if sys.platform not in ("linux", "darwin"):
         _why_not = f"no native build on {sys.platform}"
         return None
@@ -122,6 +125,7 @@ def _library() -> ctypes.CDLL | None:
     errors = []
     # -march=native where the compiler takes it (the CPU's vector width), else portable.
     for flags in ((_FLAGS + _NATIVE, _FLAGS) if sys.platform == "linux" else (_FLAGS,)):
+        flags += extra
         try:
             key = hashlib.sha256(_SOURCE.read_bytes() + repr(
                 (flags, compiler, platform.machine(), _cpu())).encode()).hexdigest()
