@@ -119,7 +119,7 @@ KEEP(f32)
     !defined(MASKED_SPARSE_PORTABLE)
 #define VECTOR 1
 #include <immintrin.h>
-#define VECTOR_RUN LONG_RUN /* runs at least this long take the vector code */
+#define VECTOR_RUN 1 /* every run but an empty one: a short run is its partial block */
 
 /* The mask bits of the 8 or 16 elements from m on (the low bits of the result). */
 static inline __mmask16 mask_bits_at(const uint8_t *m, int width) {
@@ -187,7 +187,9 @@ static inline __mmask64 mask_bits_tail(const uint8_t *m, int64_t left) {
 #define LOADZ_prod(T, k, p) VOP(T, maskz_loadu)(k, p)
 #define LOADZ_max(T, k, p) VOP(T, maskz_loadu)(k, p)
 #define LOADZ_min(T, k, p) VOP(T, maskz_loadu)(k, p)
-#define VSTEP_sum(T, acc, k, x, nans) ((acc) = _mm512_mask_add_pd(acc, k, acc, WIDEN_##T(x)))
+/* sum: fma(x, 1, acc), exactly x + acc, on the FMA pipes (vcvtps2pd keeps the adders busy) */
+#define VSTEP_sum(T, acc, k, x, nans)                                                    \
+    ((acc) = _mm512_mask3_fmadd_pd(WIDEN_##T(x), _mm512_set1_pd(1), acc, k))
 #define VSTEP_sumsq(T, acc, k, x, nans)                                                  \
     do {                                                                                 \
         __m512d w_ = WIDEN_##T(x);                                                       \
@@ -226,14 +228,15 @@ static inline __mmask64 mask_bits_tail(const uint8_t *m, int64_t left) {
                 RAW_##OP(T) x = LOAD_##OP(T, v + i + q * W);                             \
                 VSTEP_##OP(T, acc[q], mask_bits_at(m + i + q * W, W), x, nans);          \
             }                                                                            \
-        if (i < b) { /* the partial block: masked loads only */                          \
+        if (i < b) { /* the partial block: masked loads, its steps into acc[0] */        \
             __mmask64 k = mask_bits_tail(m + i, b - i);                                  \
-            for (int q = 0; q < STEPS; q++) {                                            \
+            for (int q = 0; q * W < b - i; q++) {                                        \
                 RAW_##OP(T) x = LOADZ_##OP(T, k >> (q * W), v + i + q * W);              \
-                VSTEP_##OP(T, acc[q], k >> (q * W), x, nans);                            \
+                VSTEP_##OP(T, acc[0], k >> (q * W), x, nans);                            \
             }                                                                            \
         }                                                                                \
-        for (int q = 1; q < STEPS; q++) VJOIN_##OP(T, acc[0], acc[q]);                   \
+        if (b - a >= 64) /* a short run (a sparse row) used acc[0] only */               \
+            for (int q = 1; q < STEPS; q++) VJOIN_##OP(T, acc[0], acc[q]);               \
         *nan |= nans != 0;                                                               \
         ACC_##OP(T) r = VREDUCE_##OP(T, acc[0]);                                         \
         JOIN_##OP(s, r);                                                                 \
