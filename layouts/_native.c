@@ -12,9 +12,10 @@
  * with op sum, sumsq (the sum of squares), prod, max or min. Sums accumulate in double
  * (never less exact than torch's float sums); products in the value type, as torch's (an
  * intermediate overflow is inf in both); max and min propagate a specified NaN, as
- * torch.amax does. The mask is applied by bit logic, not a branch: `keep = -m` is all
- * ones or all zeros, and `(bits & keep) | (identity & ~keep)` is the value or the identity
- * (a branch on a random mask mispredicts once in a few elements).
+ * torch.amax does. The mask is never a branch (one on a random mask mispredicts once in a
+ * few elements): with AVX-512 it is a mask register that the vector instructions obey;
+ * in the portable code, bit logic: `keep = -m` is all ones or all zeros, and
+ * `(bits & keep) | (identity & ~keep)` is the value or the identity.
  * Runs of elements are reduced in vector lanes (RANGE says how), never in one scalar
  * accumulator that would wait on its own latency at every element.
  *
@@ -27,7 +28,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define LONG_RUN 256 /* runs at least this long are one simd loop */
+#define LONG_RUN 256 /* portable code: runs at least this long are one simd loop */
 #define LANES 16     /* shorter runs of at least CHUNKS_op elements: LANES accumulators */
 #define CHUNKS_sum LANES
 #define CHUNKS_sumsq LANES
@@ -95,11 +96,12 @@ KEEP(f32)
 #define PRAGMA(x) _Pragma(#x)
 #define SIMD(OP) PRAGMA(omp simd reduction(LANES_##OP : s) reduction(| : nan))
 
-/* -- explicit AVX-512 (the long runs) ------------------------------------------------
+/* -- explicit AVX-512 ------------------------------------------------------------------
  * Where the compiler targets AVX-512 (F, BW, VL: -march=native on a Zen 4 or a recent
- * Xeon), a long run is reduced by hand-written vector code rather than by what the
- * compiler makes of the simd loop below (1.5-2x faster at 1M elements, Note [Native
- * reductions]); -DMASKED_SPARSE_PORTABLE, or another CPU, keeps the portable loops only.
+ * Xeon), every run is reduced by hand-written vector code rather than by what the
+ * compiler makes of the portable loops below (1.4-2x faster at 1M elements, 1.5-4x on
+ * rows of 8-250; Note [Native reductions]); -DMASKED_SPARSE_PORTABLE (the environment's
+ * MASKED_SPARSE_NATIVE=portable), or another CPU, keeps the portable loops only.
  * A run goes 64 elements at a time, in steps of one vector each:
  * - a step's mask: vptestmb turns its 8 or 16 mask bytes into mask bits (a mask register;
  *   cheaper on Zen 4 than one test of 64 bytes and shifts of the mask register);
@@ -113,7 +115,8 @@ KEEP(f32)
  *   end) and max(x, acc) takes acc where x is NaN; +-0 and +-inf compare as the scalar
  *   step does (x > acc ? x : acc);
  * - the last, partial block tests its mask bytes and loads its values with masked loads,
- *   which read nothing past the run: no scalar tail.
+ *   which read nothing past the run: no scalar tail, and a short run (a sparse row) is
+ *   one such block, its steps into one accumulator (no join of the others).
  */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) &&           \
     !defined(MASKED_SPARSE_PORTABLE)
@@ -187,7 +190,7 @@ static inline __mmask64 mask_bits_tail(const uint8_t *m, int64_t left) {
 #define LOADZ_prod(T, k, p) VOP(T, maskz_loadu)(k, p)
 #define LOADZ_max(T, k, p) VOP(T, maskz_loadu)(k, p)
 #define LOADZ_min(T, k, p) VOP(T, maskz_loadu)(k, p)
-/* sum: fma(x, 1, acc), exactly x + acc, on the FMA pipes (vcvtps2pd keeps the adders busy) */
+/* sum: fma(x, 1, acc) is x + acc, on the FMA pipes (vcvtps2pd keeps the adders busy) */
 #define VSTEP_sum(T, acc, k, x, nans)                                                    \
     ((acc) = _mm512_mask3_fmadd_pd(WIDEN_##T(x), _mm512_set1_pd(1), acc, k))
 #define VSTEP_sumsq(T, acc, k, x, nans)                                                  \
@@ -242,14 +245,14 @@ static inline __mmask64 mask_bits_tail(const uint8_t *m, int64_t left) {
         JOIN_##OP(s, r);                                                                 \
         return s;                                                                        \
     }
-/* A long run: the vector code. */
-#define LONG_LOOP(T, OP) s = OP##_vrange_##T(v, m, a, b, s, &nan)
+/* A run of at least VECTOR_RUN elements: the vector code. */
+#define VECTOR_LOOP(T, OP) s = OP##_vrange_##T(v, m, a, b, s, &nan)
 #else
 #define VECTOR 0
 #define VECTOR_RUN LONG_RUN
 #define VRANGE(T, OP)
-/* A long run: one OpenMP simd loop. */
-#define LONG_LOOP(T, OP)                                                                 \
+/* A run of at least VECTOR_RUN elements: one OpenMP simd loop. */
+#define VECTOR_LOOP(T, OP)                                                                 \
     do {                                                                                 \
         const ACC_##OP(T) start = s;                                                     \
         SIMD(OP)                                                                         \
@@ -261,11 +264,13 @@ static inline __mmask64 mask_bits_tail(const uint8_t *m, int64_t left) {
 #endif
 
 /* OP over where(m, v, identity)[a:b]; `other` is the bits an unspecified element reads.
- * A long run is one vector loop (LONG_LOOP: the explicit AVX-512 code, else an OpenMP simd
- * loop); a run of a few dozen elements (a sparse row) would spend more on that loop's
- * setup than on its work, so it goes LANES at a time into LANES accumulators, a loop of
- * fixed length that the compiler turns into vector instructions with no setup. Inlined
- * always, so that a constant `other` (0 for sums) folds into the bit logic. */
+ * A run of VECTOR_RUN elements or more is one vector loop (VECTOR_LOOP: with AVX-512, the
+ * explicit code above, for every non-empty run; else an OpenMP simd loop from LONG_RUN
+ * on). Without AVX-512, a run of a few dozen elements (a sparse row) would spend more on
+ * the simd loop's setup than on its work, so it goes LANES at a time into LANES
+ * accumulators, a loop of fixed length that the compiler turns into vector instructions
+ * with no setup. Inlined always, so that a constant `other` (0 for sums) folds into the
+ * bit logic. */
 #define RANGE(T, OP)                                                                     \
     VRANGE(T, OP)                                                                        \
     static inline __attribute__((always_inline)) ACC_##OP(T) OP##_range_##T(            \
@@ -274,7 +279,7 @@ static inline __mmask64 mask_bits_tail(const uint8_t *m, int64_t left) {
         int nan = 0;                                                                     \
         int64_t j = a;                                                                   \
         if (b - a >= VECTOR_RUN) {                                                       \
-            LONG_LOOP(T, OP);                                                            \
+            VECTOR_LOOP(T, OP);                                                            \
             j = b;                                                                       \
         } else if (b - a >= CHUNKS_##OP) {                                               \
             ACC_##OP(T) acc[LANES];                                                      \

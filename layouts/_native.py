@@ -23,6 +23,17 @@ equal the composed path's up to summation order (``tests/test_native.py`` checks
 kernels against ``torch.where`` and ``scatter_reduce``,
 ``tests/test_sparse_reduce_kernels.py`` both paths against the dense reference).
 
+On a CPU with AVX-512 (F, BW, VL) the runs of ``all`` and ``lines`` go through
+hand-written vector code (the C file's "explicit AVX-512" section): the mask bytes become
+a mask register (``vptestmb``) that the masked add / fma / mul / max obey, 64 elements a
+block in independent accumulators, the last partial block read by masked loads. Measured
+on a Zen 4, one thread, kernel alone, 1M elements 90% specified: float32 sum 1.5x
+``values.sum()`` (bound by the widening to double, about 4 elements a cycle), amax /
+amin / prod 1.1-1.2x the raw op, float64 1.1-1.2x (memory bound), counts 10x faster; rows
+of 8-250 elements 1.5-4x faster than the portable code (``benchmarks/bench_native.py``).
+Elsewhere the portable loops run (an OpenMP simd loop from 256 elements, 16 lanes below);
+``MASKED_SPARSE_NATIVE=portable`` builds those only, and the tests run both builds.
+
 The C source is compiled on first use with the system C compiler (``$CC``, else ``cc``)
 into ``$MASKED_SPARSE_CACHE`` (default ``~/.cache/masked_sparse``) for this CPU
 (``-march=native``; a build is keyed by a hash of the source, flags and CPU) and loaded
