@@ -29,8 +29,10 @@ a mask register (``vptestmb``) that the masked add / fma / mul / max obey, 64 el
 block in independent accumulators, the last partial block read by masked loads. Measured
 on a Zen 4, one thread, kernel alone, 1M elements 90% specified: float32 sum 1.5x
 ``values.sum()`` (bound by the widening to double, about 4 elements a cycle), amax /
-amin / prod 1.1-1.2x the raw op, float64 1.1-1.2x (memory bound), counts 10x faster; rows
-of 8-250 elements 1.5-4x faster than the portable code (``benchmarks/bench_native.py``).
+amin / prod 1.1-1.2x the raw op, float64 1.1-1.2x (memory bound), counts 7-10x faster
+than before; rows of 8-250 elements 1.5-4x faster than the portable code (``bench_scipy``'s
+row sums / max / min of 20-element rows 1.5-2.5x: ~0.4x scipy's time);
+``benchmarks/bench_native.py`` times the full reductions.
 Elsewhere the portable loops run (an OpenMP simd loop from 256 elements, 16 lanes below);
 ``MASKED_SPARSE_NATIVE=portable`` builds those only, and the tests run both builds.
 
