@@ -109,8 +109,10 @@ KEEP(f32)
  *   (masked add / fma / mul / max): an unspecified lane leaves the accumulator as it is,
  *   whatever it holds (NaN, inf);
  * - sums widen 8 elements to 8 doubles (vcvtps2pd for float32: the bound of a float32
- *   sum, ~4 elements a cycle) into 8 accumulators; prod, max, min keep one accumulator
- *   per 64 bytes of values (4 or 8); independent accumulators hide each op's latency;
+ *   sum, ~4 elements a cycle); prod, max, min step 64 bytes of values at a time;
+ * - 4 independent accumulators hide the latency of each fma / mul / max (at most one
+ *   step a cycle); fewer to join at the end of every row (8 measured 5-10% slower on
+ *   rows of 64-400);
  * - max / min: a masked compare "unordered" collects the NaNs apart (a NaN result at the
  *   end) and max(x, acc) takes acc where x is NaN; +-0 and +-inf compare as the scalar
  *   step does (x > acc ? x : acc);
@@ -200,10 +202,10 @@ static inline __mmask64 mask_bits_tail(const uint8_t *m, int64_t left) {
     } while (0)
 #define VSTEP_prod(T, acc, k, x, nans) ((acc) = VOP(T, mask_mul)(acc, k, acc, x))
 #define VSTEP_max(T, acc, k, x, nans)                                                    \
-    ((nans) |= ISNAN_##T(k, x),                             \
+    ((nans) |= ISNAN_##T(k, x),                                                          \
      (acc) = VOP(T, mask_max)(acc, k, x, acc)) /* acc where x is NaN */
 #define VSTEP_min(T, acc, k, x, nans)                                                    \
-    ((nans) |= ISNAN_##T(k, x),                             \
+    ((nans) |= ISNAN_##T(k, x),                                                          \
      (acc) = VOP(T, mask_min)(acc, k, x, acc))
 #define VJOIN_sum(T, a, b) ((a) = _mm512_add_pd(a, b))
 #define VJOIN_sumsq(T, a, b) ((a) = _mm512_add_pd(a, b))
@@ -221,15 +223,15 @@ static inline __mmask64 mask_bits_tail(const uint8_t *m, int64_t left) {
 #define VRANGE(T, OP)                                                                    \
     static inline __attribute__((always_inline)) ACC_##OP(T) OP##_vrange_##T(           \
         const T *v, const uint8_t *m, int64_t a, int64_t b, ACC_##OP(T) s, int *nan) {   \
-        enum { W = W_##OP(T), STEPS = 64 / W_##OP(T) };                                  \
-        VACC_##OP(T) acc[STEPS];                                                         \
+        enum { W = W_##OP(T), STEPS = 64 / W_##OP(T), ACCS = STEPS < 4 ? STEPS : 4 };    \
+        VACC_##OP(T) acc[ACCS];                                                          \
         uint32_t nans = 0;                                                               \
         int64_t i = a;                                                                   \
-        for (int q = 0; q < STEPS; q++) acc[q] = VSTART_##OP(T, s);                      \
+        for (int q = 0; q < ACCS; q++) acc[q] = VSTART_##OP(T, s);                       \
         for (; i + 64 <= b; i += 64)                                                     \
             for (int q = 0; q < STEPS; q++) {                                            \
                 RAW_##OP(T) x = LOAD_##OP(T, v + i + q * W);                             \
-                VSTEP_##OP(T, acc[q], mask_bits_at(m + i + q * W, W), x, nans);          \
+                VSTEP_##OP(T, acc[q % ACCS], mask_bits_at(m + i + q * W, W), x, nans);   \
             }                                                                            \
         if (i < b) { /* the partial block: masked loads, its steps into acc[0] */        \
             __mmask64 k = mask_bits_tail(m + i, b - i);                                  \
@@ -239,7 +241,7 @@ static inline __mmask64 mask_bits_tail(const uint8_t *m, int64_t left) {
             }                                                                            \
         }                                                                                \
         if (b - a >= 64) /* a short run (a sparse row) used acc[0] only */               \
-            for (int q = 1; q < STEPS; q++) VJOIN_##OP(T, acc[0], acc[q]);               \
+            for (int q = 1; q < ACCS; q++) VJOIN_##OP(T, acc[0], acc[q]);                \
         *nan |= nans != 0;                                                               \
         ACC_##OP(T) r = VREDUCE_##OP(T, acc[0]);                                         \
         JOIN_##OP(s, r);                                                                 \
@@ -252,7 +254,7 @@ static inline __mmask64 mask_bits_tail(const uint8_t *m, int64_t left) {
 #define VECTOR_RUN LONG_RUN
 #define VRANGE(T, OP)
 /* A run of at least VECTOR_RUN elements: one OpenMP simd loop. */
-#define VECTOR_LOOP(T, OP)                                                                 \
+#define VECTOR_LOOP(T, OP)                                                               \
     do {                                                                                 \
         const ACC_##OP(T) start = s;                                                     \
         SIMD(OP)                                                                         \
@@ -279,7 +281,7 @@ static inline __mmask64 mask_bits_tail(const uint8_t *m, int64_t left) {
         int nan = 0;                                                                     \
         int64_t j = a;                                                                   \
         if (b - a >= VECTOR_RUN) {                                                       \
-            VECTOR_LOOP(T, OP);                                                            \
+            VECTOR_LOOP(T, OP);                                                          \
             j = b;                                                                       \
         } else if (b - a >= CHUNKS_##OP) {                                               \
             ACC_##OP(T) acc[LANES];                                                      \
