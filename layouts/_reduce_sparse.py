@@ -211,10 +211,13 @@ class CooGrouping(Grouping):
                 _native.reduce_all(values, mask, op)
         present = self._present is not None
         index, n = (self._keys, self._present.numel()) if present else (self.gid, self.ngroups)
+        narrow = None if self._owner is None else partial(  # Note [Narrow group indices]
+            cached, self._owner, ("narrow", self.dims, tuple(self.source.shape)),
+            partial(_native.narrow, index, n))
         if op == "count":
-            out = _native.count_scatter(mask, index, n)
+            out = _native.count_scatter(mask, index, n, narrow)
         else:
-            out = _native.scatter(values, mask, op, index, n)
+            out = _native.scatter(values, mask, op, index, n, narrow)
             if out is None and op in _blocked.OPS and _blocked.applies(values, mask):
                 out = _blocked.scatter(values, mask, start(op, values.dtype), op, index, n)
         return out.index_select(0, self._uniq) if out is not None and present else out
