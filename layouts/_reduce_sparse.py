@@ -220,7 +220,9 @@ class CooGrouping(Grouping):
             out = _native.scatter(values, mask, op, index, n, narrow)
             if out is None and op in _blocked.OPS and _blocked.applies(values, mask):
                 out = _blocked.scatter(values, mask, start(op, values.dtype), op, index, n)
-        return out.index_select(0, self._uniq) if out is not None and present else out
+        if out is None or not present or self._uniq.shape[0] == n:  # every slot a group
+            return out
+        return out.index_select(0, self._uniq)
 
     # -- primitives --------------------------------------------------------------------
     def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
