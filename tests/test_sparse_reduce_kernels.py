@@ -220,3 +220,31 @@ def test_gradients_skip_the_fast_paths(fast, layout):
     ref = ms.masked_tensor(data, mask, requires_grad=True)
     (torch.amax(ref, 1).to_tensor(0).sum() + ref.sum(0).to_tensor(0).sum()).backward()
     torch.testing.assert_close(grad.to_tensor(0).to_dense(), ref.grad.to_tensor(0))
+
+
+@pytest.mark.parametrize("layout", list(SPARSE))
+def test_cached_facts_let_the_index_go(fast, layout):
+    """Index facts are cached per index tensor while it lives (Note [Index facts of a
+    grouping]): no cached fact may hold its own index, or the tensor and its cache entries
+    would live for ever."""
+    import gc
+    import weakref
+
+    from layouts import _index
+
+    def reduce_and_forget():
+        data, mask, stored = _matrix(torch.float64, specials=False)
+        mt = _sparse(data, mask, stored, layout)
+        for dim in (0, 1, None):
+            for op in ("sum", "mean", "amax", "argmax", "var", "logsumexp"):
+                if op == "logsumexp" and dim is None:
+                    continue
+                getattr(mt, op)(dim) if dim is not None else getattr(mt, op)()
+        mt.sum(1, keepdim=True), mt.sum(0, keepdim=True), mt.softmax(1)
+        return [weakref.ref(t) for t in mt._storage.index]
+
+    before = len(_index._CACHE)
+    refs = reduce_and_forget()
+    gc.collect()
+    assert [r() for r in refs] == [None] * len(refs)
+    assert len(_index._CACHE) == before
