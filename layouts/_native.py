@@ -263,11 +263,11 @@ def scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.Tens
     """Into ``n`` groups, ``out[index[j]] op= where(mask, values, identity)[j]`` (groups
     without an element hold the identity); None where the native kernels do not apply.
     ``index`` is int64, int32 or uint16; ``narrow()``, called only when the kernel runs,
-    gives the index to read instead (a narrower copy: :func:`narrow`)."""
+    gives a copy of it to read instead, or None (:func:`narrow`)."""
     kernels = _kernel("scatter", values, mask, op)
     if kernels is None or not _index_ok(index, values.shape[0], group=True):
         return None
-    index = index if narrow is None else narrow()
+    index = _narrowed(index, narrow)
     kernel = kernels[index.dtype]
     out = torch.empty(n, dtype=torch.float64 if op in _SUMS else values.dtype)
     _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], index.data_ptr(),
@@ -310,7 +310,7 @@ def count_scatter(mask: torch.Tensor, index: torch.Tensor, n: int,
     ``mask`` (int64)."""
     if not (_count_ok(mask) and _index_ok(index, mask.shape[0], group=True)):
         return None
-    index = index if narrow is None else narrow()
+    index = _narrowed(index, narrow)
     out = torch.empty(n, dtype=torch.long)
     _check(_COUNT_SCATTER[index.dtype](mask.data_ptr(), mask.shape[0], index.data_ptr(),
                                        out.data_ptr(), n), "count")
@@ -331,21 +331,29 @@ def count_scatter(mask: torch.Tensor, index: torch.Tensor, n: int,
 # kernels read an int32 or uint16 index as given too (a CSR's int32 ``col_indices``).
 
 
-def narrow(index: torch.Tensor, n: int) -> torch.Tensor:
-    """A group ``index`` into ``n`` groups as the scatter kernels read it fastest: a uint16
-    copy when ``n <= 65536``, else an int32 copy when ``n <= 2**31``, in one pass (Note
-    [Narrow group indices]); ``index`` itself when it is no wider already, when the kernels
-    are not available or when an element is out of range (its scatter then raises).
+def narrow(index: torch.Tensor, n: int) -> torch.Tensor | None:
+    """A copy of the int64 group ``index`` into ``n`` groups as the scatter kernels read it
+    fastest: uint16 when ``n <= 65536``, else int32 when ``n <= 2**31``, made in one pass
+    (Note [Narrow group indices]); None when ``index`` is not int64, when an element is out
+    of range (its own scatter raises) or when the kernels are not available. Never
+    ``index`` itself: the groupings cache the result per index tensor, and a cached fact
+    must not keep its index alive.
 
     >>> out = narrow(torch.tensor([3, 0, 2]), 4)
-    >>> out.tolist(), out.dtype in (torch.uint16, torch.int64)
-    ([3, 0, 2], True)
+    >>> out is None or (out.tolist(), out.dtype) == ([3, 0, 2], torch.uint16)
+    True
     """
     to = torch.uint16 if n <= 2**16 else torch.int32 if n <= 2**31 else None
     if (to is None or index.dtype is not torch.long or not _index_ok(index, index.shape[0])
             or not _eager_cpu(index) or _library() is None):
-        return index
+        return None
     out = torch.empty(index.shape[0], dtype=to)
     if _NARROW[to](index.data_ptr(), index.shape[0], n, out.data_ptr()) != 0:
-        return index
+        return None
     return out
+
+
+def _narrowed(index: torch.Tensor, narrow: Callable[[], torch.Tensor | None] | None
+              ) -> torch.Tensor:
+    narrowed = None if narrow is None else narrow()
+    return index if narrowed is None else narrowed
