@@ -56,7 +56,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -259,15 +258,13 @@ def lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.Tens
 
 
 def scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.Tensor,
-            n: int, narrow: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
+            n: int) -> torch.Tensor | None:
     """Into ``n`` groups, ``out[index[j]] op= where(mask, values, identity)[j]`` (groups
     without an element hold the identity); None where the native kernels do not apply.
-    ``index`` is int64, int32 or uint16; ``narrow()``, called only when the kernel runs,
-    gives a copy of it to read instead, or None (:func:`narrow`)."""
+    ``index`` is int64, int32 or uint16 (:func:`narrow`)."""
     kernels = _kernel("scatter", values, mask, op)
     if kernels is None or not _index_ok(index, values.shape[0], group=True):
         return None
-    index = _narrowed(index, narrow)
     kernel = kernels[index.dtype]
     out = torch.empty(n, dtype=torch.float64 if op in _SUMS else values.dtype)
     _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], index.data_ptr(),
@@ -304,13 +301,10 @@ def count_lines(mask: torch.Tensor, offsets: torch.Tensor,
     return out
 
 
-def count_scatter(mask: torch.Tensor, index: torch.Tensor, n: int,
-                  narrow: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
-    """Per group (as :func:`scatter`, ``narrow`` too), the number of True elements of
-    ``mask`` (int64)."""
+def count_scatter(mask: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor | None:
+    """Per group (as :func:`scatter`), the number of True elements of ``mask`` (int64)."""
     if not (_count_ok(mask) and _index_ok(index, mask.shape[0], group=True)):
         return None
-    index = _narrowed(index, narrow)
     out = torch.empty(n, dtype=torch.long)
     _check(_COUNT_SCATTER[index.dtype](mask.data_ptr(), mask.shape[0], index.data_ptr(),
                                        out.data_ptr(), n), "count")
@@ -325,10 +319,12 @@ def count_scatter(mask: torch.Tensor, index: torch.Tensor, n: int,
 # and prefetching the output measured no gain; the index is what pays). The groupings keep
 # one narrowed copy per index tensor and reduction (``cached``: an index written in place
 # is narrowed again, never read stale): +2 bytes per stored element (uint16, at most 65536
-# groups), else +4 (int32), O(nnz) memory while the index lives. The copy is made by the
-# first reduction that runs a kernel, in one pass (0.6 ms at 2M) that also checks the
-# range: an index with an element out of range is kept as is, and its kernel raises. The
-# kernels read an int32 or uint16 index as given too (a CSR's int32 ``col_indices``).
+# groups), else +4 (int32), O(nnz) memory while the index lives. The first scatter over an
+# index makes it (also one the kernels then do not take: autograd, float16), in one pass
+# (0.6 ms at 2M, less than it saves on that first kernel) that also checks the range: an
+# index with an element out of range is not narrowed, and its own kernel raises. The
+# kernels read an int32 index as given too, and an int32 CSR's column reductions never
+# build the int64 copy of its column index (the slot keys are built only for torch passes).
 
 
 def narrow(index: torch.Tensor, n: int) -> torch.Tensor | None:
@@ -351,9 +347,3 @@ def narrow(index: torch.Tensor, n: int) -> torch.Tensor | None:
     if _NARROW[to](index.data_ptr(), index.shape[0], n, out.data_ptr()) != 0:
         return None
     return out
-
-
-def _narrowed(index: torch.Tensor, narrow: Callable[[], torch.Tensor | None] | None
-              ) -> torch.Tensor:
-    narrowed = None if narrow is None else narrow()
-    return index if narrowed is None else narrowed

@@ -13,7 +13,6 @@ import math
 import os
 import subprocess
 import sys
-from functools import partial
 
 import pytest
 import torch
@@ -104,19 +103,16 @@ INDEX_DTYPES = [torch.int64, torch.int32, torch.uint16]
        index_dtype=st.sampled_from(INDEX_DTYPES), narrowed=st.booleans())
 def test_scatter_is_the_masked_reduction_per_group(n, groups, density, seed, dtype, op,
                                                    index_dtype, narrowed):
-    """Any group index type the kernels read (int64, a CSR's int32, a narrowed uint16),
-    given as the index or as its ``narrow`` copy."""
+    """Any group index type the kernels read (int64, a CSR's int32, uint16), given as is or
+    as the ``narrow`` copy of the int64 index."""
     values, mask = _inputs(n, dtype, density, seed)
     index = torch.randint(0, groups, (n,), generator=torch.Generator().manual_seed(seed))
-    given_index = index.to(index_dtype)
-    narrow = (lambda: native.narrow(index, groups)) if narrowed else None
-    if narrowed:
-        given_index = index  # the int64 index, read through its narrowed copy
-        assert native.narrow(index, groups).dtype == torch.uint16
-    _assert_same(native.scatter(values, mask, op, given_index, groups, narrow),
+    given_index = native.narrow(index, groups) if narrowed else index.to(index_dtype)
+    assert given_index.dtype == (torch.uint16 if narrowed else index_dtype)
+    _assert_same(native.scatter(values, mask, op, given_index, groups),
                  _reference(values, mask, op, index, groups))
     counts = torch.zeros(groups, dtype=torch.long).index_add_(0, index, mask.long())
-    assert torch.equal(native.count_scatter(mask, given_index, groups, narrow), counts)
+    assert torch.equal(native.count_scatter(mask, given_index, groups), counts)
 
 
 @pytest.mark.parametrize("groups,narrowed", [(1, torch.uint16), (2**16, torch.uint16),
@@ -142,12 +138,11 @@ def test_an_out_of_range_group_index_raises_whatever_its_type(bad, index_dtype):
     values, mask = torch.ones(4), torch.tensor([True, False, True, True])
     index = torch.tensor([0, 1, bad, 1])
     assert native.narrow(index, 5) is None  # not narrowed: its kernel raises
-    narrow = partial(native.narrow, index, 5)
     for op in OPS:
         with pytest.raises(RuntimeError, match="out of range"):
-            native.scatter(values, mask, op, index, 5, narrow)
+            native.scatter(values, mask, op, index, 5)
     with pytest.raises(RuntimeError, match="out of range"):
-        native.count_scatter(mask, index, 5, narrow)
+        native.count_scatter(mask, index, 5)
     wrapped = index.to(index_dtype)  # the bad element as that type holds it
     if 0 <= int(wrapped[2]) < 5:
         return  # 2**16 + 5 as uint16, 2**32 + 1 as int32: in range, a different index
