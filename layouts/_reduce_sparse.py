@@ -467,10 +467,11 @@ class CompressedGrouping(CooGrouping):
                                  self.ngroups, inner, self.inner)
 
     def _with_gid(self) -> None:
-        if self.by_lines and self.gid is None:
-            self.gid = torch.repeat_interleave(
-                torch.arange(self.ngroups, device=self.lines.device), self.lengths,
-                output_size=self.source.values.shape[0])
+        if self.by_lines and self.gid is None:  # an index fact (the line of each element)
+            nnz = self.source.values.shape[0]
+            self.gid = cached(self.ptr, ("line of each element", nnz), lambda: (
+                torch.repeat_interleave(torch.arange(self.ngroups, device=self.lines.device),
+                                        self.lengths, output_size=nnz)))
 
     def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
         if not self.by_lines:
