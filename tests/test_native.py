@@ -310,3 +310,18 @@ def test_without_the_kernels_reductions_are_the_same(env, tmp_path):
                          text=True, timeout=120, check=True).stdout.splitlines()
     assert out[0] != "available"
     assert out[1] == "[4.0, 11.0]"
+
+
+def test_an_index_built_in_inference_mode_reduces_outside_it():
+    """An inference tensor has no version counter: its index facts (the narrowed copy
+    among them) are computed and cached all the same, in inference mode and out of it."""
+    import masked_sparse as ms
+    from tests.conftest import assert_masked_equal, dense_of, make_masked
+
+    with torch.inference_mode():
+        mt, data, mask = make_masked((50, 40), torch.sparse_csr, torch.float64, seed=3)
+        inside = mt.sum(0)
+    assert mt._storage.index[1].is_inference()
+    want = dense_of(ms.masked_tensor(data, mask).sum(0))
+    for got in (inside, mt.sum(0), mt.sum(0)):
+        assert_masked_equal(got, *want)
