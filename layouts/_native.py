@@ -319,12 +319,12 @@ def count_scatter(mask: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tens
 # and prefetching the output measured no gain; the index is what pays). The groupings keep
 # one narrowed copy per index tensor and reduction (``cached``: an index written in place
 # is narrowed again, never read stale): +2 bytes per stored element (uint16, at most 65536
-# groups), else +4 (int32), O(nnz) memory while the index lives. The first scatter over an
-# index makes it (also one the kernels then do not take: autograd, float16), in one pass
-# (0.6 ms at 2M, less than it saves on that first kernel) that also checks the range: an
-# index with an element out of range is not narrowed, and its own kernel raises. The
-# kernels read an int32 index as given too, and an int32 CSR's column reductions never
-# build the int64 copy of its column index (the slot keys are built only for torch passes).
+# groups), else +4 (int32), O(nnz) memory while the index lives. The first eager scatter
+# over an index without autograd makes it, in one pass (0.6 ms at 2M, less than it saves
+# on that first kernel) that also checks the range: an index with an element out of range
+# is not narrowed, and its own kernel raises. The kernels read an int32 index as given
+# too, and an int32 CSR's column reductions never build the int64 copy of its column index
+# (the slot keys are built only for torch passes).
 
 
 def narrow(index: torch.Tensor, n: int) -> torch.Tensor | None:

@@ -240,9 +240,9 @@ class CooGrouping(Grouping):
                 _native.reduce_all(values, mask, op)
         present = self._present is not None
         n = self._present.numel() if present else self.ngroups
-        narrowed = None if self._owner is None else cached(  # Note [Narrow group indices]
-            self._owner, ("narrow", self.dims, tuple(self.source.shape)),
-            lambda: _native.narrow(self._keys if present else self.gid, n))
+        narrowed = None if self._owner is None or not plain_eager(values) else cached(
+            self._owner, ("narrow", self.dims, tuple(self.source.shape)),  # Note [Narrow
+            lambda: _native.narrow(self._keys if present else self.gid, n))  # group indices]
         index = narrowed if narrowed is not None else self._keys if present else self.gid
         if op == "count":
             out = _native.count_scatter(mask, index, n)
