@@ -190,6 +190,11 @@ class CooGrouping(Grouping):
             self._counted = (mask, self._of_mask("count", mask, self._count_pass))
         return self._counted[1]
 
+    def _specified(self, mask: torch.Tensor) -> torch.Tensor:
+        """Per group, whether ``mask`` holds a True element (a reduction's result mask): from
+        the counts, cached per index and mask object like them (Note [Facts of a mask])."""
+        return self._of_mask("any", mask, lambda m: self._count(m) > 0)
+
     _owner: torch.Tensor | None = None
 
     def _of_mask(self, what: str, mask: torch.Tensor, compute) -> torch.Tensor:
@@ -267,8 +272,7 @@ class CooGrouping(Grouping):
                 and not _native.available()):  # else the count, cached per mask
             return reduce_dense(v, (0,), True, "any") if v.shape[0] else v.bool()
         if v.dtype == torch.bool and op in ("sum", "any") and not self.value_dims:
-            counts = self._count(v)
-            return counts if op == "sum" else counts > 0
+            return self._count(v) if op == "sum" else self._specified(v)
         if op == "sum" and v.dtype == torch.bool:
             v = v.long()
         if self.value_dims:
@@ -487,9 +491,10 @@ class CompressedGrouping(CooGrouping):
             seg = torch.segment_reduce(values, self._SEGMENT_OPS[op], offsets=self.offsets)
             return seg if seg.shape[0] == self.ngroups else seg.index_select(0, self.lines)
         if values.dtype == torch.bool and op in ("sum", "any", "all"):
+            if op == "any":
+                return self._specified(values)
             counts = self._count(values)
-            return counts if op == "sum" else (counts > 0 if op == "any" else
-                                               counts == self.lengths)
+            return counts if op == "sum" else counts == self.lengths
         self._with_gid()
         return super().reduce(values, op)
 
