@@ -134,9 +134,10 @@ def section(env: dict[str, Any], scipy_results: list[dict], goals: dict[str, lis
         "and result masks are cached per mask object (Note [Facts of a mask] in "
         "`layouts/_index.py`); the first reduction after a new mask also counts the mask, "
         f"{_cold_text(env.get('cold'))}. Column sums and the full sum are passes over "
-        "memory: per stored entry masked_sparse reads 17 bytes for a column sum (int64 "
-        "column index, float64 value, mask byte) and 9 for a full sum, over 2M entries, "
-        "where scipy reads 12 (int32 index, float64 value) and 8, over its 1.8M.", ""]
+        "memory: per stored entry masked_sparse reads 11 bytes for a column sum (a uint16 "
+        "copy of the column index, cached per index tensor: Note [Narrow group indices]; "
+        "float64 value, mask byte) and 9 for a full sum, over 2M entries, where scipy "
+        "reads 12 (int32 index, float64 value) and 8, over its 1.8M.", ""]
     lines += scipy_table(scipy_results)
     lines += ["", "**Every sparse reduction at 1M entries ÷ raw**, the best plain-torch "
               "computation on the stored values without a mask (`benchmarks/bench_goals.py`, "

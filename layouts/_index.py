@@ -69,33 +69,46 @@ def coalesce_coo(tensor: torch.Tensor) -> torch.Tensor:
 
 def cached(owner: torch.Tensor, tag: object, compute: Callable[[], Any],
            data: torch.Tensor | None = None) -> Any:
-    """``compute()``, cached per ``(owner, tag)`` while the ``owner`` tensor lives.
+    """``compute()``, cached per ``(owner, tag)`` while the ``owner`` tensor lives and its
+    version counter is unchanged.
 
-    For facts derived from index tensors only (index tensors are never written in place):
-    a matrix's expanded rows, row pointers or present columns are computed once, not by
-    every op that needs them. A fact that also reads a ``data`` tensor (a mask: how many
-    specified elements each group has) is cached per ``data`` object too, and only while
-    its version counter (and the cached tensor's own) is unchanged (Note [Facts of a
-    mask]). Nothing is cached while compiling or in inference mode.
+    For facts derived from index tensors: a matrix's expanded rows, row pointers, present
+    columns or narrowed group index are computed once, not by every op that needs them.
+    Index tensors are not written in place by this package; one written by a user (an
+    edited or corrupt index) bumps its version counter, and its facts are computed again
+    from what it holds now, never served stale (Note [Narrow group indices]). A fact that
+    also reads a ``data`` tensor (a mask: how many specified elements each group has) is
+    cached per ``data`` object too, and only while its version counter (and the cached
+    tensor's own) is unchanged (Note [Facts of a mask]). Nothing is cached while compiling
+    or in inference mode; an inference tensor ``owner`` (it has no version counter) keeps
+    its facts unchecked.
     """
     if data is not None and torch.compiler.is_compiling():
         return compute()
     key = (id(owner), tag) if data is None else (id(owner), tag, id(data))
+    version = _version(owner)
     entry = _CACHE.get(key)
-    if entry is not None and entry[0]() is owner and (
-            data is None or (entry[2]() is data and entry[3] == data._version
-                             and entry[4] == entry[1]._version)):
+    if entry is not None and entry[0]() is owner and entry[2] == version and (
+            data is None or (entry[3]() is data and entry[4] == data._version
+                             and entry[5] == entry[1]._version)):
         return entry[1]
     out = compute()
     if not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled()
             or (data is not None and data.is_inference())):
         forget = partial(_forget, key)
         if data is None:
-            _CACHE[key] = (weakref.ref(owner, forget), out)
+            _CACHE[key] = (weakref.ref(owner, forget), out, version)
         else:
-            _CACHE[key] = (weakref.ref(owner, forget), out, weakref.ref(data, forget),
+            _CACHE[key] = (weakref.ref(owner, forget), out, version, weakref.ref(data, forget),
                            data._version, out._version)
     return out
+
+
+def _version(t: torch.Tensor) -> int | None:
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor: no version counter
+        return None
 
 
 # Note [Facts of a mask]

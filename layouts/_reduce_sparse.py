@@ -82,8 +82,6 @@ class CooGrouping(Grouping):
             facts = cached(owner, ("grouping", dims, keepdim, tuple(storage.shape), row_major),
                            partial(self._index_facts, coords, row_major))
         self.__dict__.update(facts)
-        if self._present is not None:
-            self._keys = linearize([coords[d] for d in self._kept], self._kept_shape)
         if not self.sparse_dims:
             self.out_coords = coords
 
@@ -156,7 +154,17 @@ class CooGrouping(Grouping):
     # (``owner``). A bool ``any`` (a sum's result mask) is a uint8 ``amax`` scatter, about
     # twice as fast as counting, unless the mask was counted already (a mean).
     _present: torch.Tensor | None = None
-    _keys: torch.Tensor | None = None
+    _slot_keys: torch.Tensor | None = None
+
+    @property
+    def _keys(self) -> torch.Tensor | None:
+        """The key slot of every stored element (slot groupings only), built when a pass
+        needs it: the kernels read the cached narrowed copy instead (Note [Narrow group
+        indices]; for an int32 index the keys are an int64 copy)."""
+        if self._slot_keys is None and self._present is not None:
+            self._slot_keys = linearize([self.coords[d] for d in self._kept],
+                                        self._kept_shape)
+        return self._slot_keys
     _out_index: torch.Tensor | None = None  # the output's COO index, when known
     _gid: torch.Tensor | None = None
 
@@ -181,6 +189,11 @@ class CooGrouping(Grouping):
         if self._counted is None or self._counted[0] is not mask:
             self._counted = (mask, self._of_mask("count", mask, self._count_pass))
         return self._counted[1]
+
+    def _specified(self, mask: torch.Tensor) -> torch.Tensor:
+        """Per group, whether ``mask`` holds a True element (a reduction's result mask): from
+        the counts, cached per index and mask object like them (Note [Facts of a mask])."""
+        return self._of_mask("any", mask, lambda m: self._count(m) > 0)
 
     _owner: torch.Tensor | None = None
 
@@ -231,14 +244,21 @@ class CooGrouping(Grouping):
             return _native.count_all(mask) if op == "count" else \
                 _native.reduce_all(values, mask, op)
         present = self._present is not None
-        index, n = (self._keys, self._present.numel()) if present else (self.gid, self.ngroups)
+        n = self._present.numel() if present else self.ngroups
+        narrowed = None if self._owner is None or not plain_eager(values) else cached(
+            self._owner, ("narrow", self.dims, tuple(self.source.shape)),  # Note [Narrow
+            lambda: _native.narrow(self._keys if present else self.gid, n))  # group indices]
+        index = narrowed if narrowed is not None else self._keys if present else self.gid
         if op == "count":
             out = _native.count_scatter(mask, index, n)
         else:
             out = _native.scatter(values, mask, op, index, n)
             if out is None and op in _blocked.OPS and _blocked.applies(values, mask):
-                out = _blocked.scatter(values, mask, start(op, values.dtype), op, index, n)
-        return out.index_select(0, self._uniq) if out is not None and present else out
+                wide = self._keys if present else self.gid
+                out = _blocked.scatter(values, mask, start(op, values.dtype), op, wide, n)
+        if out is None or not present or self._uniq.shape[0] == n:  # every slot a group
+            return out
+        return out.index_select(0, self._uniq)
 
     # -- primitives --------------------------------------------------------------------
     def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
@@ -252,8 +272,7 @@ class CooGrouping(Grouping):
                 and not _native.available()):  # else the count, cached per mask
             return reduce_dense(v, (0,), True, "any") if v.shape[0] else v.bool()
         if v.dtype == torch.bool and op in ("sum", "any") and not self.value_dims:
-            counts = self._count(v)
-            return counts if op == "sum" else counts > 0
+            return self._count(v) if op == "sum" else self._specified(v)
         if op == "sum" and v.dtype == torch.bool:
             v = v.long()
         if self.value_dims:
@@ -452,10 +471,11 @@ class CompressedGrouping(CooGrouping):
                                  self.ngroups, inner, self.inner)
 
     def _with_gid(self) -> None:
-        if self.by_lines and self.gid is None:
-            self.gid = torch.repeat_interleave(
-                torch.arange(self.ngroups, device=self.lines.device), self.lengths,
-                output_size=self.source.values.shape[0])
+        if self.by_lines and self.gid is None:  # an index fact (the line of each element)
+            nnz = self.source.values.shape[0]
+            self.gid = cached(self.ptr, ("line of each element", nnz), lambda: (
+                torch.repeat_interleave(torch.arange(self.ngroups, device=self.lines.device),
+                                        self.lengths, output_size=nnz)))
 
     def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
         if not self.by_lines:
@@ -471,9 +491,10 @@ class CompressedGrouping(CooGrouping):
             seg = torch.segment_reduce(values, self._SEGMENT_OPS[op], offsets=self.offsets)
             return seg if seg.shape[0] == self.ngroups else seg.index_select(0, self.lines)
         if values.dtype == torch.bool and op in ("sum", "any", "all"):
+            if op == "any":
+                return self._specified(values)
             counts = self._count(values)
-            return counts if op == "sum" else (counts > 0 if op == "any" else
-                                               counts == self.lengths)
+            return counts if op == "sum" else counts == self.lengths
         self._with_gid()
         return super().reduce(values, op)
 

@@ -38,7 +38,8 @@ def build(request):
         return
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MASKED_SPARSE_NATIVE", "portable")
-        patch.setattr(native, "_KERNELS", {})
+        for table in ("_KERNELS", "_COUNT_SCATTER", "_NARROW"):  # what _declare fills
+            patch.setattr(native, table, {})
         native._library.cache_clear()
         assert native.available(), native.status()
         yield
@@ -127,16 +128,96 @@ def test_lines_are_the_masked_reduction_of_each_run(build, lengths, density, see
     assert torch.equal(native.count_lines(mask, offsets), counts)
 
 
-@settings(max_examples=40, deadline=None)
+INDEX_DTYPES = [torch.int64, torch.int32, torch.uint16]
+
+
+@settings(max_examples=60, deadline=None)
 @given(n=sizes, groups=st.integers(1, 40), density=densities, seed=st.integers(0, 2**16),
-       dtype=st.sampled_from(DTYPES), op=st.sampled_from(OPS))
-def test_scatter_is_the_masked_reduction_per_group(n, groups, density, seed, dtype, op):
+       dtype=st.sampled_from(DTYPES), op=st.sampled_from(OPS),
+       index_dtype=st.sampled_from(INDEX_DTYPES), narrowed=st.booleans())
+def test_scatter_is_the_masked_reduction_per_group(n, groups, density, seed, dtype, op,
+                                                   index_dtype, narrowed):
+    """Any group index type the kernels read (int64, a CSR's int32, uint16), given as is or
+    as the ``narrow`` copy of the int64 index."""
     values, mask = _inputs(n, dtype, density, seed)
     index = torch.randint(0, groups, (n,), generator=torch.Generator().manual_seed(seed))
-    _assert_same(native.scatter(values, mask, op, index, groups),
+    given_index = native.narrow(index, groups) if narrowed else index.to(index_dtype)
+    assert given_index.dtype == (torch.uint16 if narrowed else index_dtype)
+    _assert_same(native.scatter(values, mask, op, given_index, groups),
                  _reference(values, mask, op, index, groups))
     counts = torch.zeros(groups, dtype=torch.long).index_add_(0, index, mask.long())
-    assert torch.equal(native.count_scatter(mask, index, groups), counts)
+    assert torch.equal(native.count_scatter(mask, given_index, groups), counts)
+
+
+@pytest.mark.parametrize("groups,narrowed", [(1, torch.uint16), (2**16, torch.uint16),
+                                             (2**16 + 1, torch.int32), (2**31, torch.int32),
+                                             (2**31 + 1, None)])
+def test_narrow_picks_the_narrowest_type_that_holds_every_group(groups, narrowed):
+    index = torch.tensor([0, groups - 1, groups // 2, 0])
+    out = native.narrow(index, groups)
+    if narrowed is None:  # no narrower type holds every group: the index is read as is
+        assert out is None
+        return
+    assert out.dtype == narrowed
+    assert torch.equal(out.long(), index)
+    assert native.narrow(index.int(), groups) is None  # only int64 is narrowed
+
+
+@pytest.mark.parametrize("bad", [-1, 5, 2**16, 2**16 + 5, 2**32 + 1])
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+def test_an_out_of_range_group_index_raises_whatever_its_type(bad, index_dtype):
+    """An index out of range is never narrowed into range (2**16 + 5 is 5 as a uint16): the
+    int64 index is kept and its kernel raises; an int32 or uint16 index out of range
+    (negative, or past the groups) raises too."""
+    values, mask = torch.ones(4), torch.tensor([True, False, True, True])
+    index = torch.tensor([0, 1, bad, 1])
+    assert native.narrow(index, 5) is None  # not narrowed: its kernel raises
+    for op in OPS:
+        with pytest.raises(RuntimeError, match="out of range"):
+            native.scatter(values, mask, op, index, 5)
+    with pytest.raises(RuntimeError, match="out of range"):
+        native.count_scatter(mask, index, 5)
+    wrapped = index.to(index_dtype)  # the bad element as that type holds it
+    if 0 <= int(wrapped[2]) < 5:
+        return  # 2**16 + 5 as uint16, 2**32 + 1 as int32: in range, a different index
+    with pytest.raises(RuntimeError, match="out of range"):
+        native.scatter(values, mask, "sum", wrapped, 5)
+    with pytest.raises(RuntimeError, match="out of range"):
+        native.count_scatter(mask, wrapped, 5)
+
+
+@pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr"])
+def test_an_index_written_in_place_is_narrowed_again(layout):
+    """The narrowed group index (and every other fact of the index) is cached per index
+    tensor and version: after an element moves to an empty column in place, the column
+    reductions read the index as it is now."""
+    import layouts._index as index_facts
+    import masked_sparse as ms
+    from tests.conftest import _to_layout, assert_masked_equal, dense_of
+
+    data = torch.tensor([[1.0, 2.0, 0.0, 4.0], [0.0, 8.0, 0.0, 0.0], [0.0, 0.0, 0.0, 3.0]])
+    stored = data != 0
+    mask = stored.clone()
+    mask[2, 3] = False
+    mt = ms.masked_tensor(_to_layout(data, stored, torch.sparse_coo),
+                          _to_layout(mask, stored, torch.sparse_coo))
+    mt = mt.to_sparse_csr() if layout == "sparse_csr" else mt
+    reductions = [lambda t: t.sum(0), lambda t: t.mean(0), lambda t: t.amax(0),
+                  lambda t: t.prod(0), lambda t: torch.count_nonzero(t, 0)]
+    for reduce in reductions:
+        reduce(mt)
+    storage = mt._storage
+    owner = storage.index[1] if layout == "sparse_csr" else storage.index[0]
+    narrowed = [entry[1] for key, entry in index_facts._CACHE.items()
+                if entry[0]() is owner and key[1][0] == "narrow"]
+    assert [n.dtype for n in narrowed] == [torch.uint16]  # the kernels read a copy
+    columns = storage.index[1] if layout == "sparse_csr" else storage.index[0][1]
+    assert columns.tolist() == [0, 1, 3, 1, 3]
+    columns[1] = 2  # (0, 1) -> (0, 2): column 2 was empty, row 0 stays sorted
+    data_now, mask_now = dense_of(mt)
+    assert mask_now[0, 2] and not mask_now[0, 1]
+    for reduce in reductions:
+        assert_masked_equal(reduce(mt), *dense_of(reduce(ms.masked_tensor(data_now, mask_now))))
 
 
 def test_a_specified_nan_wins_and_an_unspecified_one_is_ignored():
@@ -281,3 +362,18 @@ def test_a_nan_anywhere_in_a_long_run_wins_only_where_specified(build, n, dtype)
             unspecified[where] = False
             want = getattr(values[unspecified], op)()
             assert native.reduce_all(nan_values, unspecified, op).item() == want.item()
+
+
+def test_an_index_built_in_inference_mode_reduces_outside_it():
+    """An inference tensor has no version counter: its index facts (the narrowed copy
+    among them) are computed and cached all the same, in inference mode and out of it."""
+    import masked_sparse as ms
+    from tests.conftest import assert_masked_equal, dense_of, make_masked
+
+    with torch.inference_mode():
+        mt, data, mask = make_masked((50, 40), torch.sparse_csr, torch.float64, seed=3)
+        inside = mt.sum(0)
+    assert mt._storage.index[1].is_inference()
+    want = dense_of(ms.masked_tensor(data, mask).sum(0))
+    for got in (inside, mt.sum(0), mt.sum(0)):
+        assert_masked_equal(got, *want)

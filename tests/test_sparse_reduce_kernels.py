@@ -38,7 +38,8 @@ from tests.conftest import _to_layout, assert_masked_equal, check_invariants, de
 
 INF, NAN = math.inf, math.nan
 DTYPES = [torch.float32, torch.float64, torch.int32]
-SPARSE = {"coo": torch.sparse_coo, "csr": torch.sparse_csr, "csc": torch.sparse_csc}
+SPARSE = {"coo": torch.sparse_coo, "csr": torch.sparse_csr, "csc": torch.sparse_csc,
+          "csr32": torch.sparse_csr}
 
 
 @pytest.fixture(params=["native", "blocked"])
@@ -81,6 +82,12 @@ def _matrix(dtype, shape=(9, 13), seed=0, specials=True):
 def _sparse(data, mask, stored, layout):
     coo = ms.masked_tensor(_to_layout(data, stored, torch.sparse_coo),
                            _to_layout(mask, stored, torch.sparse_coo))
+    if layout == "csr32":  # a CSR whose indices are int32 (torch allows it; kept as is)
+        values, flags = (_to_layout(t, stored, torch.sparse_csr) for t in (data, mask))
+        crow, col = values.crow_indices().int(), values.col_indices().int()
+        return ms.masked_tensor(
+            torch.sparse_csr_tensor(crow, col, values.values(), data.shape),
+            torch.sparse_csr_tensor(crow, col, flags.values(), data.shape))
     return {"coo": coo, "csr": coo.to_sparse_csr(), "csc": coo.to_sparse_csc()}[layout]
 
 
