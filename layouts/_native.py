@@ -23,6 +23,19 @@ equal the composed path's up to summation order (``tests/test_native.py`` checks
 kernels against ``torch.where`` and ``scatter_reduce``,
 ``tests/test_sparse_reduce_kernels.py`` both paths against the dense reference).
 
+On a CPU with AVX-512 (F, BW, VL) the runs of ``all`` and ``lines`` go through
+hand-written vector code (the C file's "explicit AVX-512" section): the mask bytes become
+a mask register (``vptestmb``) that the masked add / fma / mul / max obey, 64 elements a
+block in independent accumulators, the last partial block read by masked loads. Measured
+on a Zen 4, one thread, kernel alone, 1M elements 90% specified: float32 sum 1.5x
+``values.sum()`` (bound by the widening to double, about 4 elements a cycle), amax /
+amin / prod 1.1-1.2x the raw op, float64 1.1-1.2x (memory bound), counts 7-10x faster
+than before; rows of 8-250 elements 1.5-4x faster than the portable code (``bench_scipy``'s
+row sums / max / min of 20-element rows 1.5-2.5x: ~0.4x scipy's time);
+``benchmarks/bench_native.py`` times the full reductions.
+Elsewhere the portable loops run (an OpenMP simd loop from 256 elements, 16 lanes below);
+``MASKED_SPARSE_NATIVE=portable`` builds those only, and the tests run both builds.
+
 The C source is compiled on first use with the system C compiler (``$CC``, else ``cc``)
 into ``$MASKED_SPARSE_CACHE`` (default ``~/.cache/masked_sparse``) for this CPU
 (``-march=native``; a build is keyed by a hash of the source, flags and CPU) and loaded
@@ -115,9 +128,12 @@ def _library() -> ctypes.CDLL | None:
     reason in ``_why_not``) when disabled or when no build works: callers compose torch
     ops instead."""
     global _why_not
-    if os.environ.get("MASKED_SPARSE_NATIVE", "1") == "0":
+    setting = os.environ.get("MASKED_SPARSE_NATIVE", "1")
+    if setting == "0":
         _why_not = "disabled by MASKED_SPARSE_NATIVE=0"
         return None
+    # MASKED_SPARSE_NATIVE=portable: the portable loops only, no explicit AVX-512 code.
+    extra = ("-DMASKED_SPARSE_PORTABLE",) if setting == "portable" else ()
     if sys.platform not in ("linux", "darwin"):
         _why_not = f"no native build on {sys.platform}"
         return None
@@ -125,6 +141,7 @@ def _library() -> ctypes.CDLL | None:
     errors = []
     # -march=native where the compiler takes it (the CPU's vector width), else portable.
     for flags in ((_FLAGS + _NATIVE, _FLAGS) if sys.platform == "linux" else (_FLAGS,)):
+        flags += extra
         try:
             key = hashlib.sha256(_SOURCE.read_bytes() + repr(
                 (flags, compiler, platform.machine(), _cpu())).encode()).hexdigest()

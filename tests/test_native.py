@@ -28,12 +28,38 @@ DTYPES = [torch.float32, torch.float64]
 OPS = ["sum", "sumsq", "prod", "amax", "amin"]
 
 
-def _inputs(n: int, dtype: torch.dtype, density: float, seed: int):
+@pytest.fixture(scope="module", params=["native", "portable"])
+def build(request):
+    """The kernels as built for this CPU (explicit AVX-512 code where it has it), then the
+    portable build (``MASKED_SPARSE_NATIVE=portable``: the loops the compiler vectorizes),
+    so that both vector paths meet the same tests."""
+    if request.param == "native":
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MASKED_SPARSE_NATIVE", "portable")
+        for table in ("_KERNELS", "_COUNT_SCATTER", "_NARROW"):  # what _declare fills
+            patch.setattr(native, table, {})
+        native._library.cache_clear()
+        assert native.available(), native.status()
+        yield
+    native._library.cache_clear()  # the next call loads this CPU's build again
+
+
+def _inputs(n: int, dtype: torch.dtype, density: float, seed: int, op: str = "sum",
+            specials: float = 0.15):
+    """Random values and mask; a fraction ``specials`` of the values NaN or +-inf (few
+    enough, in a long run, that the result is not NaN every time). A product's values stay
+    near +-1, so that thousands of them neither overflow nor underflow (which one comes
+    first would depend on the order of the products)."""
     g = torch.Generator().manual_seed(seed)
-    values = (torch.randn(n, generator=g, dtype=torch.float64) * 4).to(dtype)
-    pick = torch.randint(0, 20, (n,), generator=g)
-    special = torch.tensor([math.nan, math.inf, -math.inf], dtype=dtype)
-    values = torch.where(pick < 3, special[pick.clamp(max=2)], values)
+    values = torch.randn(n, generator=g, dtype=torch.float64) * 4
+    if op == "prod":
+        values = values.sign() * (values * 0.02).exp()
+    values = values.to(dtype)
+    pick = torch.randint(0, 3, (n,), generator=g)
+    special = torch.tensor([math.nan, math.inf, -math.inf], dtype=dtype)[pick]
+    values = torch.where(torch.rand(n, generator=g) < specials, special, values)
     mask = torch.rand(n, generator=g) < density
     return values, mask
 
@@ -59,29 +85,37 @@ def _assert_same(got, want):
 
 
 sizes = st.integers(0, 300)
+# short runs (scalar, 16 at a time), then long ones: the vector code's blocks and tails
+runs = sizes | st.integers(256, 3000)
 densities = st.sampled_from([0.0, 0.1, 0.5, 0.9, 1.0])
+specials = st.sampled_from([0.0, 0.001, 0.15])  # the fraction of NaN / +-inf values
 
 
 @settings(max_examples=40, deadline=None)
-@given(n=sizes, density=densities, seed=st.integers(0, 2**16),
-       dtype=st.sampled_from(DTYPES), op=st.sampled_from(OPS))
-def test_reduce_all_is_the_masked_reduction(n, density, seed, dtype, op):
-    values, mask = _inputs(n, dtype, density, seed)
+@given(n=runs, density=densities, seed=st.integers(0, 2**16),
+       dtype=st.sampled_from(DTYPES), op=st.sampled_from(OPS), skip=st.integers(0, 7),
+       specials=specials)
+def test_reduce_all_is_the_masked_reduction(build, n, density, seed, dtype, op, skip,
+                                            specials):
+    """Any length, from any start (``skip`` elements in: unaligned values and mask)."""
+    values, mask = _inputs(n + skip, dtype, density, seed, op, specials)
+    values, mask = values[skip:], mask[skip:]
     got = native.reduce_all(values, mask, op)
     _assert_same(got, _reference(values, mask, op, torch.zeros(n, dtype=torch.long), 1))
     assert native.count_all(mask).item() == int(mask.sum())
 
 
 @settings(max_examples=40, deadline=None)
-@given(lengths=st.lists(st.integers(0, 300), min_size=1, max_size=12), density=densities,
+@given(lengths=st.lists(runs, min_size=1, max_size=12), density=densities,
        seed=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES), op=st.sampled_from(OPS),
-       data=st.data())
-def test_lines_are_the_masked_reduction_of_each_run(lengths, density, seed, dtype, op, data):
-    """Lines of any length (empty, short, 16 at a time, one simd loop from 256), any subset
-    of them in any order."""
+       specials=specials, data=st.data())
+def test_lines_are_the_masked_reduction_of_each_run(build, lengths, density, seed, dtype, op,
+                                                    specials, data):
+    """Lines of any length (empty, short, 16 at a time, vector code from 256) starting
+    anywhere (aligned or not), any subset of them in any order."""
     offsets = torch.tensor([0, *lengths]).cumsum(0)
     n = int(offsets[-1])
-    values, mask = _inputs(n, dtype, density, seed)
+    values, mask = _inputs(n, dtype, density, seed, op, specials)
     which = torch.tensor(data.draw(st.lists(st.integers(0, len(lengths) - 1), max_size=12)),
                          dtype=torch.long)
     line_of = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
@@ -310,6 +344,24 @@ def test_without_the_kernels_reductions_are_the_same(env, tmp_path):
                          text=True, timeout=120, check=True).stdout.splitlines()
     assert out[0] != "available"
     assert out[1] == "[4.0, 11.0]"
+
+
+@pytest.mark.parametrize("n", [256, 1000, 1025, 1087])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_nan_anywhere_in_a_long_run_wins_only_where_specified(build, n, dtype):
+    """The vector code's max / min collect NaNs apart from the lanes: one NaN in any lane of
+    a block or of the partial last one is the result when specified, ignored when not."""
+    values = torch.randn(n, generator=torch.Generator().manual_seed(n), dtype=dtype)
+    mask = torch.ones(n, dtype=torch.bool)
+    for where in (0, 15, 63, 64, n - 1):
+        nan_values = values.clone()
+        nan_values[where] = math.nan
+        for op in ("amax", "amin"):
+            assert native.reduce_all(nan_values, mask, op).isnan().all()
+            unspecified = mask.clone()
+            unspecified[where] = False
+            want = getattr(values[unspecified], op)()
+            assert native.reduce_all(nan_values, unspecified, op).item() == want.item()
 
 
 def test_an_index_built_in_inference_mode_reduces_outside_it():
