@@ -79,9 +79,16 @@ def _reference(values, mask, op, groups, n):
     return out.scatter_reduce(0, groups, filled, op).to(values.dtype)
 
 
-def _assert_same(got, want):
+def _assert_same(got, want, op=None, run=0):
+    """Equal up to rounding: a product of ``run`` factors in the values' dtype, taken in
+    another order (vector lanes), may differ by up to ``run`` roundings."""
     assert got.dtype == want.dtype and got.shape == want.shape
-    torch.testing.assert_close(got, want, equal_nan=True)
+    rtol = None
+    if op == "prod" and run:
+        rtol = max(1.3e-6 if want.dtype == torch.float32 else 1e-7,
+                   run * torch.finfo(want.dtype).eps)
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=rtol,
+                               atol=None if rtol is None else 1e-5)
 
 
 sizes = st.integers(0, 300)
@@ -101,7 +108,7 @@ def test_reduce_all_is_the_masked_reduction(build, n, density, seed, dtype, op, 
     values, mask = _inputs(n + skip, dtype, density, seed, op, specials)
     values, mask = values[skip:], mask[skip:]
     got = native.reduce_all(values, mask, op)
-    _assert_same(got, _reference(values, mask, op, torch.zeros(n, dtype=torch.long), 1))
+    _assert_same(got, _reference(values, mask, op, torch.zeros(n, dtype=torch.long), 1), op, n)
     assert native.count_all(mask).item() == int(mask.sum())
 
 
@@ -120,9 +127,9 @@ def test_lines_are_the_masked_reduction_of_each_run(build, lengths, density, see
                          dtype=torch.long)
     line_of = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
     want = _reference(values, mask, op, line_of, len(lengths))[which]
-    _assert_same(native.lines(values, mask, op, offsets, which), want)
+    _assert_same(native.lines(values, mask, op, offsets, which), want, op, max(lengths))
     every = _reference(values, mask, op, line_of, len(lengths))
-    _assert_same(native.lines(values, mask, op, offsets), every)  # which=None: every line
+    _assert_same(native.lines(values, mask, op, offsets), every, op, max(lengths))  # every line
     counts = torch.zeros(len(lengths), dtype=torch.long).index_add_(0, line_of, mask.long())
     assert torch.equal(native.count_lines(mask, offsets, which), counts[which])
     assert torch.equal(native.count_lines(mask, offsets), counts)
