@@ -249,10 +249,57 @@ static inline __mmask64 mask_bits_tail(const uint8_t *m, int64_t left) {
     }
 /* A run of at least VECTOR_RUN elements: the vector code. */
 #define VECTOR_LOOP(T, OP) s = OP##_vrange_##T(v, m, a, b, s, &nan)
+
+/* The scatter kernels of the sums (SCATTER below), 64 elements a block: an unspecified
+ * element of a sum adds +0.0, which changes no group (a group's sum is never -0.0: it
+ * starts at +0.0), so only the specified ones need the read-modify-write of out[g], the
+ * loop's cost. Per step of 8: the 8 indices as 64-bit lanes (sign-extended), all checked
+ * at once (specified or not); the specified lanes' indices and values (as doubles)
+ * compressed to the front of two registers (vpcompressq / vcompresspd: the register
+ * forms; compressing to memory is slow on Zen 4) and stored at the end of a block's
+ * list; then the list's entries, in storage order, one scalar step each. The same sums in
+ * the same order as the portable loop. The index and values are prefetched 1024 elements
+ * ahead: without, the loads of a block wait behind the previous block's list (int64 index,
+ * float64 values: 1.4x slower than the scalar loop; with, 0.8x). Measured on a Zen 4, 2M
+ * elements 90% specified into 20000 groups: 0.7-0.85x the scalar loop's time. */
+#define IDX8_i64(p) _mm512_loadu_si512(p)
+#define IDX8_i32(p) _mm512_cvtepi32_epi64(_mm256_loadu_si256((const __m256i *)(p)))
+#define IDX8_u16(p) _mm512_cvtepu16_epi64(_mm_loadu_si128((const __m128i *)(p)))
+#define VSCATTER_sum(T, I) VSCATTER(T, sum, I)
+#define VSCATTER_sumsq(T, I) VSCATTER(T, sumsq, I)
+#define VSCATTER_prod(T, I)
+#define VSCATTER_max(T, I)
+#define VSCATTER_min(T, I)
+#define VSCATTER(T, OP, I)                                                               \
+    do {                                                                                 \
+        const __m512i bound = _mm512_set1_epi64(nout);                                   \
+        int64_t gs[64];                                                                  \
+        double xs[64];                                                                   \
+        for (; j + 64 <= n; j += 64) {                                                   \
+            int c = 0;                                                                   \
+            for (int q = 0; q < 8; q++) {                                                \
+                __m512i g = IDX8_##I(index + j + q * 8);                                 \
+                _mm_prefetch((const char *)(index + j + q * 8 + 1024), _MM_HINT_T0);     \
+                _mm_prefetch((const char *)(v + j + q * 8 + 1024), _MM_HINT_T0);         \
+                if (_mm512_cmpge_epu64_mask(g, bound)) return -1;                        \
+                __mmask8 k = (__mmask8)mask_bits_at(m + j + q * 8, 8);                   \
+                __m512d x = WIDEN_##T(LOAD8_##T(v + j + q * 8));                         \
+                _mm512_storeu_si512(gs + c, _mm512_maskz_compress_epi64(k, g));          \
+                _mm512_storeu_pd(xs + c, _mm512_maskz_compress_pd(k, x));                \
+                c += __builtin_popcount(k);                                              \
+            }                                                                            \
+            for (int q = 0; q < c; q++) STEP_##OP(out[gs[q]], xs[q]);                    \
+        }                                                                                \
+    } while (0)
 #else
 #define VECTOR 0
 #define VECTOR_RUN LONG_RUN
 #define VRANGE(T, OP)
+#define VSCATTER_sum(T, I)
+#define VSCATTER_sumsq(T, I)
+#define VSCATTER_prod(T, I)
+#define VSCATTER_max(T, I)
+#define VSCATTER_min(T, I)
 /* A run of at least VECTOR_RUN elements: one OpenMP simd loop. */
 #define VECTOR_LOOP(T, OP)                                                               \
     do {                                                                                 \
@@ -315,7 +362,8 @@ typedef uint16_t u16;
  * instructions; a narrower index is what pays (2M elements into 20000 groups: 3.6 ->
  * 2.6 ms from int64 to uint16). A sorted index (runs of one group) waits on the previous
  * element's store instead, 2-3x slower: runs are the lines kernel's work (a variant that
- * reduced runs in a register here cost 5-30% on a random index). */
+ * reduced runs in a register here cost 5-30% on a random index). With AVX-512 a sum
+ * skips the unspecified elements' read-modify-write (VSCATTER; 0.7-0.85x the time). */
 #define SCATTER(T, OP, I)                                                                \
     int ms_scatter_##OP##_##T##_##I(const T *v, const uint8_t *m, int64_t n,             \
                                     const I *index, T identity, ACC_##OP(T) *out,        \
@@ -323,8 +371,10 @@ typedef uint16_t u16;
         const ACC_##OP(T) start = START_##OP(identity);                                  \
         const bits_##T other = bits_of_##T((T)start);                                    \
         int nan = 0;                                                                     \
+        int64_t j = 0;                                                                   \
         for (int64_t g = 0; g < nout; g++) out[g] = start;                               \
-        for (int64_t j = 0; j < n; j++) {                                                \
+        VSCATTER_##OP(T, I); /* AVX-512, sums: blocks of 64, specified elements only */  \
+        for (; j < n; j++) {                                                             \
             uint64_t g = (uint64_t)(int64_t)index[j];                                    \
             if (g >= (uint64_t)nout) return -1;                                          \
             T x = keep_##T(v[j], m[j], other);                                           \

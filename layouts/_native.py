@@ -32,7 +32,12 @@ on a Zen 4, one thread, kernel alone, 1M elements 90% specified: float32 sum 1.5
 amin / prod 1.1-1.2x the raw op, float64 1.1-1.2x (memory bound), counts 7-10x faster
 than before; rows of 8-250 elements 1.5-4x faster than the portable code (``bench_scipy``'s
 row sums / max / min of 20-element rows 1.5-2.5x: ~0.4x scipy's time);
-``benchmarks/bench_native.py`` times the full reductions.
+``benchmarks/bench_native.py`` times the full reductions. The sums' scatter kernels
+(column sums, means) there skip the unspecified elements: per 8, the specified indices and
+values are compressed into a list (``vpcompressq``), and only the list's entries update
+their group (an unspecified one adds +0.0, which changes no group): 2M elements 90%
+specified into 20000 groups, 0.77-0.89x the scalar loop's time; ``bench_scipy``'s column
+sums 1.05-1.07x -> 0.84-0.85x scipy's time.
 Elsewhere the portable loops run (an OpenMP simd loop from 256 elements, 16 lanes below);
 ``MASKED_SPARSE_NATIVE=portable`` builds those only, and the tests run both builds.
 

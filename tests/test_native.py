@@ -142,10 +142,12 @@ INDEX_DTYPES = [torch.int64, torch.int32, torch.uint16]
 @given(n=sizes, groups=st.integers(1, 40), density=densities, seed=st.integers(0, 2**16),
        dtype=st.sampled_from(DTYPES), op=st.sampled_from(OPS),
        index_dtype=st.sampled_from(INDEX_DTYPES), narrowed=st.booleans())
-def test_scatter_is_the_masked_reduction_per_group(n, groups, density, seed, dtype, op,
-                                                   index_dtype, narrowed):
+def test_scatter_is_the_masked_reduction_per_group(build, n, groups, density, seed, dtype,
+                                                   op, index_dtype, narrowed):
     """Any group index type the kernels read (int64, a CSR's int32, uint16), given as is or
-    as the ``narrow`` copy of the int64 index."""
+    as the ``narrow`` copy of the int64 index; in both builds (with AVX-512, the sums go 64
+    elements a block, specified ones only: ``sizes`` covers no block, partial blocks and
+    several)."""
     values, mask = _inputs(n, dtype, density, seed)
     index = torch.randint(0, groups, (n,), generator=torch.Generator().manual_seed(seed))
     given_index = native.narrow(index, groups) if narrowed else index.to(index_dtype)
@@ -191,6 +193,20 @@ def test_an_out_of_range_group_index_raises_whatever_its_type(bad, index_dtype):
         native.scatter(values, mask, "sum", wrapped, 5)
     with pytest.raises(RuntimeError, match="out of range"):
         native.count_scatter(mask, wrapped, 5)
+
+
+@pytest.mark.parametrize("where", [5, 64, 127, 130, 199])
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+def test_an_out_of_range_index_of_an_unspecified_element_raises(build, where, index_dtype):
+    """An index is checked whether its element is specified or not, in a vector block
+    (64 elements) or in the tail, for every op and index type."""
+    n, groups = 200, 7
+    values, mask = torch.ones(n), torch.ones(n, dtype=torch.bool)
+    index = (torch.arange(n) % groups).to(index_dtype)
+    index[where], mask[where] = groups, False
+    for op in OPS:
+        with pytest.raises(RuntimeError, match="out of range"):
+            native.scatter(values, mask, op, index, groups)
 
 
 @pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr"])
