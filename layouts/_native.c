@@ -482,3 +482,30 @@ SCATTER_COUNT(u16)
     }
 NARROW(i32)
 NARROW(u16)
+
+/* -- the first specified element equal to x ------------------------------------------- */
+/* The index of the first j with m[j] and v[j] == x (with x NaN: v[j] NaN), or -1: where an
+ * arg-extreme is, once its value is known (a full argmax: the max kernel, then this scan,
+ * instead of torch's argmax of the filled values, 15x slower on float32). Blocks of 64
+ * elements are tested with no exit (a loop the compiler vectorizes); the block holding a
+ * hit is then scanned element by element. */
+#define FIRST(T)                                                                         \
+    int ms_first_##T(const T *v, const uint8_t *m, int64_t n, T x, int64_t *out) {       \
+        const int nan = x != x;                                                          \
+        int64_t j = 0;                                                                   \
+        *out = -1;                                                                       \
+        for (; j + 64 <= n; j += 64) {                                                   \
+            int hit = 0;                                                                 \
+            for (int k = 0; k < 64; k++)                                                 \
+                hit |= (m[j + k] != 0) & (nan ? v[j + k] != v[j + k] : v[j + k] == x);   \
+            if (hit) break;                                                              \
+        }                                                                                \
+        for (; j < n; j++)                                                               \
+            if (m[j] && (nan ? v[j] != v[j] : v[j] == x)) {                              \
+                *out = j;                                                                \
+                break;                                                                   \
+            }                                                                            \
+        return 0;                                                                        \
+    }
+FIRST(f64)
+FIRST(f32)

@@ -178,6 +178,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
             _KERNELS["scatter", op, dtype] = {
                 index: _declared(lib, f"ms_scatter_{name}_{suffix}_{i}", [p, p, n, p, t, p, n])
                 for index, i in _INDEX.items()}
+    for dtype, suffix in _SUFFIX.items():
+        _FIRST[dtype] = _declared(lib, f"ms_first_{suffix}", [p, p, n, _C_TYPE[dtype], p])
     lib.ms_all_count.argtypes = [p, n, p]
     lib.ms_lines_count.argtypes = [p, n, p, n, p, n, p]
     for index, i in _INDEX.items():
@@ -197,6 +199,7 @@ def _declared(lib: ctypes.CDLL, symbol: str, argtypes: list) -> ctypes._CFuncPtr
 _KERNELS: dict[tuple[str, str, torch.dtype], Any] = {}
 _COUNT_SCATTER: dict[torch.dtype, ctypes._CFuncPtr] = {}  # index dtype -> count kernel
 _NARROW: dict[torch.dtype, ctypes._CFuncPtr] = {}  # narrowed index dtype -> kernel
+_FIRST: dict[torch.dtype, ctypes._CFuncPtr] = {}  # value dtype -> first-equal scan
 
 
 def available() -> bool:
@@ -292,6 +295,24 @@ def scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.Tens
     _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], index.data_ptr(),
                   start(op, values.dtype), out.data_ptr(), n), op)
     return out.to(values.dtype)
+
+
+def first(values: torch.Tensor, mask: torch.Tensor, x: torch.Tensor) -> int | None:
+    """The index of the first element of ``values`` that is specified and equals the
+    one-element ``x`` (with ``x`` NaN: is NaN), -1 when there is none; None where the
+    native kernels do not apply. With ``x`` the masked maximum, the masked argmax.
+
+    >>> v, m = torch.tensor([5., 7., 7.]), torch.tensor([True, False, True])
+    >>> first(v, m, torch.tensor([7.])) in (None, 2)
+    True
+    """
+    kernel = _kernel("all", values, mask, "sum")  # the checks of every one-pass kernel
+    if kernel is None:
+        return None
+    out = torch.empty(1, dtype=torch.long)
+    _check(_FIRST[values.dtype](values.data_ptr(), mask.data_ptr(), values.shape[0],
+                                float(x), out.data_ptr()), "argmax")
+    return int(out)
 
 
 def _count_ok(mask: torch.Tensor) -> bool:

@@ -597,9 +597,10 @@ class ViaCooGrouping(CooGrouping):
 def masked_arg(storage: Storage, dims: tuple[int, ...], keepdim: bool, op: str,
                with_values: bool, coords: Callable[[Storage, int], list[int]]) -> Storage:
     """The ``reduction`` kernel of ``argmax`` / ``argmin`` (``op`` "amax" / "amin") over
-    every dim of a row-major sparse storage (COO, CSR): torch's own ``argmax`` of the
-    values filled with the identity gives the first extreme in storage order, which is the
-    first in row-major order (NaN first, as the generic kernel); ``coords(storage, i)``
+    every dim of a row-major sparse storage (COO, CSR): the first extreme in storage order,
+    which is the first in row-major order (NaN first, as the generic kernel) -- the native
+    masked extreme, then the first specified element equal to it (``_native.first``), else
+    torch's own ``argmax`` of the values filled with the identity; ``coords(storage, i)``
     gives the coordinates of stored element ``i``. ``NotImplemented`` (the generic route)
     along some dims, with ``keepdim``, or when the extreme found is not specified (no
     element specified, or every specified one equal to the identity).
@@ -616,9 +617,14 @@ def masked_arg(storage: Storage, dims: tuple[int, ...], keepdim: bool, op: str,
     if (with_values or keepdim or len(dims) != len(storage.shape) or values.dim() != 1
             or values.numel() == 0 or values.dtype not in _BITS or not plain_eager(values)):
         return NotImplemented
-    filled = fill_unspecified(values.detach(), mask, identity(op, values.dtype))
-    at = int(filled.argmax() if op == "amax" else filled.argmin())
-    if not bool(mask[at]):
+    top = _native.reduce_all(values, mask, op)
+    at = None if top is None else _native.first(values, mask, top)
+    if at is None:  # without native kernels: torch's arg-extreme of the filled values
+        filled = fill_unspecified(values.detach(), mask, identity(op, values.dtype))
+        at = int(filled.argmax() if op == "amax" else filled.argmin())
+        if not bool(mask[at]):
+            return NotImplemented
+    elif at < 0:  # no element specified
         return NotImplemented
     position = linearize([torch.tensor(c) for c in coords(storage, at)], storage.shape)
     return get_layout("strided").build((), position, torch.tensor(True), ())

@@ -38,7 +38,7 @@ def build(request):
         return
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MASKED_SPARSE_NATIVE", "portable")
-        for table in ("_KERNELS", "_COUNT_SCATTER", "_NARROW"):  # what _declare fills
+        for table in ("_KERNELS", "_COUNT_SCATTER", "_NARROW", "_FIRST"):  # what _declare fills
             patch.setattr(native, table, {})
         native._library.cache_clear()
         assert native.available(), native.status()
@@ -400,3 +400,24 @@ def test_an_index_built_in_inference_mode_reduces_outside_it():
     want = dense_of(ms.masked_tensor(data, mask).sum(0))
     for got in (inside, mt.sum(0), mt.sum(0)):
         assert_masked_equal(got, *want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=runs, density=densities, seed=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES),
+       specials=specials, pick=st.sampled_from(["amax", "amin", "absent", "nan"]))
+def test_first_is_the_first_specified_element_equal(build, n, density, seed, dtype,
+                                                     specials, pick):
+    """The first specified element equal to ``x`` (NaN: the first specified NaN), -1 when
+    none is; with ``x`` the masked extreme, torch's argmax of the specified elements."""
+    values, mask = _inputs(n, dtype, density, seed, "amax", specials)
+    x = {"amax": native.reduce_all(values, mask, "amax"),
+         "amin": native.reduce_all(values, mask, "amin"),
+         "absent": torch.tensor([0.123], dtype=dtype),
+         "nan": torch.tensor([math.nan], dtype=dtype)}[pick]
+    hits = mask & ((values == x) | (torch.isnan(values) & torch.isnan(x)))
+    want = int(hits.nonzero()[0, 0]) if hits.any() else -1
+    assert native.first(values, mask, x) == want
+    if pick in ("amax", "amin") and mask.any():  # the masked arg-extreme, as torch finds it
+        filled = torch.where(mask, values, math.inf if pick == "amin" else -math.inf)
+        arg = filled.argmax() if pick == "amax" else filled.argmin()
+        assert want == int(arg) or not bool(mask[arg])
