@@ -234,14 +234,19 @@ def _index_ok(index: torch.Tensor, n: int, group: bool = False) -> bool:
             and index.is_contiguous() and index.shape == (n,))
 
 
+def _applies(values: torch.Tensor, mask: torch.Tensor) -> bool:
+    """True where a kernel may read ``values`` and ``mask``: 1-D, contiguous, CPU, eager,
+    no autograd or torch.func, and the library loaded (any dtype: the kernel tables say
+    which they take)."""
+    return (values.dim() == 1 and _mask_ok(mask, values.shape[0]) and values.is_contiguous()
+            and not (values.requires_grad and torch.is_grad_enabled()) and _eager_cpu(values)
+            and _library() is not None)
+
+
 def _kernel(kind: str, values: torch.Tensor, mask: torch.Tensor, op: str):
     """The kernel for ``values`` and ``mask``, or None where the native path does not apply
     (other dtypes or shapes, autograd, torch.func, compiling, other devices)."""
-    if (values.dim() != 1 or not _mask_ok(mask, values.shape[0]) or not values.is_contiguous()
-            or (values.requires_grad and torch.is_grad_enabled()) or not _eager_cpu(values)
-            or _library() is None):
-        return None
-    return _KERNELS.get((kind, op, values.dtype))
+    return _KERNELS.get((kind, op, values.dtype)) if _applies(values, mask) else None
 
 
 def _check(status: int, what: str) -> None:
@@ -306,12 +311,12 @@ def first(values: torch.Tensor, mask: torch.Tensor, x: torch.Tensor) -> int | No
     >>> first(v, m, torch.tensor([7.])) in (None, 2)
     True
     """
-    kernel = _kernel("all", values, mask, "sum")  # the checks of every one-pass kernel
+    kernel = _FIRST.get(values.dtype) if _applies(values, mask) else None
     if kernel is None:
         return None
     out = torch.empty(1, dtype=torch.long)
-    _check(_FIRST[values.dtype](values.data_ptr(), mask.data_ptr(), values.shape[0],
-                                float(x), out.data_ptr()), "argmax")
+    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], float(x),
+                  out.data_ptr()), "argmax")
     return int(out)
 
 
