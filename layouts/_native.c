@@ -332,13 +332,15 @@ static inline __mmask64 mask_bits_tail(const uint8_t *m, int64_t left) {
             j = b;                                                                       \
         } else if (b - a >= CHUNKS_##OP) {                                               \
             ACC_##OP(T) acc[LANES];                                                      \
-            for (int k = 0; k < LANES; k++) acc[k] = s;                                  \
+            acc[0] = s; /* the other lanes start at the op's own start: s joins once */   \
+            for (int k = 1; k < LANES; k++) acc[k] = START_##OP(s);                      \
             for (; j + LANES <= b; j += LANES)                                           \
                 for (int k = 0; k < LANES; k++) {                                        \
                     T x = keep_##T(v[j + k], m[j + k], other);                           \
                     STEP_##OP(acc[k], x);                                                \
                 }                                                                        \
-            for (int k = 0; k < LANES; k++) JOIN_##OP(s, acc[k]);                        \
+            s = acc[0];                                                                  \
+            for (int k = 1; k < LANES; k++) JOIN_##OP(s, acc[k]);                        \
         }                                                                                \
         for (; j < b; j++) {                                                             \
             T x = keep_##T(v[j], m[j], other);                                           \

@@ -79,7 +79,7 @@ from typing import Any
 
 import torch
 
-from ._grouping import start
+from ._grouping import plain_eager, start
 
 _SOURCE = Path(__file__).with_name("_native.c")
 _FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp-simd")
@@ -172,14 +172,11 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
             kernels = {"all": ([p, p, n, t, p], f"ms_all_{name}_{suffix}"),
                        "lines": ([p, p, n, p, n, p, n, t, p], f"ms_lines_{name}_{suffix}")}
             for kind, (argtypes, symbol) in kernels.items():
-                kernel = getattr(lib, symbol)
-                kernel.argtypes = argtypes
-                _KERNELS[kind, op, dtype] = kernel
+                _KERNELS[kind, op, dtype] = _declared(lib, symbol, argtypes)
             _KERNELS["scatter", op, dtype] = {
                 index: _declared(lib, f"ms_scatter_{name}_{suffix}_{i}", [p, p, n, p, t, p, n])
                 for index, i in _INDEX.items()}
-    for dtype, suffix in _SUFFIX.items():
-        _FIRST[dtype] = _declared(lib, f"ms_first_{suffix}", [p, p, n, _C_TYPE[dtype], p])
+        _FIRST[dtype] = _declared(lib, f"ms_first_{suffix}", [p, p, n, t, p])
     lib.ms_all_count.argtypes = [p, n, p]
     lib.ms_lines_count.argtypes = [p, n, p, n, p, n, p]
     for index, i in _INDEX.items():
@@ -214,11 +211,11 @@ def status() -> str:
 
 
 def _eager_cpu(t: torch.Tensor) -> bool:
-    """True for a plain CPU tensor with memory behind it, eager: not a subclass (a fake
+    """True for a plain CPU tensor with memory behind it, eager (``plain_eager``: not
+    compiling, no autograd to record, no torch.func transform): not a subclass (a fake
     tensor has no data, a functorch wrapper hides its own), no dispatch mode active (fake
-    mode, ``make_fx`` tracing would record nothing of a ctypes call), not compiling."""
-    return (type(t) is torch.Tensor and t.is_cpu and not torch.compiler.is_compiling()
-            and not torch._C._are_functorch_transforms_active()
+    mode, ``make_fx`` tracing would record nothing of a ctypes call)."""
+    return (type(t) is torch.Tensor and plain_eager(t)
             and not torch._C._len_torch_dispatch_stack())
 
 
@@ -239,8 +236,7 @@ def _applies(values: torch.Tensor, mask: torch.Tensor) -> bool:
     no autograd or torch.func, and the library loaded (any dtype: the kernel tables say
     which they take)."""
     return (values.dim() == 1 and _mask_ok(mask, values.shape[0]) and values.is_contiguous()
-            and not (values.requires_grad and torch.is_grad_enabled()) and _eager_cpu(values)
-            and _library() is not None)
+            and _eager_cpu(values) and _library() is not None)
 
 
 def _kernel(kind: str, values: torch.Tensor, mask: torch.Tensor, op: str):
@@ -321,8 +317,7 @@ def first(values: torch.Tensor, mask: torch.Tensor, x: torch.Tensor) -> int | No
 
 
 def _count_ok(mask: torch.Tensor) -> bool:
-    return (mask.dim() == 1 and _mask_ok(mask, mask.shape[0]) and _eager_cpu(mask)
-            and _library() is not None)
+    return _mask_ok(mask, mask.numel()) and _eager_cpu(mask) and _library() is not None
 
 
 def count_all(mask: torch.Tensor) -> torch.Tensor | None:
@@ -388,7 +383,7 @@ def narrow(index: torch.Tensor, n: int) -> torch.Tensor | None:
     True
     """
     to = torch.uint16 if n <= 2**16 else torch.int32 if n <= 2**31 else None
-    if (to is None or index.dtype is not torch.long or not _index_ok(index, index.shape[0])
+    if (to is None or not _index_ok(index, index.shape[0])
             or not _eager_cpu(index) or _library() is None):
         return None
     out = torch.empty(index.shape[0], dtype=to)
