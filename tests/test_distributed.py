@@ -104,8 +104,10 @@ def collectives_worker(rank: int, world: int) -> dict:
         mine = rank_input(lay, dt, rank)[0]
         dist.scatter(mine, sent, src=0)
         out["dist.scatter", lay, dt] = mine
-    # parameters that differ by rank, overwritten in place by rank world // 2's
-    params = [nn.Parameter(rank_input(lay, torch.float32, rank, seed=2)[0]) for lay in LAYOUTS]
+    # parameters that differ by rank, overwritten in place by rank world // 2's (each rank's
+    # are the inputs of rank + 2: the source's specify something in every world)
+    params = [nn.Parameter(rank_input(lay, torch.float32, rank + 2, seed=2)[0])
+              for lay in LAYOUTS]
     params.append(nn.Parameter(torch.full((3,), float(rank))))
     msd.broadcast_parameters(params, src=world // 2)
     out["broadcast_parameters"] = [(p, isinstance(p, nn.Parameter) and p.requires_grad)
@@ -199,7 +201,8 @@ def test_broadcast_parameters(world):
         *masked, (dense, dense_ok) = results(world)[r]["broadcast_parameters"]
         for lay, (p, ok) in zip(LAYOUTS, masked):
             assert ok, lay                      # still a Parameter that requires grad
-            _check(p, *rank_input(lay, torch.float32, src, seed=2)[1:], lay)
+            _check(p, *rank_input(lay, torch.float32, src + 2, seed=2)[1:], lay)
+            assert p.get_mask().to_dense().any(), lay  # values were compared
         assert dense_ok
         torch.testing.assert_close(dense, torch.full((3,), float(src)))
 

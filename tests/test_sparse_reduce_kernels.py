@@ -85,9 +85,11 @@ def _sparse(data, mask, stored, layout):
     if layout == "csr32":  # a CSR whose indices are int32 (torch allows it; kept as is)
         values, flags = (_to_layout(t, stored, torch.sparse_csr) for t in (data, mask))
         crow, col = values.crow_indices().int(), values.col_indices().int()
-        return ms.masked_tensor(
+        mt = ms.masked_tensor(
             torch.sparse_csr_tensor(crow, col, values.values(), data.shape),
             torch.sparse_csr_tensor(crow, col, flags.values(), data.shape))
+        assert all(i.dtype == torch.int32 for i in mt._storage.index)  # not widened
+        return mt
     return {"coo": coo, "csr": coo.to_sparse_csr(), "csc": coo.to_sparse_csc()}[layout]
 
 
@@ -243,6 +245,7 @@ def test_cached_facts_let_the_index_go(fast, layout):
         mt.sum(1, keepdim=True), mt.sum(0, keepdim=True), mt.softmax(1)
         return [weakref.ref(t) for t in mt._storage.index]
 
+    gc.collect()  # entries of earlier tests' garbage go first
     before = len(_index._CACHE)
     refs = reduce_and_forget()
     gc.collect()
