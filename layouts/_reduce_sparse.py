@@ -244,11 +244,7 @@ class CooGrouping(Grouping):
             return _native.count_all(mask) if op == "count" else \
                 _native.reduce_all(values, mask, op)
         present = self._present is not None
-        n = self._present.numel() if present else self.ngroups
-        narrowed = None if self._owner is None or not plain_eager(values) else cached(
-            self._owner, ("narrow", self.dims, tuple(self.source.shape)),  # Note [Narrow
-            lambda: _native.narrow(self._keys if present else self.gid, n))  # group indices]
-        index = narrowed if narrowed is not None else self._keys if present else self.gid
+        index, n = self._group_index(values)
         if op == "count":
             out = _native.count_scatter(mask, index, n)
         else:
@@ -257,6 +253,40 @@ class CooGrouping(Grouping):
                 wide = self._keys if present else self.gid
                 out = _blocked.scatter(values, mask, start(op, values.dtype), op, wide, n)
         if out is None or not present or self._uniq.shape[0] == n:  # every slot a group
+            return out
+        return out.index_select(0, self._uniq)
+
+    def _group_index(self, values: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """The group index a scatter kernel reads (the key slots, else the group ids; the
+        cached narrowed copy when there is one) and its number of groups."""
+        present = self._present is not None
+        n = self._present.numel() if present else self.ngroups
+        narrowed = None if self._owner is None or not plain_eager(values) else cached(
+            self._owner, ("narrow", self.dims, tuple(self.source.shape)),  # Note [Narrow
+            lambda: _native.narrow(self._keys if present else self.gid, n))  # group indices]
+        return (narrowed if narrowed is not None else self._keys if present else self.gid), n
+
+    def masked_sqdev(self, values: torch.Tensor, mask: torch.Tensor,
+                     center: torch.Tensor) -> torch.Tensor:
+        out = self._fused_sqdev(values, mask, center)
+        return out if out is not None else super().masked_sqdev(values, mask, center)
+
+    def _fused_sqdev(self, values: torch.Tensor, mask: torch.Tensor,
+                     center: torch.Tensor) -> torch.Tensor | None:
+        """``masked_sqdev`` in one native pass (``_native.sqdev_all`` / ``sqdev_scatter``),
+        or None where it does not apply (as ``_fused``: the composed path)."""
+        if self.value_dims or not self.sparse_dims or (self.single and not mask.shape[0]):
+            return None
+        if self.single:
+            return _native.sqdev_all(values, mask, center)
+        if not _native._applies(values, mask):
+            return None
+        index, n = self._group_index(values)
+        present = self._present is not None
+        if present and self._uniq.shape[0] != n:  # the centers of the present key slots
+            center = center.new_zeros(n).index_copy_(0, self._uniq, center)
+        out = _native.sqdev_scatter(values, mask, center, index, n)
+        if out is None or not present or self._uniq.shape[0] == n:
             return out
         return out.index_select(0, self._uniq)
 
@@ -469,6 +499,12 @@ class CompressedGrouping(CooGrouping):
             torch.cat([self.offsets[self.lines], self.offsets[-1:]]), inner.dtype))
         return _blocked.segments(values, mask, start(op, values.dtype), op, cuts,
                                  self.ngroups, inner, self.inner)
+
+    def _fused_sqdev(self, values: torch.Tensor, mask: torch.Tensor,
+                     center: torch.Tensor) -> torch.Tensor | None:
+        if not self.by_lines:
+            return super()._fused_sqdev(values, mask, center)
+        return _native.sqdev_lines(values, mask, center, self.offsets, self._which)
 
     def _with_gid(self) -> None:
         if self.by_lines and self.gid is None:  # an index fact (the line of each element)
