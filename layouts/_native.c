@@ -575,14 +575,48 @@ FIRST(f32)
     }
 #endif
 
-/* out[index[j]] += (v[j] - center[index[j]])^2 where m[j], into nout groups (doubles), one
- * scalar pass in storage order, every index checked before it is read. */
+#if VECTOR
+/* As VSCATTER (the sums' scatter): per block of 64, the specified elements' group indices
+ * and values compressed into a list, then one scalar step per entry of the list. */
+#define SQDEV_VSCATTER(T, I)                                                             \
+    do {                                                                                 \
+        const __m512i bound = _mm512_set1_epi64(nout);                                   \
+        int64_t gs[64];                                                                  \
+        double xs[64];                                                                   \
+        for (; j + 64 <= n; j += 64) {                                                   \
+            int c = 0;                                                                   \
+            for (int q = 0; q < 8; q++) {                                                \
+                __m512i g = IDX8_##I(index + j + q * 8);                                 \
+                _mm_prefetch((const char *)(index + j + q * 8 + 1024), _MM_HINT_T0);     \
+                _mm_prefetch((const char *)(v + j + q * 8 + 1024), _MM_HINT_T0);         \
+                if (_mm512_cmpge_epu64_mask(g, bound)) return -1;                        \
+                __mmask8 k = (__mmask8)mask_bits_at(m + j + q * 8, 8);                   \
+                __m512d x = WIDEN_##T(LOAD8_##T(v + j + q * 8));                         \
+                _mm512_storeu_si512(gs + c, _mm512_maskz_compress_epi64(k, g));          \
+                _mm512_storeu_pd(xs + c, _mm512_maskz_compress_pd(k, x));                \
+                c += __builtin_popcount(k);                                              \
+            }                                                                            \
+            for (int q = 0; q < c; q++) {                                                \
+                double d = xs[q] - (double)center[gs[q]];                                \
+                out[gs[q]] += d * d;                                                     \
+            }                                                                            \
+        }                                                                                \
+    } while (0)
+#else
+#define SQDEV_VSCATTER(T, I)
+#endif
+
+/* out[index[j]] += (v[j] - center[index[j]])^2 where m[j], into nout groups (doubles), in
+ * storage order, every index checked before it is read: with AVX-512 64 elements a block,
+ * specified ones only (SQDEV_VSCATTER), the rest (or all) in one scalar loop. */
 #define SQDEV_SCATTER(T, I)                                                              \
     int ms_scatter_sqdev_##T##_##I(const T *v, const uint8_t *m, int64_t n,              \
                                    const I *index, const T *center, double *out,         \
                                    int64_t nout) {                                       \
+        int64_t j = 0;                                                                   \
         for (int64_t g = 0; g < nout; g++) out[g] = 0;                                   \
-        for (int64_t j = 0; j < n; j++) {                                                \
+        SQDEV_VSCATTER(T, I);                                                            \
+        for (; j < n; j++) {                                                             \
             uint64_t g = (uint64_t)(int64_t)index[j];                                    \
             if (g >= (uint64_t)nout) return -1;                                          \
             double d = keep_f64((double)v[j] - (double)center[g], m[j], 0);             \
