@@ -482,7 +482,8 @@ def test_sqdev_scatter_is_the_masked_sum_of_squared_deviations_per_group(
                  _sqdev_reference(values, mask, center, index, groups))
 
 
-@pytest.mark.parametrize("bad", ["center dtype", "center size", "autograd", "complex"])
+@pytest.mark.parametrize("bad", ["center dtype", "center size", "autograd",
+                                 "center autograd", "complex"])
 def test_sqdev_inputs_the_kernels_do_not_take_go_to_the_composed_path(bad):
     values, mask = torch.ones(6), torch.ones(6, dtype=torch.bool)
     center, offsets = torch.zeros(2), torch.tensor([0, 3, 6])
@@ -492,6 +493,8 @@ def test_sqdev_inputs_the_kernels_do_not_take_go_to_the_composed_path(bad):
         center = torch.zeros(3)
     elif bad == "autograd":
         values.requires_grad_()
+    elif bad == "center autograd":
+        center.requires_grad_()
     else:
         values, center = values.to(torch.complex64), center.to(torch.complex64)
     assert native.sqdev_lines(values, mask, center, offsets) is None
