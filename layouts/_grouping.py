@@ -148,7 +148,7 @@ def plain_eager(values: torch.Tensor) -> bool:
     """True when ``values`` may take a forward-only CPU fast path: a CPU tensor, eager (not
     compiling), no autograd to record and no ``torch.func`` transform active (their
     wrappers would meet dtype views and host reads they cannot follow)."""
-    return (values.device.type == "cpu" and not torch.compiler.is_compiling()
+    return (values.is_cpu and not torch.compiler.is_compiling()
             and not (values.requires_grad and torch.is_grad_enabled())
             and not torch._C._are_functorch_transforms_active())
 

@@ -68,22 +68,33 @@ class CooGrouping(Grouping):
                  coords: list[torch.Tensor] | None = None, row_major: bool = True,
                  owner: torch.Tensor | None = None) -> None:
         self.coo = storage.layout if coords is None else get_layout("sparse_coo")
-        if coords is None:
+        if coords is None:  # the rows of the index, unbound when a pass reads them
             owner = storage.index[0]
-            coords = list(owner.unbind(0))
         self._owner = owner
         self.source = storage
-        self.coords = coords
+        self._coords = coords
         self.dims = dims
         self.keepdim = keepdim
         if owner is None or not plain_eager(storage.values):
-            facts = self._index_facts(coords, row_major)
+            facts = self._index_facts(row_major)
         else:  # Note [Index facts of a grouping]
             facts = cached(owner, ("grouping", dims, keepdim, tuple(storage.shape), row_major),
-                           partial(self._index_facts, coords, row_major))
+                           partial(self._index_facts, row_major))
         self.__dict__.update(facts)
         if not self.sparse_dims:
-            self.out_coords = coords
+            self.out_coords = self.coords
+
+    @property
+    def coords(self) -> list[torch.Tensor | None]:
+        """Per sparse dim, the coordinate of every stored value (a COO storage's index
+        rows, unbound on first use: a cached reduction reads none of them)."""
+        if self._coords is None:
+            self._coords = list(self.source.index[0].unbind(0))
+        return self._coords
+
+    @coords.setter
+    def coords(self, value: list[torch.Tensor | None]) -> None:
+        self._coords = value
 
     # Note [Index facts of a grouping]
     # What a grouping knows of its groups (their number, the present key slots, each
@@ -94,9 +105,9 @@ class CooGrouping(Grouping):
     # or views of them (a cached fact must not keep its owner alive): those are read from
     # the storage per grouping.
 
-    def _index_facts(self, coords: list[torch.Tensor], row_major: bool) -> dict[str, Any]:
+    def _index_facts(self, row_major: bool) -> dict[str, Any]:
         """The attributes of this grouping that depend on the index only (see the Note)."""
-        shape, dims = self.source.shape, self.dims
+        shape, dims, coords = self.source.shape, self.dims, self.coords
         nsparse = len(coords)
         nnz = self.source.values.shape[0]
         sparse_dims = tuple(d for d in dims if d < nsparse)
