@@ -471,15 +471,19 @@ SCATTER_COUNT(u16)
 /* A copy of an int64 group index in a narrower type I, when every element is in
  * [0, nout) (nout fits I): returns -1, and leaves `out` partly written, at the first
  * element out of range (the caller keeps the int64 index, whose scatter then raises);
- * one pass. */
+ * one pass. With `remap` (nout entries, each below nout) the copy holds remap[index[j]]
+ * instead: a key slot's group (Note [Narrow group indices]). */
 #define NARROW(I)                                                                        \
-    int ms_narrow_##I(const int64_t *index, int64_t n, int64_t nout, I *out) {            \
+    int ms_narrow_##I(const int64_t *index, int64_t n, int64_t nout,                     \
+                      const int64_t *remap, I *out) {                                    \
         uint64_t bad = 0;                                                                \
         for (int64_t j = 0; j < n; j++) {                                                \
             uint64_t g = (uint64_t)index[j];                                             \
             bad |= g >= (uint64_t)nout;                                                  \
             out[j] = (I)g;                                                               \
         }                                                                                \
+        if (!bad && remap)                                                               \
+            for (int64_t j = 0; j < n; j++) out[j] = (I)remap[out[j]];                   \
         return bad ? -1 : 0;                                                             \
     }
 NARROW(i32)

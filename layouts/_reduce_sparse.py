@@ -254,22 +254,34 @@ class CooGrouping(Grouping):
         if self.single:
             return _native.count_all(mask) if op == "count" else \
                 _native.reduce_all(values, mask, op)
-        present = self._present is not None
-        n = self._present.numel() if present else self.ngroups
         narrowed = None if self._owner is None or not plain_eager(values) else cached(
             self._owner, ("narrow", self.dims, tuple(self.source.shape)),  # Note [Narrow
-            lambda: _native.narrow(self._keys if present else self.gid, n))  # group indices]
-        index = narrowed if narrowed is not None else self._keys if present else self.gid
+            self._narrowed)  # group indices]
+        if narrowed is not None:  # group ids: the kernels write the groups themselves
+            out = _native.count_scatter(mask, narrowed, self.ngroups) if op == "count" else \
+                _native.scatter(values, mask, op, narrowed, self.ngroups)
+            if out is not None:
+                return out
+        present = self._present is not None
+        n = self._present.numel() if present else self.ngroups
+        index = self._keys if present else self.gid
         if op == "count":
             out = _native.count_scatter(mask, index, n)
         else:
             out = _native.scatter(values, mask, op, index, n)
             if out is None and op in _blocked.OPS and _blocked.applies(values, mask):
-                wide = self._keys if present else self.gid
-                out = _blocked.scatter(values, mask, start(op, values.dtype), op, wide, n)
+                out = _blocked.scatter(values, mask, start(op, values.dtype), op, index, n)
         if out is None or not present or self._uniq.shape[0] == n:  # every slot a group
             return out
         return out.index_select(0, self._uniq)
+
+    def _narrowed(self) -> torch.Tensor | None:
+        """Every stored element's group id, narrowed (Note [Narrow group indices]): from
+        the key slots and their groups in one pass when the groups are slots."""
+        if self._present is None:
+            return _native.narrow(self.gid, self.ngroups)
+        slots = self._present.numel()
+        return _native.narrow(self._keys, slots, remap=self._present.cumsum(0) - 1)
 
     # -- primitives --------------------------------------------------------------------
     def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
