@@ -177,6 +177,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
                 index: _declared(lib, f"ms_scatter_{name}_{suffix}_{i}", [p, p, n, p, t, p, n])
                 for index, i in _INDEX.items()}
         _FIRST[dtype] = _declared(lib, f"ms_first_{suffix}", [p, p, n, t, p])
+    for width, unsigned in ((1, ctypes.c_uint8), (2, ctypes.c_uint16), (4, ctypes.c_uint32),
+                            (8, ctypes.c_uint64)):
+        _FILL[width] = _declared(lib, f"ms_fill_u{8 * width}", [p, p, n, unsigned, p])
     lib.ms_all_count.argtypes = [p, n, p]
     lib.ms_lines_count.argtypes = [p, n, p, n, p, n, p]
     for index, i in _INDEX.items():
@@ -197,6 +200,7 @@ _KERNELS: dict[tuple[str, str, torch.dtype], Any] = {}
 _COUNT_SCATTER: dict[torch.dtype, ctypes._CFuncPtr] = {}  # index dtype -> count kernel
 _NARROW: dict[torch.dtype, ctypes._CFuncPtr] = {}  # narrowed index dtype -> kernel
 _FIRST: dict[torch.dtype, ctypes._CFuncPtr] = {}  # value dtype -> first-equal scan
+_FILL: dict[int, ctypes._CFuncPtr] = {}  # bytes per element -> exact fill
 
 
 def available() -> bool:
@@ -232,11 +236,18 @@ def _index_ok(index: torch.Tensor, n: int, group: bool = False) -> bool:
 
 
 def _applies(values: torch.Tensor, mask: torch.Tensor) -> bool:
-    """True where a kernel may read ``values`` and ``mask``: 1-D, contiguous, CPU, eager,
-    no autograd or torch.func, and the library loaded (any dtype: the kernel tables say
-    which they take)."""
-    return (values.dim() == 1 and _mask_ok(mask, values.shape[0]) and values.is_contiguous()
-            and _eager_cpu(values) and _library() is not None)
+    """True where a reduction kernel may read ``values`` and ``mask``: 1-D, and
+    :func:`_readable`."""
+    return values.dim() == 1 and _readable(values, mask)
+
+
+def _readable(values: torch.Tensor, mask: torch.Tensor) -> bool:
+    """True where a kernel may read ``values`` and ``mask`` element by element: a bool mask
+    of the values' shape, both contiguous, CPU, eager, no autograd or torch.func, and the
+    library loaded (any dtype: the kernel tables say which they take)."""
+    return (mask.dtype is torch.bool and mask.shape == values.shape and mask.is_cpu
+            and mask.is_contiguous() and values.is_contiguous() and _eager_cpu(values)
+            and _library() is not None)
 
 
 def _kernel(kind: str, values: torch.Tensor, mask: torch.Tensor, op: str):
@@ -314,6 +325,24 @@ def first(values: torch.Tensor, mask: torch.Tensor, x: torch.Tensor) -> int | No
     _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], float(x),
                   out.data_ptr()), "argmax")
     return int(out)
+
+
+def fill(values: torch.Tensor, mask: torch.Tensor, bits: int) -> torch.Tensor | None:
+    """``where(mask, values, fill)`` bit for bit, in one pass, for ``bits`` the fill's bit
+    pattern as an integer of the values' width (1, 2, 4 or 8 bytes an element): a new
+    contiguous tensor of the values' shape; None where the native kernels do not apply
+    (not contiguous, another device, autograd, a transform, compiling).
+
+    >>> out = fill(torch.tensor([1., 2.]), torch.tensor([True, False]), 0)
+    >>> out is None or out.tolist() == [1.0, 0.0]
+    True
+    """
+    kernel = _FILL.get(values.element_size()) if _readable(values, mask) else None
+    if kernel is None:
+        return None
+    out = torch.empty_like(values)  # contiguous, as the values
+    kernel(values.data_ptr(), mask.data_ptr(), values.numel(), bits, out.data_ptr())
+    return out
 
 
 def _count_ok(mask: torch.Tensor) -> bool:
