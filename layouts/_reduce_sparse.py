@@ -68,22 +68,33 @@ class CooGrouping(Grouping):
                  coords: list[torch.Tensor] | None = None, row_major: bool = True,
                  owner: torch.Tensor | None = None) -> None:
         self.coo = storage.layout if coords is None else get_layout("sparse_coo")
-        if coords is None:
+        if coords is None:  # the rows of the index, unbound when a pass reads them
             owner = storage.index[0]
-            coords = list(owner.unbind(0))
         self._owner = owner
         self.source = storage
-        self.coords = coords
+        self._coords = coords
         self.dims = dims
         self.keepdim = keepdim
         if owner is None or not plain_eager(storage.values):
-            facts = self._index_facts(coords, row_major)
+            facts = self._index_facts(row_major)
         else:  # Note [Index facts of a grouping]
             facts = cached(owner, ("grouping", dims, keepdim, tuple(storage.shape), row_major),
-                           partial(self._index_facts, coords, row_major))
+                           partial(self._index_facts, row_major))
         self.__dict__.update(facts)
         if not self.sparse_dims:
-            self.out_coords = coords
+            self.out_coords = self.coords
+
+    @property
+    def coords(self) -> list[torch.Tensor | None]:
+        """Per sparse dim, the coordinate of every stored value (a COO storage's index
+        rows, unbound on first use: a cached reduction reads none of them)."""
+        if self._coords is None:
+            self._coords = list(self.source.index[0].unbind(0))
+        return self._coords
+
+    @coords.setter
+    def coords(self, value: list[torch.Tensor | None]) -> None:
+        self._coords = value
 
     # Note [Index facts of a grouping]
     # What a grouping knows of its groups (their number, the present key slots, each
@@ -94,9 +105,9 @@ class CooGrouping(Grouping):
     # or views of them (a cached fact must not keep its owner alive): those are read from
     # the storage per grouping.
 
-    def _index_facts(self, coords: list[torch.Tensor], row_major: bool) -> dict[str, Any]:
+    def _index_facts(self, row_major: bool) -> dict[str, Any]:
         """The attributes of this grouping that depend on the index only (see the Note)."""
-        shape, dims = self.source.shape, self.dims
+        shape, dims, coords = self.source.shape, self.dims, self.coords
         nsparse = len(coords)
         nnz = self.source.values.shape[0]
         sparse_dims = tuple(d for d in dims if d < nsparse)
@@ -243,28 +254,41 @@ class CooGrouping(Grouping):
         if self.single:
             return _native.count_all(mask) if op == "count" else \
                 _native.reduce_all(values, mask, op)
+        narrowed = self._narrowed_ids(values)
+        if narrowed is not None:  # group ids: the kernels write the groups themselves
+            out = _native.count_scatter(mask, narrowed, self.ngroups) if op == "count" else \
+                _native.scatter(values, mask, op, narrowed, self.ngroups)
+            if out is not None:
+                return out
         present = self._present is not None
-        index, n = self._group_index(values)
+        n = self._present.numel() if present else self.ngroups
+        index = self._keys if present else self.gid
         if op == "count":
             out = _native.count_scatter(mask, index, n)
         else:
             out = _native.scatter(values, mask, op, index, n)
             if out is None and op in _blocked.OPS and _blocked.applies(values, mask):
-                wide = self._keys if present else self.gid
-                out = _blocked.scatter(values, mask, start(op, values.dtype), op, wide, n)
+                out = _blocked.scatter(values, mask, start(op, values.dtype), op, index, n)
         if out is None or not present or self._uniq.shape[0] == n:  # every slot a group
             return out
         return out.index_select(0, self._uniq)
 
-    def _group_index(self, values: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """The group index a scatter kernel reads (the key slots, else the group ids; the
-        cached narrowed copy when there is one) and its number of groups."""
-        present = self._present is not None
-        n = self._present.numel() if present else self.ngroups
-        narrowed = None if self._owner is None or not plain_eager(values) else cached(
-            self._owner, ("narrow", self.dims, tuple(self.source.shape)),  # Note [Narrow
-            lambda: _native.narrow(self._keys if present else self.gid, n))  # group indices]
-        return (narrowed if narrowed is not None else self._keys if present else self.gid), n
+    def _narrowed_ids(self, values: torch.Tensor) -> torch.Tensor | None:
+        """Every stored element's group id as the scatter kernels read it fastest, cached
+        per index tensor (Note [Narrow group indices]); None without an owner to cache it
+        on, under autograd, or where the ids cannot be narrowed."""
+        if self._owner is None or not plain_eager(values):
+            return None
+        return cached(self._owner, ("narrow", self.dims, tuple(self.source.shape)),
+                      self._narrowed)
+
+    def _narrowed(self) -> torch.Tensor | None:
+        """Every stored element's group id, narrowed (Note [Narrow group indices]): from
+        the key slots and their groups in one pass when the groups are slots."""
+        if self._present is None:
+            return _native.narrow(self.gid, self.ngroups)
+        slots = self._present.numel()
+        return _native.narrow(self._keys, slots, remap=self._present.cumsum(0) - 1)
 
     def masked_sqdev(self, values: torch.Tensor, mask: torch.Tensor,
                      center: torch.Tensor) -> torch.Tensor:
@@ -273,22 +297,18 @@ class CooGrouping(Grouping):
 
     def _fused_sqdev(self, values: torch.Tensor, mask: torch.Tensor,
                      center: torch.Tensor) -> torch.Tensor | None:
-        """``masked_sqdev`` in one native pass (``_native.sqdev_all`` / ``sqdev_scatter``),
-        or None where it does not apply (as ``_fused``: the composed path)."""
+        """``masked_sqdev`` in one native pass (``_native.sqdev_all`` / ``sqdev_scatter``
+        over the group ids), or None where it does not apply (as ``_fused``: the composed
+        path)."""
         if self.value_dims or not self.sparse_dims or (self.single and not mask.shape[0]):
             return None
         if self.single:
             return _native.sqdev_all(values, mask, center)
         if not _native._applies(values, mask):
             return None
-        index, n = self._group_index(values)
-        present = self._present is not None
-        if present and self._uniq.shape[0] != n:  # the centers of the present key slots
-            center = center.new_zeros(n).index_copy_(0, self._uniq, center)
-        out = _native.sqdev_scatter(values, mask, center, index, n)
-        if out is None or not present or self._uniq.shape[0] == n:
-            return out
-        return out.index_select(0, self._uniq)
+        narrowed = self._narrowed_ids(values)
+        index = narrowed if narrowed is not None else self.gid
+        return _native.sqdev_scatter(values, mask, center, index, self.ngroups)
 
     # -- primitives --------------------------------------------------------------------
     def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
@@ -455,8 +475,8 @@ class CompressedGrouping(CooGrouping):
         self.keepdim = keepdim
         self.ptr, self.inner = ptr, storage.shape[1 - axis]
         self._owner = ptr
-        self.coords = [None, None]  # per-element coordinates are built only if needed
-        self.coords[1 - axis] = idx
+        # per-element coordinates are built only if needed
+        self._coords = [idx, None] if axis == 1 else [None, idx]
         # Note [Index facts of a grouping]
         self.__dict__.update(cached(ptr, ("line grouping", keepdim, tuple(storage.shape), axis),
                                     partial(self._line_facts, ptr, axis)))

@@ -157,7 +157,7 @@ def test_groups_of_a_3d_coo(fast, op, dim):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64,
                                    torch.int8, torch.uint8, torch.int16, torch.int32,
                                    torch.int64], ids=str)
-@pytest.mark.parametrize("n", [1, 3, 4, 11, 50])
+@pytest.mark.parametrize("n", [1, 3, 4, 11, 50, 257])
 def test_fill_unspecified_is_where_bit_for_bit(fast, dtype, n):
     g = torch.Generator().manual_seed(n)
     if dtype.is_floating_point:
@@ -165,7 +165,7 @@ def test_fill_unspecified_is_where_bit_for_bit(fast, dtype, n):
         values[::3] = NAN
         values[1::4] = -INF
         values[2::5] = -0.0
-        fills = [0, -0.0, -INF, INF, 1.5]
+        fills = [0, -0.0, -INF, INF, 1.5, NAN]
     else:
         values = torch.randint(0, 100, (n,), generator=g).to(dtype)
         info = torch.iinfo(dtype)
@@ -179,6 +179,13 @@ def test_fill_unspecified_is_where_bit_for_bit(fast, dtype, n):
         assert torch.equal(got.view(bits), want.view(bits)), value
     two_d = layouts.fill_unspecified(values.view(1, n), mask.view(1, n), 0)
     assert two_d.shape == (1, n)
+    grid = values.repeat(3).view(3, n)  # 2-D, and transposed (not contiguous)
+    grid_mask = torch.rand(3, n, generator=g) < 0.5
+    for v, m in ((grid, grid_mask), (grid.t(), grid_mask.t()), (grid.t(), grid_mask.t().clone())):
+        got = layouts.fill_unspecified(v, m, 0)
+        want = torch.where(m, v, torch.tensor(0, dtype=dtype))
+        assert got.shape == v.shape and torch.equal(got.contiguous().view(bits),
+                                                    want.contiguous().view(bits))
 
 
 def test_fill_unspecified_keeps_autograd(fast):
@@ -304,3 +311,18 @@ def test_var_in_one_native_pass_matches_dense(monkeypatch, layout, dtype, op, co
         _same(g, w)
     first = got[0] if op.endswith("_mean") else got
     assert_masked_equal(first, var, specified)
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_var_over_group_ids_that_are_not_narrowed(monkeypatch, layout):
+    """Where no narrowed copy of the group ids exists (Note [Narrow group indices]: too many
+    groups), the squared deviations scatter over the int64 group ids."""
+    if not native.available():
+        pytest.skip(f"native kernels: {native.status()}")
+    monkeypatch.setattr(native, "narrow", lambda *args, **kwargs: None)
+    data, mask, stored = _matrix(torch.float64, specials=False)
+    stored[:, 9] = False
+    mask &= stored
+    for correction in (0, 1):
+        got = torch.var(_sparse(data, mask, stored, layout), 0, correction=correction)
+        _same(got, torch.var(ms.masked_tensor(data, mask), 0, correction=correction))
