@@ -9,7 +9,8 @@
  *            (CSR rows; COO rows of a row-major coalesced index)
  *   scatter  element j belongs to group index[j]            (columns of a matrix)
  *
- * with op sum, sumsq (the sum of squares), prod, max or min. Sums accumulate in double
+ * with op sum, sumsq (the sum of squares), prod, max or min (and, at the end of the file,
+ * the sums of squared deviations from a center per group: a variance's second pass). Sums accumulate in double
  * (never less exact than torch's float sums); products in the value type, as torch's (an
  * intermediate overflow is inf in both); max and min propagate a specified NaN, as
  * torch.amax does. The mask is never a branch (one on a random mask mispredicts once in a
