@@ -451,10 +451,10 @@ def _sqdev_kernel(kind: str, values: torch.Tensor, mask: torch.Tensor, center: t
     conditions of :func:`_applies`, and a ``center`` of the values' dtype and ``ncenter``
     elements that the kernel may read, with no autograd to record (the rest of
     :func:`_eager_cpu` is global state, checked with ``values``)."""
-    if not (type(center) is torch.Tensor and center.dtype is values.dtype
-            and center.shape == (ncenter,) and center.is_cpu and center.is_contiguous()
-            and not (center.requires_grad and torch.is_grad_enabled())
-            and _applies(values, mask)):
+    if not (_applies(values, mask) and type(center) is torch.Tensor
+            and center.dtype is values.dtype and center.shape == (ncenter,)
+            and center.is_cpu and center.is_contiguous()
+            and not (center.requires_grad and torch.is_grad_enabled())):
         return None
     return _SQDEV.get((kind, values.dtype))
 
