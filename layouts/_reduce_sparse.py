@@ -243,22 +243,51 @@ class CooGrouping(Grouping):
         if self.single:
             return _native.count_all(mask) if op == "count" else \
                 _native.reduce_all(values, mask, op)
-        present = self._present is not None
-        n = self._present.numel() if present else self.ngroups
-        narrowed = None if self._owner is None or not plain_eager(values) else cached(
-            self._owner, ("narrow", self.dims, tuple(self.source.shape)),  # Note [Narrow
-            lambda: _native.narrow(self._keys if present else self.gid, n))  # group indices]
-        index = narrowed if narrowed is not None else self._keys if present else self.gid
+        index, n = self._scatter_index(values)
         if op == "count":
             out = _native.count_scatter(mask, index, n)
         else:
             out = _native.scatter(values, mask, op, index, n)
             if out is None and op in _blocked.OPS and _blocked.applies(values, mask):
-                wide = self._keys if present else self.gid
+                wide = self._keys if self._present is not None else self.gid
                 out = _blocked.scatter(values, mask, start(op, values.dtype), op, wide, n)
-        if out is None or not present or self._uniq.shape[0] == n:  # every slot a group
+        return None if out is None else self._from_slots(out)
+
+    def _scatter_index(self, values: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """The group index of every stored element as the scatter kernels read it (the
+        cached narrowed copy where there is one: Note [Narrow group indices]) and the number
+        of groups it indexes (key slots for a slot grouping, :meth:`_from_slots`)."""
+        present = self._present is not None
+        n = self._present.numel() if present else self.ngroups
+        narrowed = None if self._owner is None or not plain_eager(values) else cached(
+            self._owner, ("narrow", self.dims, tuple(self.source.shape)),
+            lambda: _native.narrow(self._keys if present else self.gid, n))
+        return (narrowed if narrowed is not None else self._keys if present else self.gid), n
+
+    def _from_slots(self, out: torch.Tensor) -> torch.Tensor:
+        """Per group, a result per index slot of :meth:`_scatter_index`."""
+        if self._present is None or self._uniq.shape[0] == out.shape[0]:  # every slot a group
             return out
         return out.index_select(0, self._uniq)
+
+    def masked_arg_extreme(self, values: torch.Tensor, mask: torch.Tensor,
+                           op: str) -> tuple[torch.Tensor, torch.Tensor]:
+        out = None
+        if not self.value_dims and self.sparse_dims and mask.shape[0] and plain_eager(values):
+            out = self._fused_arg(values, mask, op)
+        return out if out is not None else super().masked_arg_extreme(values, mask, op)
+
+    def _fused_arg(self, values: torch.Tensor, mask: torch.Tensor,
+                   op: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``masked_arg_extreme`` by the native kernels (Note [Native arg-extremes]): one
+        line of every element for a single group, else a scatter pass; None where they do
+        not apply."""
+        if self.single:
+            offsets = torch.tensor([0, mask.shape[0]])
+            return _native.arg_lines(values, mask, op, offsets, None, self.positions())
+        index, n = self._scatter_index(values)
+        out = _native.arg_scatter(values, mask, op, index, n, self.positions())
+        return None if out is None else (self._from_slots(out[0]), self._from_slots(out[1]))
 
     # -- primitives --------------------------------------------------------------------
     def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
@@ -469,6 +498,12 @@ class CompressedGrouping(CooGrouping):
             torch.cat([self.offsets[self.lines], self.offsets[-1:]]), inner.dtype))
         return _blocked.segments(values, mask, start(op, values.dtype), op, cuts,
                                  self.ngroups, inner, self.inner)
+
+    def _fused_arg(self, values: torch.Tensor, mask: torch.Tensor,
+                   op: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if not self.by_lines:
+            return super()._fused_arg(values, mask, op)
+        return _native.arg_lines(values, mask, op, self.offsets, self._which, self.positions())
 
     def _with_gid(self) -> None:
         if self.by_lines and self.gid is None:  # an index fact (the line of each element)

@@ -38,7 +38,7 @@ def build(request):
         return
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MASKED_SPARSE_NATIVE", "portable")
-        for table in ("_KERNELS", "_COUNT_SCATTER", "_NARROW", "_FIRST"):  # what _declare fills
+        for table in ("_KERNELS", "_COUNT_SCATTER", "_NARROW", "_FIRST", "_ARG"):  # _declare fills
             patch.setattr(native, table, {})
         native._library.cache_clear()
         assert native.available(), native.status()
