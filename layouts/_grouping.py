@@ -37,8 +37,8 @@ Primitives (all on plain tensors, differentiable with respect to ``values``)
 ``masked_arg_extreme(values, mask, op)``
     Per group, ``masked_reduce(values, mask, op)`` for ``op`` "amax" or "amin" and the
     smallest ``positions()`` of a ``mask``-ed element reaching it (NaN counts as the
-    extreme: the first NaN wins), ``LONG_MAX`` where no element is specified: what
-    ``argmax`` / ``max(dim)`` return. A layout may compute both in one pass.
+    extreme: the first NaN wins), both 0 where no element is specified: what ``argmax`` /
+    ``max(dim)`` return. A layout may compute both in one pass.
 ``masked_sum(values, mask, with_count=False)``
     ``reduce(where(mask, values, 0), "sum")`` and, with ``with_count``, the number of
     ``mask``-ed elements per group (int64): a layout may fuse the two (strided does).
@@ -117,8 +117,10 @@ class Grouping:
         hit = values == at
         if values.is_floating_point():
             hit = hit | (torch.isnan(values) & torch.isnan(at))
-        pos = torch.where(hit & mask, self.positions(), torch.iinfo(torch.long).max)
-        return top, self.reduce(pos, "amin")
+        none = torch.iinfo(torch.long).max
+        at = self.reduce(torch.where(hit & mask, self.positions(), none), "amin")
+        found = at != none
+        return zero_unspecified(top, found), zero_unspecified(at, found)
 
     def masked_sum(self, values: torch.Tensor, mask: torch.Tensor,
                    with_count: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -514,8 +514,8 @@ FIRST(f32)
 
 /* -- arg-extremes along dims: per group, the extreme and where it first is ------------- */
 /* Per group, the max (min) of the specified elements, `top`, and the position pos[j] of
- * the first specified element reaching it, `at` (INT64_MAX where the group has no
- * specified element; `top` is then the identity): what argmax / max(dim) return. NaN
+ * the first specified element reaching it, `at` (both 0 where the group has no
+ * specified element, as the outputs hold there): what argmax / max(dim) return. NaN
  * counts as the extreme, as in torch: the group's top is NaN and `at` the first NaN's
  * position. "First" is the smallest position among the ties, compared explicitly: no
  * kernel assumes that storage order and position order agree.
@@ -601,9 +601,10 @@ ARG_SCAN(f32)
             int64_t a = offsets[r], b = offsets[r + 1];                                  \
             if (a < 0 || a > b || b > n) return -1;                                      \
             const T t = (T)OP##_range_##T(v, m, a, b, identity, other);                  \
-            top[i] = t;                                                                  \
-            at[i] = t != t ? arg_scan_##T(v, m, pos, a, b, t, 1)                         \
-                           : arg_scan_##T(v, m, pos, a, b, t, 0);                        \
+            const int64_t first = t != t ? arg_scan_##T(v, m, pos, a, b, t, 1)          \
+                                         : arg_scan_##T(v, m, pos, a, b, t, 0);         \
+            top[i] = first == INT64_MAX ? 0 : t;                                         \
+            at[i] = first == INT64_MAX ? 0 : first;                                      \
         }                                                                                \
         return 0;                                                                        \
     }
@@ -631,6 +632,8 @@ ARG_SCAN(f32)
                        : t == t && (BEATS_##OP(x, t) || (x == t && earlier)))            \
                 top[g] = x, at[g] = p;                                                   \
         }                                                                                \
+        for (int64_t g = 0; g < nout; g++)                                               \
+            if (at[g] == INT64_MAX) top[g] = 0, at[g] = 0;                               \
         return 0;                                                                        \
     }
 

@@ -334,8 +334,8 @@ def first(values: torch.Tensor, mask: torch.Tensor, x: torch.Tensor) -> int | No
 # (a line: two vector loops over the line while it is in cache; a scatter: one scalar pass
 # updating both). NaN counts as the extreme and the first NaN wins (torch's rule); "first"
 # is the smallest position, compared explicitly (not the storage order). A group without a
-# specified element reads the identity and position ``LONG_MAX``, as the composed path's
-# ``amin`` of filled positions does. Positions are int64 (``Grouping.positions``).
+# specified element reads 0 and 0 (what an unspecified output element holds: the caller
+# needs no fill pass). Positions are int64 (``Grouping.positions``).
 
 
 def _arg_ok(values: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> bool:
@@ -351,8 +351,8 @@ def arg_lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.
               ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Per line (as :func:`lines`), the masked extreme of ``values`` (``op`` "amax" or
     "amin") and the smallest of ``positions`` (int64, one per element) among the specified
-    elements reaching it, NaN counting as the extreme (Note [Native arg-extremes]); None
-    where the native kernels do not apply.
+    elements reaching it, NaN counting as the extreme, (0, 0) where none is specified (Note
+    [Native arg-extremes]); None where the native kernels do not apply.
 
     >>> v, m = torch.tensor([1., 3., 3., 9.]), torch.tensor([True, True, True, False])
     >>> out = arg_lines(v, m, "amax", torch.tensor([0, 4]), None, torch.tensor([0, 5, 2, 1]))

@@ -441,12 +441,14 @@ def _arg_inputs(n: int, dtype: torch.dtype, density: float, seed: int, specials:
 
 def _arg_reference(values, mask, op, groups, n, positions):
     """Per group, the masked extreme (NaN wins) and the smallest position of a specified
-    element equal to it (NaN: of a specified NaN), LONG_MAX where none is specified."""
+    element equal to it (NaN: of a specified NaN); (0, 0) where none is specified."""
     top = _reference(values, mask, op, groups, n)
     at = top[groups]
     hit = mask & ((values == at) | (torch.isnan(values) & torch.isnan(at)))
     keyed = torch.where(hit, positions, LONG_MAX)
-    return top, torch.full((n,), LONG_MAX).scatter_reduce(0, groups, keyed, "amin")
+    at = torch.full((n,), LONG_MAX).scatter_reduce(0, groups, keyed, "amin")
+    specified = torch.zeros(n, dtype=torch.bool).index_put_((groups,), mask, accumulate=True)
+    return torch.where(specified, top, 0), torch.where(specified, at, 0)
 
 
 def _assert_arg_same(got, want):
@@ -460,7 +462,7 @@ def _assert_arg_same(got, want):
        op=st.sampled_from(["amax", "amin"]), specials=specials, data=st.data())
 def test_arg_lines_are_the_first_extreme_of_each_run(build, lengths, density, seed, dtype,
                                                      op, specials, data):
-    """Lines of any length (empty ones: the identity at LONG_MAX), any subset in any order;
+    """Lines of any length (empty ones: 0 at 0), any subset in any order;
     ties go to the smallest position, a specified NaN wins (the first NaN), an unspecified
     one is ignored."""
     offsets = torch.tensor([0, *lengths]).cumsum(0)
@@ -498,12 +500,12 @@ def test_arg_kernels_pick_the_first_nan_and_the_first_of_ties(build):
     positions = torch.tensor([0, 4, 1, 2, 0, 1, 0, 1, 2, 3, 2, 0])
     offsets = torch.tensor([0, 3, 6, 9, 11, 12])
     top, at = native.arg_lines(values, mask, "amax", offsets, None, positions)
-    assert top[0].isnan() and top[1].isnan() and top[2:].tolist() == [3., -inf, -inf]
-    assert at.tolist() == [4, 1, 2, 2, LONG_MAX]
+    assert top[0].isnan() and top[1].isnan() and top[2:].tolist() == [3., -inf, 0.]
+    assert at.tolist() == [4, 1, 2, 2, 0]
     groups = torch.repeat_interleave(torch.arange(5), offsets.diff())
     top, at = native.arg_scatter(values, mask, "amin", groups, 5, positions)
-    assert top[0].isnan() and top[1].isnan() and top[2:].tolist() == [3., -inf, inf]
-    assert at.tolist() == [4, 1, 2, 2, LONG_MAX]
+    assert top[0].isnan() and top[1].isnan() and top[2:].tolist() == [3., -inf, 0.]
+    assert at.tolist() == [4, 1, 2, 2, 0]
 
 
 def test_arg_kernels_raise_on_an_out_of_range_index(build):

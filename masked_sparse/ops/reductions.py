@@ -237,10 +237,8 @@ def k_arg(g: Grouping, op: str, with_values: bool) -> Any:
     v, m = source(g)
     specified = g.reduce(m, "any")
     top, position = g.masked_arg_extreme(v, m, op)
-    index = g.build(zero_unspecified(position, specified), specified)
-    if not with_values:
-        return index
-    return g.build(zero_unspecified(top, specified), specified), index
+    index = g.build(position, specified)
+    return (g.build(top, specified), index) if with_values else index
 
 
 def k_median(g: Grouping, nan: bool, with_index: bool) -> Any:
