@@ -165,7 +165,7 @@ def plain_eager(values: torch.Tensor) -> bool:
     """True when ``values`` may take a forward-only CPU fast path: a CPU tensor, eager (not
     compiling), no autograd to record and no ``torch.func`` transform active (their
     wrappers would meet dtype views and host reads they cannot follow)."""
-    return (values.device.type == "cpu" and not torch.compiler.is_compiling()
+    return (values.is_cpu and not torch.compiler.is_compiling()
             and not (values.requires_grad and torch.is_grad_enabled())
             and not torch._C._are_functorch_transforms_active())
 
@@ -195,8 +195,8 @@ def fill_unspecified(values: torch.Tensor, mask: torch.Tensor, value: Any) -> to
     """``torch.where(mask, values, value)``, bit for bit: unspecified elements (NaN and inf
     included) read ``value``, specified ones keep their exact bits (-0.0 and NaN payloads).
 
-    Differentiable (through ``torch.where``) when ``values`` requires grad; otherwise a
-    bitwise fill on CPU (Note [Bitwise fill]).
+    Differentiable (through ``torch.where``) when ``values`` requires grad; otherwise, on
+    CPU, one native pass (``_native.fill``) or a bitwise fill (Note [Bitwise fill]).
 
     >>> fill_unspecified(torch.tensor([1., float("nan")]), torch.tensor([True, False]),
     ...                  float("-inf")).tolist()
@@ -207,9 +207,17 @@ def fill_unspecified(values: torch.Tensor, mask: torch.Tensor, value: Any) -> to
             or not plain_eager(values)):
         fill = torch.full((), value, dtype=values.dtype, device=values.device)
         return torch.where(mask, values, fill)
+    from . import _native  # (it imports this module)
+
+    f = _fill_bits(value, values.dtype)
+    out = _native.fill(values, mask, f)
+    if out is not None:
+        return out
     # Note [Bitwise fill]
     # ``torch.where`` on CPU branches on its bool condition: 4-6 ns per element on a random
-    # mask, 10-20x a memory-bound pass. Here the mask becomes an integer of the values'
+    # mask, 10-20x a memory-bound pass. The native kernels fill in one compiled pass of
+    # masked blends (``_native.fill``: 1M float32 in 0.13 ms against 0.43 ms below); without
+    # them the mask becomes an integer of the values'
     # width, negated to all-ones / all-zeros bits (``keep``), and the fill is bit logic:
     # ``((data ^ f) & keep) ^ f`` is ``data`` where ``keep`` is all ones and ``f`` (the
     # fill's bits) elsewhere; for ``f == 0`` it is ``data & keep``. Exact for every value,
@@ -217,7 +225,6 @@ def fill_unspecified(values: torch.Tensor, mask: torch.Tensor, value: Any) -> to
     # int64 by bool product takes a slow path: 15x slower at 2M elements.) Autograd,
     # torch.func, torch.compile (Inductor fuses ``where`` itself) and other devices use
     # ``where`` (:func:`plain_eager`).
-    f = torch.tensor(value, dtype=values.dtype).view(bits).item()
     data = values.reshape(-1).view(bits)
     flat = mask.reshape(-1)
     n = data.numel()
@@ -240,6 +247,22 @@ def fill_unspecified(values: torch.Tensor, mask: torch.Tensor, value: Any) -> to
         else:
             torch.bitwise_xor(data[start:stop], f, out=o).bitwise_and_(k).bitwise_xor_(f)
     return out.view(values.dtype).view(values.shape)
+
+
+def _fill_bits(value: Any, dtype: torch.dtype) -> int:
+    """The bits of ``value`` in ``dtype`` as an integer of its width; remembered for Python
+    numbers (0, 1, +-inf: the usual fills), keyed by their repr (-0.0 is not 0.0)."""
+    number = type(value) in (int, float, bool) and value == value  # NaN: not remembered
+    key = (type(value), repr(value), dtype) if number else None
+    bits = _FILL_BITS.get(key) if number else None
+    if bits is None:
+        bits = torch.tensor(value, dtype=dtype).view(_BITS[dtype]).item()
+        if number and len(_FILL_BITS) < 1024:
+            _FILL_BITS[key] = bits
+    return bits
+
+
+_FILL_BITS: dict[tuple, int] = {}
 
 
 def reduce_dense(values: torch.Tensor, dims: tuple[int, ...], keepdim: bool,

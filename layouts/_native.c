@@ -471,19 +471,39 @@ SCATTER_COUNT(u16)
 /* A copy of an int64 group index in a narrower type I, when every element is in
  * [0, nout) (nout fits I): returns -1, and leaves `out` partly written, at the first
  * element out of range (the caller keeps the int64 index, whose scatter then raises);
- * one pass. */
+ * one pass. With `remap` (nout entries, each below nout) the copy holds remap[index[j]]
+ * instead: a key slot's group (Note [Narrow group indices]). */
 #define NARROW(I)                                                                        \
-    int ms_narrow_##I(const int64_t *index, int64_t n, int64_t nout, I *out) {            \
+    int ms_narrow_##I(const int64_t *index, int64_t n, int64_t nout,                     \
+                      const int64_t *remap, I *out) {                                    \
         uint64_t bad = 0;                                                                \
         for (int64_t j = 0; j < n; j++) {                                                \
             uint64_t g = (uint64_t)index[j];                                             \
             bad |= g >= (uint64_t)nout;                                                  \
             out[j] = (I)g;                                                               \
         }                                                                                \
+        if (!bad && remap)                                                               \
+            for (int64_t j = 0; j < n; j++) out[j] = (I)remap[out[j]];                   \
         return bad ? -1 : 0;                                                             \
     }
 NARROW(i32)
 NARROW(u16)
+
+/* -- the exact fill --------------------------------------------------------------------- */
+/* out[j] = m[j] ? v[j] : f over the values' bits (B-bit unsigned integers: every float
+ * bit pattern, NaN payloads and -0.0 included, is copied as it is): where(mask, values,
+ * fill) in one pass, vectorized by the compiler into masked blends (Note [Bitwise fill] in
+ * _grouping.py: torch's CPU where branches on its condition, 4-6 ns per element on a
+ * random mask). */
+#define FILL(B)                                                                          \
+    void ms_fill_u##B(const uint##B##_t *v, const uint8_t *m, int64_t n, uint##B##_t f,    \
+                      uint##B##_t *out) {                                                \
+        for (int64_t j = 0; j < n; j++) out[j] = m[j] ? v[j] : f;                         \
+    }
+FILL(8)
+FILL(16)
+FILL(32)
+FILL(64)
 
 /* -- the first specified element equal to x ------------------------------------------- */
 /* The index of the first j with m[j] and v[j] == x (with x NaN: v[j] NaN), or -1: where an

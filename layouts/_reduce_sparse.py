@@ -68,22 +68,33 @@ class CooGrouping(Grouping):
                  coords: list[torch.Tensor] | None = None, row_major: bool = True,
                  owner: torch.Tensor | None = None) -> None:
         self.coo = storage.layout if coords is None else get_layout("sparse_coo")
-        if coords is None:
+        if coords is None:  # the rows of the index, unbound when a pass reads them
             owner = storage.index[0]
-            coords = list(owner.unbind(0))
         self._owner = owner
         self.source = storage
-        self.coords = coords
+        self._coords = coords
         self.dims = dims
         self.keepdim = keepdim
         if owner is None or not plain_eager(storage.values):
-            facts = self._index_facts(coords, row_major)
+            facts = self._index_facts(row_major)
         else:  # Note [Index facts of a grouping]
             facts = cached(owner, ("grouping", dims, keepdim, tuple(storage.shape), row_major),
-                           partial(self._index_facts, coords, row_major))
+                           partial(self._index_facts, row_major))
         self.__dict__.update(facts)
         if not self.sparse_dims:
-            self.out_coords = coords
+            self.out_coords = self.coords
+
+    @property
+    def coords(self) -> list[torch.Tensor | None]:
+        """Per sparse dim, the coordinate of every stored value (a COO storage's index
+        rows, unbound on first use: a cached reduction reads none of them)."""
+        if self._coords is None:
+            self._coords = list(self.source.index[0].unbind(0))
+        return self._coords
+
+    @coords.setter
+    def coords(self, value: list[torch.Tensor | None]) -> None:
+        self._coords = value
 
     # Note [Index facts of a grouping]
     # What a grouping knows of its groups (their number, the present key slots, each
@@ -94,9 +105,9 @@ class CooGrouping(Grouping):
     # or views of them (a cached fact must not keep its owner alive): those are read from
     # the storage per grouping.
 
-    def _index_facts(self, coords: list[torch.Tensor], row_major: bool) -> dict[str, Any]:
+    def _index_facts(self, row_major: bool) -> dict[str, Any]:
         """The attributes of this grouping that depend on the index only (see the Note)."""
-        shape, dims = self.source.shape, self.dims
+        shape, dims, coords = self.source.shape, self.dims, self.coords
         nsparse = len(coords)
         nnz = self.source.values.shape[0]
         sparse_dims = tuple(d for d in dims if d < nsparse)
@@ -243,32 +254,40 @@ class CooGrouping(Grouping):
         if self.single:
             return _native.count_all(mask) if op == "count" else \
                 _native.reduce_all(values, mask, op)
-        index, n = self._scatter_index(values)
+        narrowed = self._group_ids(values)
+        if narrowed is not None:  # group ids: the kernels write the groups themselves
+            out = _native.count_scatter(mask, narrowed, self.ngroups) if op == "count" else \
+                _native.scatter(values, mask, op, narrowed, self.ngroups)
+            if out is not None:
+                return out
+        present = self._present is not None
+        n = self._present.numel() if present else self.ngroups
+        index = self._keys if present else self.gid
         if op == "count":
             out = _native.count_scatter(mask, index, n)
         else:
             out = _native.scatter(values, mask, op, index, n)
             if out is None and op in _blocked.OPS and _blocked.applies(values, mask):
-                wide = self._keys if self._present is not None else self.gid
-                out = _blocked.scatter(values, mask, start(op, values.dtype), op, wide, n)
-        return None if out is None else self._from_slots(out)
-
-    def _scatter_index(self, values: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """The group index of every stored element as the scatter kernels read it (the
-        cached narrowed copy where there is one: Note [Narrow group indices]) and the number
-        of groups it indexes (key slots for a slot grouping, :meth:`_from_slots`)."""
-        present = self._present is not None
-        n = self._present.numel() if present else self.ngroups
-        narrowed = None if self._owner is None or not plain_eager(values) else cached(
-            self._owner, ("narrow", self.dims, tuple(self.source.shape)),
-            lambda: _native.narrow(self._keys if present else self.gid, n))
-        return (narrowed if narrowed is not None else self._keys if present else self.gid), n
-
-    def _from_slots(self, out: torch.Tensor) -> torch.Tensor:
-        """Per group, a result per index slot of :meth:`_scatter_index`."""
-        if self._present is None or self._uniq.shape[0] == out.shape[0]:  # every slot a group
+                out = _blocked.scatter(values, mask, start(op, values.dtype), op, index, n)
+        if out is None or not present or self._uniq.shape[0] == n:  # every slot a group
             return out
         return out.index_select(0, self._uniq)
+
+    def _group_ids(self, values: torch.Tensor) -> torch.Tensor | None:
+        """The cached narrowed group id of every stored element (:meth:`_narrowed`), or None
+        (no owner to cache it on, autograd or a transform, no native kernels)."""
+        if self._owner is None or not plain_eager(values):
+            return None
+        return cached(self._owner, ("narrow", self.dims, tuple(self.source.shape)),  # Note
+                      self._narrowed)  # [Narrow group indices]
+
+    def _narrowed(self) -> torch.Tensor | None:
+        """Every stored element's group id, narrowed (Note [Narrow group indices]): from
+        the key slots and their groups in one pass when the groups are slots."""
+        if self._present is None:
+            return _native.narrow(self.gid, self.ngroups)
+        slots = self._present.numel()
+        return _native.narrow(self._keys, slots, remap=self._present.cumsum(0) - 1)
 
     def masked_arg_extreme(self, values: torch.Tensor, mask: torch.Tensor,
                            op: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -280,14 +299,15 @@ class CooGrouping(Grouping):
     def _fused_arg(self, values: torch.Tensor, mask: torch.Tensor,
                    op: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``masked_arg_extreme`` by the native kernels (Note [Native arg-extremes]): one
-        line of every element for a single group, else a scatter pass; None where they do
-        not apply."""
+        line of every element for a single group, else a scatter pass over the group ids;
+        None where they do not apply."""
         if self.single:
             offsets = torch.tensor([0, mask.shape[0]])
             return _native.arg_lines(values, mask, op, offsets, None, self.positions())
-        index, n = self._scatter_index(values)
-        out = _native.arg_scatter(values, mask, op, index, n, self.positions())
-        return None if out is None else (self._from_slots(out[0]), self._from_slots(out[1]))
+        ids = self._group_ids(values)
+        if ids is None:
+            ids = self.gid  # the slot groupings build their group ids
+        return _native.arg_scatter(values, mask, op, ids, self.ngroups, self.positions())
 
     # -- primitives --------------------------------------------------------------------
     def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:

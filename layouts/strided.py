@@ -31,6 +31,8 @@ def _densify(storage: Storage, values: torch.Tensor, fill) -> torch.Tensor:
 
 
 def _to_torch(storage: Storage, values: torch.Tensor) -> torch.Tensor:
+    """Also the ``get_data`` kernel: the values are the data (a strided tensor every
+    transform can hold; no check of the result needed)."""
     return values
 
 
@@ -71,6 +73,7 @@ register_layout(Layout(
     densify=_densify,
     to_torch=_to_torch,
     to_tensor=_to_tensor,
+    get_data=_to_torch,
     gather=_gather,
     to_coo=_to_coo,
     from_coo=_from_coo,

@@ -277,7 +277,8 @@ _wrap_outside_graph = torch.compiler.disable(_wrap, recursive=True)
 
 
 _STORAGE_ATTRS = frozenset({"_storage", "_cached", "_layout", "_shape", "_values", "_mask",
-                            "_nindex"})
+                            "_nindex", "_data_of"})  # _data_of: Note [The data tensor is
+#                                                    built once] in ops/conversion.py
 
 
 def is_storage_attr(name: str) -> bool:

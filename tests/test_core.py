@@ -68,6 +68,34 @@ def test_get_data_get_mask_to_tensor(layout):
         assert torch.equal(got_mask._indices(), got_data._indices())
 
 
+@layout_params()
+def test_get_data_is_built_once_per_storage(layout):
+    """Note [The data tensor is built once]: repeated plain calls give the same tensor, which
+    shows in-place writes to the values; an in-place op (a new storage) gives a new one;
+    autograd gets a fresh, differentiable one; copies do not carry it."""
+    import copy
+    import pickle
+
+    mt, data, mask = make_masked((4, 5), layout, seed=4)
+    first = mt.get_data()
+    assert mt.get_data() is first
+    mt._storage.values.mul_(2)  # a write through the storage shows in the kept tensor
+    assert torch.equal(torch.where(mask, first.to_dense(), 0), torch.where(mask, 2 * data, 0))
+    mt.add_(1)  # an in-place op: a new storage
+    after = mt.get_data()
+    assert torch.equal(torch.where(mask, after.to_dense(), 0), torch.where(mask, 2 * data + 1, 0))
+    for clone in (copy.deepcopy(mt), pickle.loads(pickle.dumps(mt))):
+        assert "_data_of" not in clone.__dict__
+        assert torch.equal(torch.where(mask, clone.get_data().to_dense(), 0),
+                           torch.where(mask, after.to_dense(), 0))
+    leaf = mt.detach().requires_grad_()
+    leaf.get_data()
+    tracked = leaf.get_data()
+    assert tracked.grad_fn is not None
+    tracked.to_dense().sum().backward()
+    assert torch.equal(leaf.grad.get_mask().to_dense(), mask)
+
+
 def test_masked_tensor_copies_as_masked_tensor_does_not():
     data, mask = torch.arange(4.0), torch.tensor([True, False, True, True])
     copied, viewed = ms.masked_tensor(data, mask), ms.as_masked_tensor(data, mask)

@@ -172,6 +172,26 @@ def test_narrow_picks_the_narrowest_type_that_holds_every_group(groups, narrowed
     assert native.narrow(index.int(), groups) is None  # only int64 is narrowed
 
 
+@given(st.data())
+@settings(max_examples=40, deadline=None)
+def test_narrow_with_remap_gives_each_slot_its_group(data):
+    """Narrowing key slots with their groups (``remap``, what a column reduction caches) is
+    ``remap[index]``; an index out of the slots is not narrowed (its kernel raises)."""
+    slots = data.draw(st.integers(1, 300))
+    present = torch.tensor(data.draw(st.lists(st.booleans(), min_size=slots,
+                                              max_size=slots)))
+    present[data.draw(st.integers(0, slots - 1))] = True
+    keys = present.nonzero().squeeze(1)
+    picks = data.draw(st.lists(st.integers(0, keys.numel() - 1), max_size=200))
+    index = keys[torch.tensor(picks, dtype=torch.long)]
+    remap = present.cumsum(0) - 1
+    out = native.narrow(index, slots, remap=remap)
+    assert out.dtype == torch.uint16
+    assert torch.equal(out.long(), remap[index])
+    bad = torch.cat([index, torch.tensor([slots])])
+    assert native.narrow(bad, slots, remap=remap) is None
+
+
 @pytest.mark.parametrize("bad", [-1, 5, 2**16, 2**16 + 5, 2**32 + 1])
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
 def test_an_out_of_range_group_index_raises_whatever_its_type(bad, index_dtype):

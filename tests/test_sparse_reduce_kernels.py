@@ -157,7 +157,7 @@ def test_groups_of_a_3d_coo(fast, op, dim):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64,
                                    torch.int8, torch.uint8, torch.int16, torch.int32,
                                    torch.int64], ids=str)
-@pytest.mark.parametrize("n", [1, 3, 4, 11, 50])
+@pytest.mark.parametrize("n", [1, 3, 4, 11, 50, 257])
 def test_fill_unspecified_is_where_bit_for_bit(fast, dtype, n):
     g = torch.Generator().manual_seed(n)
     if dtype.is_floating_point:
@@ -165,7 +165,7 @@ def test_fill_unspecified_is_where_bit_for_bit(fast, dtype, n):
         values[::3] = NAN
         values[1::4] = -INF
         values[2::5] = -0.0
-        fills = [0, -0.0, -INF, INF, 1.5]
+        fills = [0, -0.0, -INF, INF, 1.5, NAN]
     else:
         values = torch.randint(0, 100, (n,), generator=g).to(dtype)
         info = torch.iinfo(dtype)
@@ -179,6 +179,13 @@ def test_fill_unspecified_is_where_bit_for_bit(fast, dtype, n):
         assert torch.equal(got.view(bits), want.view(bits)), value
     two_d = layouts.fill_unspecified(values.view(1, n), mask.view(1, n), 0)
     assert two_d.shape == (1, n)
+    grid = values.repeat(3).view(3, n)  # 2-D, and transposed (not contiguous)
+    grid_mask = torch.rand(3, n, generator=g) < 0.5
+    for v, m in ((grid, grid_mask), (grid.t(), grid_mask.t()), (grid.t(), grid_mask.t().clone())):
+        got = layouts.fill_unspecified(v, m, 0)
+        want = torch.where(m, v, torch.tensor(0, dtype=dtype))
+        assert got.shape == v.shape and torch.equal(got.contiguous().view(bits),
+                                                    want.contiguous().view(bits))
 
 
 def test_fill_unspecified_keeps_autograd(fast):

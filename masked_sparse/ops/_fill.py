@@ -24,10 +24,11 @@ def _fills_by_bits(dtype: torch.dtype) -> bool:
 
 def _bitwise_zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``torch.where(mask, values, 0)`` by bits (Note [Zero fill by bits]): an integer
-    product with the (compacted) mask, or for float64 and a full-size mask the layouts'
-    bitwise fill."""
+    product with the (compacted) mask, or for a full-size mask the layouts' exact fill
+    (native, else bitwise: then for float64 only)."""
     small = compact(mask)
-    if values.dtype == torch.float64 and small is mask:
+    if small is mask and (values.dtype == torch.float64
+                          or layouts.native_status() == "available"):
         return layouts.fill_unspecified(values, mask, 0)
     return (values.view(layouts.SAME_WIDTH_INT[values.dtype]) * small).view(values.dtype)
 
@@ -69,7 +70,8 @@ def zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     one pass with no temporary: 2-14x faster than ``where`` at 1e5-2e6 float32 elements.
     CPUs have no vector int64 multiply, so float64 with a full-size mask takes the layouts'
     bitwise AND instead (Note [Bitwise fill]: 2.5 ms against the product's 24 ms and
-    ``where``'s 8.5 ms at 2M elements). A mask
+    ``where``'s 8.5 ms at 2M elements); with the native kernels every full-size mask takes
+    the layouts' one-pass fill (1M float32: 0.12 ms against the product's 0.24 ms). A mask
     broadcast over some dims (stride 0, e.g. an attention mask expanded over heads) is read
     once per stored element. Other dtypes (integers, complex), and a mask that ``values``
     would have to broadcast to, use ``torch.where``; so does compiled code, where Inductor
