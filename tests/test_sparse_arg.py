@@ -97,3 +97,18 @@ def test_arg_extremes_take_the_native_kernels(shape, layout, monkeypatch):
         assert composed.values.requires_grad
         assert_masked_equal(composed.indices, idx, spec)
         assert_masked_equal(composed.values.detach(), top, spec)
+
+
+def test_an_int32_csr_gives_the_int64_results():
+    """A CSR with int32 indices (positions widened, the column index read as it is)."""
+    mt, data, mask = _operand((6, 9), torch.float64, torch.sparse_csr, seed=2)
+    crow, col = (i.int() for i in mt._storage.index)
+    narrow = ms.masked_tensor(
+        torch.sparse_csr_tensor(crow, col, mt._storage.values, mt.shape),
+        torch.sparse_csr_tensor(crow, col, mt._storage.mask, mt.shape))
+    assert narrow._storage.index[1].dtype == torch.int32
+    for dim in (0, 1):
+        top, idx, spec = _reference(data, mask, dim, "min", False)
+        values, indices = torch.min(narrow, dim)
+        assert_masked_equal(indices, idx, spec)
+        assert_masked_equal(values, top, spec)
