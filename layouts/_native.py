@@ -346,7 +346,13 @@ def first(values: torch.Tensor, mask: torch.Tensor, x: torch.Tensor) -> int | No
 # updating both). NaN counts as the extreme and the first NaN wins (torch's rule); "first"
 # is the smallest position, compared explicitly (not the storage order). A group without a
 # specified element reads 0 and 0 (what an unspecified output element holds: the caller
-# needs no fill pass). Positions are int64 (``Grouping.positions``).
+# needs no fill pass). Positions are int64 (``Grouping.positions``). Measured (one thread,
+# 10000 x 10000 float32, 1M stored entries, half specified): argmax along rows 7.3 -> 0.4
+# ms (the line kernel ~0.3 ms: 0.1 the max, 0.2 the AVX-512 scan; a scalar scan took 0.9),
+# along columns 8.3 -> 2.9 ms (the scatter kernel ~2 ms: a branch per element on "not
+# below the top" mispredicts at every new maximum, yet the branch-free variants measured
+# 1.5-3x slower: they store every element's update, or read the values twice); at 1000
+# entries 97-114 -> 30-48 us.
 
 
 def _arg_ok(values: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> bool:
