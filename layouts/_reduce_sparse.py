@@ -474,8 +474,8 @@ class CompressedGrouping(CooGrouping):
         self.keepdim = keepdim
         self.ptr, self.inner = ptr, storage.shape[1 - axis]
         self._owner = ptr
-        self.coords = [None, None]  # per-element coordinates are built only if needed
-        self.coords[1 - axis] = idx
+        # per-element coordinates are built only if needed
+        self._coords = [idx, None] if axis == 1 else [None, idx]
         # Note [Index facts of a grouping]
         self.__dict__.update(cached(ptr, ("line grouping", keepdim, tuple(storage.shape), axis),
                                     partial(self._line_facts, ptr, axis)))

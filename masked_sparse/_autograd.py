@@ -245,8 +245,10 @@ def on_values(fn: Kernel, inputs: Sequence[MaskedTensor], *extra: Any) -> Any:
     of a matrix product). Outputs that are plain tensors (indices, counts) are not
     differentiable.
     """
-    if torch.is_grad_enabled() and any(requires_grad_of(t) for t in inputs):
-        return _OnValues.apply(fn, extra, [], *inputs)
+    if torch.is_grad_enabled():
+        for t in inputs:
+            if requires_grad_of(t):
+                return _OnValues.apply(fn, extra, [], *inputs)
     # No gradient needed: the kernel's outputs are wrapped as they are, no graph is built.
     out = fn([t._storage if isinstance(t, MaskedTensor) else t for t in inputs], *extra)
     if isinstance(out, Storage):

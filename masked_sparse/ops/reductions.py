@@ -227,7 +227,8 @@ def k_logsumexp(g: Grouping, dtype: torch.dtype) -> Storage:
     top = torch.where(torch.isfinite(top), top, _full(0, top))
     # Unspecified elements are shifted to 0, not -inf, then left out of the sum: torch's CPU
     # exp is 5-10x slower on arguments that underflow.
-    total = g.masked_reduce(fill(v - g.expand(top), m, 0).exp(), m, "sum")
+    # exp in place: the fill's output is a new tensor that no backward reads.
+    total = g.masked_reduce(fill(v - g.expand(top), m, 0).exp_(), m, "sum")
     out = torch.log(torch.where(specified, total, _full(1, total))) + top
     return g.build(zero_unspecified(out, specified), specified)
 
