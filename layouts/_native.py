@@ -404,6 +404,8 @@ def arg_scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.
                                 start(op, values.dtype), top.data_ptr(), at.data_ptr(), n),
            "arg" + op[1:])
     return top, at
+
+
 def fill(values: torch.Tensor, mask: torch.Tensor, bits: int) -> torch.Tensor | None:
     """``where(mask, values, fill)`` bit for bit, in one pass, for ``bits`` the fill's bit
     pattern as an integer of the values' width (1, 2, 4 or 8 bytes an element): a new
