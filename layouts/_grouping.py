@@ -34,6 +34,11 @@ Primitives (all on plain tensors, differentiable with respect to ``values``)
     "amin" (unspecified elements read the op's identity), and "sumsq": the sum of the
     squares of ``where(mask, values, 0)``. A layout may fuse the fill into the reduction
     (Note [Native reductions]).
+``masked_arg_extreme(values, mask, op)``
+    Per group, ``masked_reduce(values, mask, op)`` for ``op`` "amax" or "amin" and the
+    smallest ``positions()`` of a ``mask``-ed element reaching it (NaN counts as the
+    extreme: the first NaN wins), both 0 where no element is specified: what ``argmax`` /
+    ``max(dim)`` return. A layout may compute both in one pass.
 ``masked_sum(values, mask, with_count=False)``
     ``reduce(where(mask, values, 0), "sum")`` and, with ``with_count``, the number of
     ``mask``-ed elements per group (int64): a layout may fuse the two (strided does).
@@ -108,6 +113,18 @@ class Grouping:
             filled = zero_unspecified(values, mask)
             return self.reduce(filled * filled, "sum")
         return self.reduce(fill_unspecified(values, mask, start(op, values.dtype)), op)
+
+    def masked_arg_extreme(self, values: torch.Tensor, mask: torch.Tensor,
+                           op: str) -> tuple[torch.Tensor, torch.Tensor]:
+        top = self.masked_reduce(values, mask, op)
+        at = self.expand(top)
+        hit = values == at
+        if values.is_floating_point():
+            hit = hit | (torch.isnan(values) & torch.isnan(at))
+        none = torch.iinfo(torch.long).max
+        at = self.reduce(torch.where(hit & mask, self.positions(), none), "amin")
+        found = at != none
+        return zero_unspecified(top, found), zero_unspecified(at, found)
 
     def masked_sum(self, values: torch.Tensor, mask: torch.Tensor,
                    with_count: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:

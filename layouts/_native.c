@@ -10,13 +10,13 @@
  *   scatter  element j belongs to group index[j]            (columns of a matrix)
  *
  * with op sum, sumsq (the sum of squares), prod, max or min (and, at the end of the file,
- * the sums of squared deviations from a center per group: a variance's second pass). Sums accumulate in double
- * (never less exact than torch's float sums); products in the value type, as torch's (an
- * intermediate overflow is inf in both); max and min propagate a specified NaN, as
- * torch.amax does. The mask is never a branch (one on a random mask mispredicts once in a
- * few elements): with AVX-512 it is a mask register that the vector instructions obey;
- * in the portable code, bit logic: `keep = -m` is all ones or all zeros, and
- * `(bits & keep) | (identity & ~keep)` is the value or the identity.
+ * the sums of squared deviations from a center per group: a variance's second pass). Sums
+ * accumulate in double (never less exact than torch's float sums); products in the value
+ * type, as torch's (an intermediate overflow is inf in both); max and min propagate a
+ * specified NaN, as torch.amax does. The mask is never a branch (one on a random mask
+ * mispredicts once in a few elements): with AVX-512 it is a mask register that the vector
+ * instructions obey; in the portable code, bit logic: `keep = -m` is all ones or all
+ * zeros, and `(bits & keep) | (identity & ~keep)` is the value or the identity.
  * Runs of elements are reduced in vector lanes (RANGE says how), never in one scalar
  * accumulator that would wait on its own latency at every element.
  *
@@ -532,6 +532,139 @@ FILL(64)
     }
 FIRST(f64)
 FIRST(f32)
+
+/* -- arg-extremes along dims: per group, the extreme and where it first is ------------- */
+/* Per group, the max (min) of the specified elements, `top`, and the position pos[j] of
+ * the first specified element reaching it, `at` (both 0 where the group has no
+ * specified element, as the outputs hold there): what argmax / max(dim) return. NaN
+ * counts as the extreme, as in torch: the group's top is NaN and `at` the first NaN's
+ * position. "First" is the smallest position among the ties, compared explicitly: no
+ * kernel assumes that storage order and position order agree.
+ *
+ *   lines    per line, two passes over its elements: the masked extreme (the range code
+ *            of the reductions above), then the smallest position of a specified element
+ *            equal to it, LANES at a time in a loop of fixed length (vector code with no
+ *            setup; a line is often short) while the line is in cache;
+ *   scatter  one pass in storage order, each element updating its group's (top, at).
+ *
+ * Neither branches on the mask or on a comparison (on random data one would mispredict
+ * every few elements; written as conditionals, the compiler made branches of them and
+ * the scatter ran 2x slower): the mask and the hits are bit logic, as in keep_T. */
+#define BEATS_max(x, t) ((x) > (t))
+#define BEATS_min(x, t) ((x) < (t))
+#define BELOW_max(x, t) ((x) < (t)) /* false where either is NaN */
+#define BELOW_min(x, t) ((x) > (t))
+
+/* p where k, else INT64_MAX (a position that never wins). */
+static inline int64_t pos_where(int64_t p, int k) {
+    const int64_t keep = -(int64_t)(k != 0);
+    return (p & keep) | (INT64_MAX & ~keep);
+}
+
+/* The smallest pos[j], a <= j < b, of a specified element hitting t: equal to it, or NaN
+ * with t NaN (`nan`, a constant where inlined). Hits are few (one a line, mostly). With
+ * AVX-512: one vector of values a step, its mask bytes tested into mask bits (masked
+ * loads past the end of the line: no scalar tail) and compared under them, the rare hits
+ * looked into bit by bit; 8x faster than the scalar loop (1M float32 in lines of 100).
+ * Else a scalar loop that tests each value first (a branch that predicts well), then its
+ * mask (the compiler made slower scalar code of a blocked, branch-free test). */
+#if VECTOR
+#define SCAN_W_f64 8
+#define SCAN_W_f32 16
+#define SCAN_CMP_f64(k, x, y, how) _mm512_mask_cmp_pd_mask((__mmask8)(k), x, y, how)
+#define SCAN_CMP_f32(k, x, y, how) _mm512_mask_cmp_ps_mask(k, x, y, how)
+#define ARG_SCAN(T)                                                                      \
+    static inline __attribute__((always_inline)) int64_t arg_scan_##T(                  \
+        const T *v, const uint8_t *m, const int64_t *pos, int64_t a, int64_t b, T t,      \
+        int nan) {                                                                       \
+        enum { W = SCAN_W_##T };                                                         \
+        const VEC_##T tv = VOP(T, set1)(t);                                              \
+        __m512i out = _mm512_set1_epi64(INT64_MAX);                                      \
+        for (int64_t j = a; j < b; j += W) {                                             \
+            __mmask16 k = b - j >= W ? (__mmask16)((1u << W) - 1)                        \
+                                     : (__mmask16)((1u << (b - j)) - 1);                 \
+            __m128i bytes = _mm_maskz_loadu_epi8(k, m + j);                              \
+            __mmask16 specified = _mm_test_epi8_mask(bytes, bytes);                      \
+            VEC_##T x = VOP(T, maskz_loadu)(specified, v + j);                           \
+            unsigned hits = nan ? SCAN_CMP_##T(specified, x, x, _CMP_UNORD_Q)             \
+                                : SCAN_CMP_##T(specified, x, tv, _CMP_EQ_OQ);             \
+            for (int q = 0; q < W; q += 8) /* the hits' positions, 8 a load */           \
+                out = _mm512_mask_min_epi64(                                             \
+                    out, (__mmask8)(hits >> q), out,                                     \
+                    _mm512_maskz_loadu_epi64((__mmask8)(hits >> q), pos + j + q));       \
+        }                                                                                \
+        return _mm512_reduce_min_epi64(out);                                             \
+    }
+#else
+#define HIT(x) (nan ? (x) != (x) : (x) == t)
+#define ARG_SCAN(T)                                                                      \
+    static inline __attribute__((always_inline)) int64_t arg_scan_##T(                  \
+        const T *v, const uint8_t *m, const int64_t *pos, int64_t a, int64_t b, T t,      \
+        int nan) {                                                                       \
+        int64_t out = INT64_MAX;                                                         \
+        for (int64_t j = a; j < b; j++)                                                  \
+            if (HIT(v[j]) && m[j] && pos[j] < out) out = pos[j];                         \
+        return out;                                                                      \
+    }
+#endif
+ARG_SCAN(f64)
+ARG_SCAN(f32)
+
+#define ARG_LINES(T, OP)                                                                 \
+    int ms_lines_arg##OP##_##T(const T *v, const uint8_t *m, int64_t n,                  \
+                               const int64_t *offsets, int64_t nlines_all,               \
+                               const int64_t *lines, int64_t nlines, const int64_t *pos, \
+                               T identity, T *top, int64_t *at) {                        \
+        const bits_##T other = bits_of_##T(identity);                                    \
+        for (int64_t i = 0; i < nlines; i++) {                                           \
+            uint64_t r = lines ? (uint64_t)lines[i] : (uint64_t)i;                       \
+            if (r >= (uint64_t)nlines_all) return -1;                                    \
+            int64_t a = offsets[r], b = offsets[r + 1];                                  \
+            if (a < 0 || a > b || b > n) return -1;                                      \
+            const T t = (T)OP##_range_##T(v, m, a, b, identity, other);                  \
+            const int64_t first = t != t ? arg_scan_##T(v, m, pos, a, b, t, 1)          \
+                                         : arg_scan_##T(v, m, pos, a, b, t, 0);         \
+            top[i] = first == INT64_MAX ? 0 : t;                                         \
+            at[i] = first == INT64_MAX ? 0 : first;                                      \
+        }                                                                                \
+        return 0;                                                                        \
+    }
+
+/* Most elements neither beat nor tie their group's top: one comparison, a branch that is
+ * rarely taken (so rarely mispredicted), sets them apart; an unspecified element reads
+ * the identity there (no branch on the mask: a random one would mispredict every other
+ * element). A candidate (not below the top, or NaN on either side) is then checked in
+ * full: specified, and a NaN beats a number; a tie, or a NaN after a NaN: the earlier
+ * position. */
+#define ARG_SCATTER(T, OP, I)                                                            \
+    int ms_scatter_arg##OP##_##T##_##I(const T *v, const uint8_t *m, int64_t n,          \
+                                       const I *index, const int64_t *pos, T identity,   \
+                                       T *top, int64_t *at, int64_t nout) {              \
+        const bits_##T other = bits_of_##T(identity);                                    \
+        for (int64_t g = 0; g < nout; g++) top[g] = identity, at[g] = INT64_MAX;         \
+        for (int64_t j = 0; j < n; j++) {                                                \
+            uint64_t g = (uint64_t)(int64_t)index[j];                                    \
+            if (g >= (uint64_t)nout) return -1;                                          \
+            const T x = keep_##T(v[j], m[j], other), t = top[g];                         \
+            if (BELOW_##OP(x, t) || !m[j]) continue;                                     \
+            const int64_t p = pos[j];                                                    \
+            const int earlier = p < at[g];                                               \
+            if (x != x ? t != t ? earlier : 1                                            \
+                       : t == t && (BEATS_##OP(x, t) || (x == t && earlier)))            \
+                top[g] = x, at[g] = p;                                                   \
+        }                                                                                \
+        for (int64_t g = 0; g < nout; g++)                                               \
+            if (at[g] == INT64_MAX) top[g] = 0, at[g] = 0;                               \
+        return 0;                                                                        \
+    }
+
+#define ARG_KERNELS(T, OP)                                                               \
+    ARG_LINES(T, OP)                                                                     \
+    ARG_SCATTER(T, OP, i64) ARG_SCATTER(T, OP, i32) ARG_SCATTER(T, OP, u16)
+ARG_KERNELS(f64, max)
+ARG_KERNELS(f64, min)
+ARG_KERNELS(f32, max)
+ARG_KERNELS(f32, min)
 
 /* -- sums of squared deviations ------------------------------------------------------- */
 /* Per group, the sum over its specified elements of (v - center)^2, in double: the second

@@ -254,7 +254,7 @@ class CooGrouping(Grouping):
         if self.single:
             return _native.count_all(mask) if op == "count" else \
                 _native.reduce_all(values, mask, op)
-        narrowed = self._narrowed_ids(values)
+        narrowed = self._group_ids(values)
         if narrowed is not None:  # group ids: the kernels write the groups themselves
             out = _native.count_scatter(mask, narrowed, self.ngroups) if op == "count" else \
                 _native.scatter(values, mask, op, narrowed, self.ngroups)
@@ -273,14 +273,13 @@ class CooGrouping(Grouping):
             return out
         return out.index_select(0, self._uniq)
 
-    def _narrowed_ids(self, values: torch.Tensor) -> torch.Tensor | None:
-        """Every stored element's group id as the scatter kernels read it fastest, cached
-        per index tensor (Note [Narrow group indices]); None without an owner to cache it
-        on, under autograd, or where the ids cannot be narrowed."""
+    def _group_ids(self, values: torch.Tensor) -> torch.Tensor | None:
+        """The cached narrowed group id of every stored element (:meth:`_narrowed`), or None
+        (no owner to cache it on, autograd or a transform, no native kernels)."""
         if self._owner is None or not plain_eager(values):
             return None
-        return cached(self._owner, ("narrow", self.dims, tuple(self.source.shape)),
-                      self._narrowed)
+        return cached(self._owner, ("narrow", self.dims, tuple(self.source.shape)),  # Note
+                      self._narrowed)  # [Narrow group indices]
 
     def _narrowed(self) -> torch.Tensor | None:
         """Every stored element's group id, narrowed (Note [Narrow group indices]): from
@@ -306,9 +305,29 @@ class CooGrouping(Grouping):
             return _native.sqdev_all(values, mask, center)
         if not _native._applies(values, mask):
             return None
-        narrowed = self._narrowed_ids(values)
+        narrowed = self._group_ids(values)
         index = narrowed if narrowed is not None else self.gid
         return _native.sqdev_scatter(values, mask, center, index, self.ngroups)
+
+    def masked_arg_extreme(self, values: torch.Tensor, mask: torch.Tensor,
+                           op: str) -> tuple[torch.Tensor, torch.Tensor]:
+        out = None  # the kernels check the rest (autograd, dtype, device)
+        if not self.value_dims and self.sparse_dims and mask.shape[0] and values.dim() == 1:
+            out = self._fused_arg(values, mask, op)
+        return out if out is not None else super().masked_arg_extreme(values, mask, op)
+
+    def _fused_arg(self, values: torch.Tensor, mask: torch.Tensor,
+                   op: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``masked_arg_extreme`` by the native kernels (Note [Native arg-extremes]): one
+        line of every element for a single group, else a scatter pass over the group ids;
+        None where they do not apply."""
+        if self.single:
+            offsets = torch.tensor([0, mask.shape[0]])
+            return _native.arg_lines(values, mask, op, offsets, None, self.positions())
+        ids = self._group_ids(values)
+        if ids is None:
+            ids = self.gid  # the slot groupings build their group ids
+        return _native.arg_scatter(values, mask, op, ids, self.ngroups, self.positions())
 
     # -- primitives --------------------------------------------------------------------
     def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
@@ -525,6 +544,12 @@ class CompressedGrouping(CooGrouping):
         if not self.by_lines:
             return super()._fused_sqdev(values, mask, center)
         return _native.sqdev_lines(values, mask, center, self.offsets, self._which)
+
+    def _fused_arg(self, values: torch.Tensor, mask: torch.Tensor,
+                   op: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if not self.by_lines:
+            return super()._fused_arg(values, mask, op)
+        return _native.arg_lines(values, mask, op, self.offsets, self._which, self.positions())
 
     def _with_gid(self) -> None:
         if self.by_lines and self.gid is None:  # an index fact (the line of each element)

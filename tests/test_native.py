@@ -39,7 +39,7 @@ def build(request):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MASKED_SPARSE_NATIVE", "portable")
         # what _declare fills
-        for table in ("_KERNELS", "_COUNT_SCATTER", "_NARROW", "_FIRST", "_SQDEV"):
+        for table in ("_KERNELS", "_COUNT_SCATTER", "_NARROW", "_FIRST", "_ARG", "_SQDEV"):
             patch.setattr(native, table, {})
         native._library.cache_clear()
         assert native.available(), native.status()
@@ -442,6 +442,99 @@ def test_first_is_the_first_specified_element_equal(build, n, density, seed, dty
         filled = torch.where(mask, values, math.inf if pick == "amin" else -math.inf)
         arg = filled.argmax() if pick == "amax" else filled.argmin()
         assert want == int(arg) or not bool(mask[arg])
+
+
+# -- arg-extremes (Note [Native arg-extremes]) --------------------------------------------
+LONG_MAX = torch.iinfo(torch.long).max
+
+
+def _arg_inputs(n: int, dtype: torch.dtype, density: float, seed: int, specials: float):
+    """Values with many ties (a few distinct numbers), NaN and +-inf, and each element's
+    position: distinct, in no particular order (the kernels compare positions, never rely
+    on storage order)."""
+    g = torch.Generator().manual_seed(seed)
+    values, mask = _inputs(n, dtype, density, seed, "amax", specials)
+    ties = torch.randint(-2, 3, (n,), generator=g).to(dtype)
+    values = torch.where(torch.isfinite(values), ties, values)
+    positions = torch.randperm(3 * n + 1, generator=g)[:n]
+    return values, mask, positions
+
+
+def _arg_reference(values, mask, op, groups, n, positions):
+    """Per group, the masked extreme (NaN wins) and the smallest position of a specified
+    element equal to it (NaN: of a specified NaN); (0, 0) where none is specified."""
+    top = _reference(values, mask, op, groups, n)
+    at = top[groups]
+    hit = mask & ((values == at) | (torch.isnan(values) & torch.isnan(at)))
+    keyed = torch.where(hit, positions, LONG_MAX)
+    at = torch.full((n,), LONG_MAX).scatter_reduce(0, groups, keyed, "amin")
+    specified = torch.zeros(n, dtype=torch.bool).index_put_((groups,), mask, accumulate=True)
+    return torch.where(specified, top, 0), torch.where(specified, at, 0)
+
+
+def _assert_arg_same(got, want):
+    _assert_same(got[0], want[0])
+    assert torch.equal(got[1], want[1]), (got[1], want[1])
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(runs, min_size=1, max_size=8), density=densities,
+       seed=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES),
+       op=st.sampled_from(["amax", "amin"]), specials=specials, data=st.data())
+def test_arg_lines_are_the_first_extreme_of_each_run(build, lengths, density, seed, dtype,
+                                                     op, specials, data):
+    """Lines of any length (empty ones: 0 at 0), any subset in any order;
+    ties go to the smallest position, a specified NaN wins (the first NaN), an unspecified
+    one is ignored."""
+    offsets = torch.tensor([0, *lengths]).cumsum(0)
+    n = int(offsets[-1])
+    values, mask, positions = _arg_inputs(n, dtype, density, seed, specials)
+    line_of = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    top, at = _arg_reference(values, mask, op, line_of, len(lengths), positions)
+    _assert_arg_same(native.arg_lines(values, mask, op, offsets, None, positions), (top, at))
+    which = torch.tensor(data.draw(st.lists(st.integers(0, len(lengths) - 1), max_size=8)),
+                         dtype=torch.long)
+    _assert_arg_same(native.arg_lines(values, mask, op, offsets, which, positions),
+                     (top[which], at[which]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=sizes, groups=st.integers(1, 40), density=densities, seed=st.integers(0, 2**16),
+       dtype=st.sampled_from(DTYPES), op=st.sampled_from(["amax", "amin"]),
+       index_dtype=st.sampled_from(INDEX_DTYPES), specials=specials)
+def test_arg_scatter_is_the_first_extreme_per_group(build, n, groups, density, seed, dtype,
+                                                    op, index_dtype, specials):
+    values, mask, positions = _arg_inputs(n, dtype, density, seed, specials)
+    index = torch.randint(0, groups, (n,), generator=torch.Generator().manual_seed(seed))
+    _assert_arg_same(native.arg_scatter(values, mask, op, index.to(index_dtype), groups,
+                                        positions),
+                     _arg_reference(values, mask, op, index, groups, positions))
+
+
+def test_arg_kernels_pick_the_first_nan_and_the_first_of_ties(build):
+    """Hand-made groups: a NaN after the maximum, two NaNs (the earlier position wins
+    whatever the storage order), an unspecified NaN and larger value (ignored), a tie at
+    -inf, nothing specified."""
+    nan, inf = math.nan, math.inf
+    values = torch.tensor([1., nan, 5., nan, 2., nan, nan, 9., 3., -inf, -inf, 7.])
+    mask = torch.tensor([1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0], dtype=torch.bool)
+    positions = torch.tensor([0, 4, 1, 2, 0, 1, 0, 1, 2, 3, 2, 0])
+    offsets = torch.tensor([0, 3, 6, 9, 11, 12])
+    top, at = native.arg_lines(values, mask, "amax", offsets, None, positions)
+    assert top[0].isnan() and top[1].isnan() and top[2:].tolist() == [3., -inf, 0.]
+    assert at.tolist() == [4, 1, 2, 2, 0]
+    groups = torch.repeat_interleave(torch.arange(5), offsets.diff())
+    top, at = native.arg_scatter(values, mask, "amin", groups, 5, positions)
+    assert top[0].isnan() and top[1].isnan() and top[2:].tolist() == [3., -inf, 0.]
+    assert at.tolist() == [4, 1, 2, 2, 0]
+
+
+def test_arg_kernels_raise_on_an_out_of_range_index(build):
+    values, mask, positions = torch.ones(4), torch.ones(4, dtype=torch.bool), torch.arange(4)
+    with pytest.raises(RuntimeError, match="argmax.*out of range"):
+        native.arg_scatter(values, mask, "amax", torch.tensor([0, 1, 5, 0]), 2, positions)
+    with pytest.raises(RuntimeError, match="argmin.*out of range"):
+        native.arg_lines(values, mask, "amin", torch.tensor([0, 2, 7]), None, positions)
 
 
 # -- sums of squared deviations (the second pass of a masked variance) --------------------

@@ -236,16 +236,9 @@ def k_arg(g: Grouping, op: str, with_values: bool) -> Any:
     """argmax/argmin (op "amax"/"amin"): first position of the extreme, NaN first."""
     v, m = source(g)
     specified = g.reduce(m, "any")
-    top = g.masked_reduce(v, m, op)
-    at = g.expand(top)
-    hit = v == at
-    if v.is_floating_point():
-        hit = hit | (torch.isnan(v) & torch.isnan(at))
-    pos = torch.where(hit & m, g.positions(), torch.iinfo(torch.long).max)
-    index = g.build(zero_unspecified(g.reduce(pos, "amin"), specified), specified)
-    if not with_values:
-        return index
-    return g.build(zero_unspecified(top, specified), specified), index
+    top, position = g.masked_arg_extreme(v, m, op)
+    index = g.build(position, specified)
+    return (g.build(top, specified), index) if with_values else index
 
 
 def k_median(g: Grouping, nan: bool, with_index: bool) -> Any:
