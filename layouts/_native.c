@@ -9,14 +9,13 @@
  *            (CSR rows; COO rows of a row-major coalesced index)
  *   scatter  element j belongs to group index[j]            (columns of a matrix)
  *
- * with op sum, sumsq (the sum of squares), prod, max or min (and, at the end of the file,
- * the sums of squared deviations from a center per group: a variance's second pass). Sums
- * accumulate in double (never less exact than torch's float sums); products in the value
- * type, as torch's (an intermediate overflow is inf in both); max and min propagate a
- * specified NaN, as torch.amax does. The mask is never a branch (one on a random mask
- * mispredicts once in a few elements): with AVX-512 it is a mask register that the vector
- * instructions obey; in the portable code, bit logic: `keep = -m` is all ones or all
- * zeros, and `(bits & keep) | (identity & ~keep)` is the value or the identity.
+ * with op sum, sumsq (the sum of squares), prod, max or min. Sums accumulate in double
+ * (never less exact than torch's float sums); products in the value type, as torch's (an
+ * intermediate overflow is inf in both); max and min propagate a specified NaN, as
+ * torch.amax does. The mask is never a branch (one on a random mask mispredicts once in a
+ * few elements): with AVX-512 it is a mask register that the vector instructions obey;
+ * in the portable code, bit logic: `keep = -m` is all ones or all zeros, and
+ * `(bits & keep) | (identity & ~keep)` is the value or the identity.
  * Runs of elements are reduced in vector lanes (RANGE says how), never in one scalar
  * accumulator that would wait on its own latency at every element.
  *
@@ -671,7 +670,7 @@ ARG_KERNELS(f32, min)
  * pass of a masked variance (the center is the group's mean, from the sum kernels) in one
  * pass, instead of expanding the centers onto the elements, filling, squaring and summing.
  * The center is one value (all), one per output line (lines: center[i] for out[i]) or one
- * per group slot (scatter). An unspecified element adds +0.0 (its deviation, whatever v
+ * per group (scatter: center[index[j]] for element j). An unspecified element adds +0.0 (its deviation, whatever v
  * and the center hold, is dropped by a mask register or replaced by 0 with bit logic);
  * a specified NaN or inf makes the group's sum NaN (or inf), as in the composed path. */
 #if VECTOR
