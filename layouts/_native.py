@@ -19,7 +19,7 @@ float64 values, plus mask counts, and ``sqdev`` (:func:`sqdev_all` & co.): per g
 of the squared deviations of the specified elements from a center per group, the second
 pass of a variance (``Grouping.masked_sqdev``) in one pass instead of five torch ops
 (expand the means, subtract, fill, square, sum): at 1000 stored entries ``var`` costs
-0.7-0.9x its composed time, at 1M 0.2-0.4x (``var()`` 0.3x ``values.var()``).
+0.65-0.9x its composed time, at 1M 0.15-0.4x (``var()`` 0.3x ``values.var()``).
 Sums accumulate in double (a row sum and a column sum of
 the same entries agree, whatever the cancellation; float accumulation in blocks measured
 1.8x faster on float32 but lost 254 -> 0 on a 256-long row with +-1e8 ends); products in
