@@ -42,6 +42,10 @@ Primitives (all on plain tensors, differentiable with respect to ``values``)
 ``masked_sum(values, mask, with_count=False)``
     ``reduce(where(mask, values, 0), "sum")`` and, with ``with_count``, the number of
     ``mask``-ed elements per group (int64): a layout may fuse the two (strided does).
+``masked_sqdev(values, mask, center)``
+    Per group, the sum of ``where(mask, values - expand(center), 0)`` squared (``|.|**2``
+    for complex values): the second pass of a variance around the group means ``center``.
+    A layout may run it in one pass (Note [Native reductions]).
 ``softmax(values, mask, log)``
     Softmax / log_softmax within each group of a ``keepdim=True`` grouping over the
     ``mask``-ed elements (the others weigh nothing and read anything: the caller
@@ -126,6 +130,11 @@ class Grouping:
                    with_count: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         total = self.reduce(zero_unspecified(values, mask), "sum")
         return total, (self.reduce(mask, "sum") if with_count else None)
+
+    def masked_sqdev(self, values: torch.Tensor, mask: torch.Tensor,
+                     center: torch.Tensor) -> torch.Tensor:
+        dev = zero_unspecified(values - self.expand(center), mask)
+        return self.reduce((dev * dev.conj()).real if dev.is_complex() else dev * dev, "sum")
 
     def positions(self) -> torch.Tensor:
         raise NotImplementedError

@@ -664,3 +664,140 @@ ARG_KERNELS(f64, max)
 ARG_KERNELS(f64, min)
 ARG_KERNELS(f32, max)
 ARG_KERNELS(f32, min)
+
+/* -- sums of squared deviations ------------------------------------------------------- */
+/* Per group, the sum over its specified elements of (v - center)^2, in double: the second
+ * pass of a masked variance (the center is the group's mean, from the sum kernels) in one
+ * pass, instead of expanding the centers onto the elements, filling, squaring and summing.
+ * The center is one value (all), one per output line (lines: center[i] for out[i]) or one
+ * per group (scatter: center[index[j]] for element j). An unspecified element adds +0.0 (its deviation, whatever v
+ * and the center hold, is dropped by a mask register or replaced by 0 with bit logic);
+ * a specified NaN or inf makes the group's sum NaN (or inf), as in the composed path. */
+#if VECTOR
+/* As VRANGE's sumsq: 8 elements a step widened to doubles, minus the center, joined by a
+ * masked fma into one of 4 accumulators; the partial block by masked loads. */
+#define SQDEV_RANGE(T)                                                                   \
+    static inline __attribute__((always_inline)) double sqdev_range_##T(                 \
+        const T *v, const uint8_t *m, int64_t a, int64_t b, double c) {                  \
+        const __m512d center = _mm512_set1_pd(c);                                        \
+        __m512d acc[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), \
+                          _mm512_setzero_pd()};                                          \
+        int64_t i = a;                                                                   \
+        for (; i + 64 <= b; i += 64)                                                     \
+            for (int q = 0; q < 8; q++) {                                                \
+                __m512d d = _mm512_sub_pd(WIDEN_##T(LOAD8_##T(v + i + q * 8)), center);  \
+                acc[q % 4] = _mm512_mask3_fmadd_pd(d, d, acc[q % 4],                     \
+                                                   (__mmask8)mask_bits_at(m + i + q * 8, 8)); \
+            }                                                                            \
+        if (i < b) {                                                                     \
+            __mmask64 k = mask_bits_tail(m + i, b - i);                                  \
+            for (int q = 0; q * 8 < b - i; q++) {                                        \
+                __mmask8 kq = (__mmask8)(k >> (q * 8));                                  \
+                __m512d d = _mm512_sub_pd(WIDEN_##T(LOAD8Z_##T(kq, v + i + q * 8)), center); \
+                acc[0] = _mm512_mask3_fmadd_pd(d, d, acc[0], kq);                        \
+            }                                                                            \
+        }                                                                                \
+        acc[0] = _mm512_add_pd(_mm512_add_pd(acc[0], acc[1]), _mm512_add_pd(acc[2], acc[3])); \
+        return _mm512_reduce_add_pd(acc[0]);                                             \
+    }
+#else
+/* As RANGE: one simd loop from LONG_RUN elements, LANES accumulators from LANES. */
+#define SQDEV_STEP(T, s, j)                                                              \
+    do {                                                                                 \
+        double d_ = keep_f64((double)v[j] - c, m[j], 0);                                 \
+        (s) += d_ * d_;                                                                  \
+    } while (0)
+#define SQDEV_RANGE(T)                                                                   \
+    static inline __attribute__((always_inline)) double sqdev_range_##T(                 \
+        const T *v, const uint8_t *m, int64_t a, int64_t b, double c) {                  \
+        double s = 0;                                                                    \
+        int64_t j = a;                                                                   \
+        if (b - a >= LONG_RUN) {                                                         \
+            PRAGMA(omp simd reduction(+ : s))                                            \
+            for (int64_t i = a; i < b; i++) SQDEV_STEP(T, s, i);                         \
+            return s;                                                                    \
+        }                                                                                \
+        if (b - a >= LANES) {                                                            \
+            double acc[LANES] = {0};                                                     \
+            for (; j + LANES <= b; j += LANES)                                           \
+                for (int k = 0; k < LANES; k++) SQDEV_STEP(T, acc[k], j + k);            \
+            for (int k = 0; k < LANES; k++) s += acc[k];                                 \
+        }                                                                                \
+        for (; j < b; j++) SQDEV_STEP(T, s, j);                                          \
+        return s;                                                                        \
+    }
+#endif
+
+#if VECTOR
+/* As VSCATTER (the sums' scatter): per block of 64, the specified elements' group indices
+ * and values compressed into a list, then one scalar step per entry of the list. */
+#define SQDEV_VSCATTER(T, I)                                                             \
+    do {                                                                                 \
+        const __m512i bound = _mm512_set1_epi64(nout);                                   \
+        int64_t gs[64];                                                                  \
+        double xs[64];                                                                   \
+        for (; j + 64 <= n; j += 64) {                                                   \
+            int c = 0;                                                                   \
+            for (int q = 0; q < 8; q++) {                                                \
+                __m512i g = IDX8_##I(index + j + q * 8);                                 \
+                _mm_prefetch((const char *)(index + j + q * 8 + 1024), _MM_HINT_T0);     \
+                _mm_prefetch((const char *)(v + j + q * 8 + 1024), _MM_HINT_T0);         \
+                if (_mm512_cmpge_epu64_mask(g, bound)) return -1;                        \
+                __mmask8 k = (__mmask8)mask_bits_at(m + j + q * 8, 8);                   \
+                __m512d x = WIDEN_##T(LOAD8_##T(v + j + q * 8));                         \
+                _mm512_storeu_si512(gs + c, _mm512_maskz_compress_epi64(k, g));          \
+                _mm512_storeu_pd(xs + c, _mm512_maskz_compress_pd(k, x));                \
+                c += __builtin_popcount(k);                                              \
+            }                                                                            \
+            for (int q = 0; q < c; q++) {                                                \
+                double d = xs[q] - (double)center[gs[q]];                                \
+                out[gs[q]] += d * d;                                                     \
+            }                                                                            \
+        }                                                                                \
+    } while (0)
+#else
+#define SQDEV_VSCATTER(T, I)
+#endif
+
+/* out[index[j]] += (v[j] - center[index[j]])^2 where m[j], into nout groups (doubles), in
+ * storage order, every index checked before it is read: with AVX-512 64 elements a block,
+ * specified ones only (SQDEV_VSCATTER), the rest (or all) in one scalar loop. */
+#define SQDEV_SCATTER(T, I)                                                              \
+    int ms_scatter_sqdev_##T##_##I(const T *v, const uint8_t *m, int64_t n,              \
+                                   const I *index, const T *center, double *out,         \
+                                   int64_t nout) {                                       \
+        int64_t j = 0;                                                                   \
+        for (int64_t g = 0; g < nout; g++) out[g] = 0;                                   \
+        SQDEV_VSCATTER(T, I);                                                            \
+        for (; j < n; j++) {                                                             \
+            uint64_t g = (uint64_t)(int64_t)index[j];                                    \
+            if (g >= (uint64_t)nout) return -1;                                          \
+            double d = keep_f64((double)v[j] - (double)center[g], m[j], 0);             \
+            out[g] += d * d;                                                             \
+        }                                                                                \
+        return 0;                                                                        \
+    }
+
+#define SQDEV_KERNELS(T)                                                                 \
+    SQDEV_RANGE(T)                                                                       \
+    int ms_all_sqdev_##T(const T *v, const uint8_t *m, int64_t n, const T *center,       \
+                         T *out) {                                                       \
+        *out = (T)sqdev_range_##T(v, m, 0, n, (double)*center);                          \
+        return 0;                                                                        \
+    }                                                                                    \
+    int ms_lines_sqdev_##T(const T *v, const uint8_t *m, int64_t n,                      \
+                           const int64_t *offsets, int64_t nlines_all,                   \
+                           const int64_t *lines, int64_t nlines, const T *center,        \
+                           T *out) {                                                     \
+        for (int64_t i = 0; i < nlines; i++) {                                           \
+            uint64_t r = lines ? (uint64_t)lines[i] : (uint64_t)i;                       \
+            if (r >= (uint64_t)nlines_all) return -1;                                    \
+            int64_t a = offsets[r], b = offsets[r + 1];                                  \
+            if (a < 0 || a > b || b > n) return -1;                                      \
+            out[i] = (T)sqdev_range_##T(v, m, a, b, (double)center[i]);                  \
+        }                                                                                \
+        return 0;                                                                        \
+    }                                                                                    \
+    SQDEV_SCATTER(T, i64) SQDEV_SCATTER(T, i32) SQDEV_SCATTER(T, u16)
+SQDEV_KERNELS(f64)
+SQDEV_KERNELS(f32)

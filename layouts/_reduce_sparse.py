@@ -289,6 +289,26 @@ class CooGrouping(Grouping):
         slots = self._present.numel()
         return _native.narrow(self._keys, slots, remap=self._present.cumsum(0) - 1)
 
+    def masked_sqdev(self, values: torch.Tensor, mask: torch.Tensor,
+                     center: torch.Tensor) -> torch.Tensor:
+        out = self._fused_sqdev(values, mask, center)
+        return out if out is not None else super().masked_sqdev(values, mask, center)
+
+    def _fused_sqdev(self, values: torch.Tensor, mask: torch.Tensor,
+                     center: torch.Tensor) -> torch.Tensor | None:
+        """``masked_sqdev`` in one native pass (``_native.sqdev_all`` / ``sqdev_scatter``
+        over the group ids), or None where it does not apply (as ``_fused``: the composed
+        path)."""
+        if self.value_dims or not self.sparse_dims or (self.single and not mask.shape[0]):
+            return None
+        if self.single:
+            return _native.sqdev_all(values, mask, center)
+        if not _native._applies(values, mask):
+            return None
+        narrowed = self._group_ids(values)
+        index = narrowed if narrowed is not None else self.gid
+        return _native.sqdev_scatter(values, mask, center, index, self.ngroups)
+
     def masked_arg_extreme(self, values: torch.Tensor, mask: torch.Tensor,
                            op: str) -> tuple[torch.Tensor, torch.Tensor]:
         out = None  # the kernels check the rest (autograd, dtype, device)
@@ -518,6 +538,12 @@ class CompressedGrouping(CooGrouping):
             torch.cat([self.offsets[self.lines], self.offsets[-1:]]), inner.dtype))
         return _blocked.segments(values, mask, start(op, values.dtype), op, cuts,
                                  self.ngroups, inner, self.inner)
+
+    def _fused_sqdev(self, values: torch.Tensor, mask: torch.Tensor,
+                     center: torch.Tensor) -> torch.Tensor | None:
+        if not self.by_lines:
+            return super()._fused_sqdev(values, mask, center)
+        return _native.sqdev_lines(values, mask, center, self.offsets, self._which)
 
     def _fused_arg(self, values: torch.Tensor, mask: torch.Tensor,
                    op: str) -> tuple[torch.Tensor, torch.Tensor] | None:

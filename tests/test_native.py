@@ -38,7 +38,8 @@ def build(request):
         return
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MASKED_SPARSE_NATIVE", "portable")
-        for table in ("_KERNELS", "_COUNT_SCATTER", "_NARROW", "_FIRST", "_ARG"):  # _declare fills
+        # what _declare fills
+        for table in ("_KERNELS", "_COUNT_SCATTER", "_NARROW", "_FIRST", "_ARG", "_SQDEV"):
             patch.setattr(native, table, {})
         native._library.cache_clear()
         assert native.available(), native.status()
@@ -534,3 +535,93 @@ def test_arg_kernels_raise_on_an_out_of_range_index(build):
         native.arg_scatter(values, mask, "amax", torch.tensor([0, 1, 5, 0]), 2, positions)
     with pytest.raises(RuntimeError, match="argmin.*out of range"):
         native.arg_lines(values, mask, "amin", torch.tensor([0, 2, 7]), None, positions)
+
+
+# -- sums of squared deviations (the second pass of a masked variance) --------------------
+def _centers(n: int, dtype: torch.dtype, seed: int, specials: float) -> torch.Tensor:
+    """A center per group: random, a fraction ``specials`` of them NaN or +-inf (what the
+    mean of a group holding one is)."""
+    return _inputs(n, dtype, 1.0, seed + 1, specials=specials)[0]
+
+
+def _sqdev_reference(values, mask, center, groups, n):
+    """Per group ``0..n-1``, ``sum(where(mask, values - center[group], 0) ** 2)`` in
+    double (the kernels' accumulation), in the values' dtype."""
+    dev = torch.where(mask, values.double() - center.double()[groups], 0.0)
+    out = torch.zeros(n, dtype=torch.float64).index_add_(0, groups, dev * dev)
+    return out.to(values.dtype)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=runs, density=densities, seed=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES),
+       skip=st.integers(0, 7), specials=specials)
+def test_sqdev_all_is_the_masked_sum_of_squared_deviations(build, n, density, seed, dtype,
+                                                           skip, specials):
+    values, mask = _inputs(n + skip, dtype, density, seed, specials=specials)
+    values, mask = values[skip:], mask[skip:]
+    center = _centers(1, dtype, seed, specials)
+    want = _sqdev_reference(values, mask, center, torch.zeros(n, dtype=torch.long), 1)
+    _assert_same(native.sqdev_all(values, mask, center), want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(runs, min_size=1, max_size=12), density=densities,
+       seed=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES), specials=specials,
+       data=st.data())
+def test_sqdev_lines_is_the_masked_sum_of_squared_deviations_of_each_run(
+        build, lengths, density, seed, dtype, specials, data):
+    """Every line, or a subset in any order (``center[i]`` is the i-th line asked for)."""
+    offsets = torch.tensor([0, *lengths]).cumsum(0)
+    values, mask = _inputs(int(offsets[-1]), dtype, density, seed, specials=specials)
+    which = torch.tensor(data.draw(st.lists(st.integers(0, len(lengths) - 1), max_size=12)),
+                         dtype=torch.long)
+    line_of = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    center = _centers(len(lengths), dtype, seed, specials)
+    every = _sqdev_reference(values, mask, center, line_of, len(lengths))
+    _assert_same(native.sqdev_lines(values, mask, center, offsets), every)
+    _assert_same(native.sqdev_lines(values, mask, center[which], offsets, which), every[which])
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=sizes, groups=st.integers(1, 40), density=densities, seed=st.integers(0, 2**16),
+       dtype=st.sampled_from(DTYPES), index_dtype=st.sampled_from(INDEX_DTYPES),
+       specials=specials)
+def test_sqdev_scatter_is_the_masked_sum_of_squared_deviations_per_group(
+        build, n, groups, density, seed, dtype, index_dtype, specials):
+    values, mask = _inputs(n, dtype, density, seed, specials=specials)
+    index = torch.randint(0, groups, (n,), generator=torch.Generator().manual_seed(seed))
+    center = _centers(groups, dtype, seed, specials)
+    _assert_same(native.sqdev_scatter(values, mask, center, index.to(index_dtype), groups),
+                 _sqdev_reference(values, mask, center, index, groups))
+
+
+@pytest.mark.parametrize("bad", ["center dtype", "center size", "autograd",
+                                 "center autograd", "complex"])
+def test_sqdev_inputs_the_kernels_do_not_take_go_to_the_composed_path(bad):
+    values, mask = torch.ones(6), torch.ones(6, dtype=torch.bool)
+    center, offsets = torch.zeros(2), torch.tensor([0, 3, 6])
+    if bad == "center dtype":
+        center = center.double()
+    elif bad == "center size":
+        center = torch.zeros(3)
+    elif bad == "autograd":
+        values.requires_grad_()
+    elif bad == "center autograd":
+        center.requires_grad_()
+    else:
+        values, center = values.to(torch.complex64), center.to(torch.complex64)
+    assert native.sqdev_lines(values, mask, center, offsets) is None
+    assert native.sqdev_scatter(values, mask, center, torch.tensor([0, 1] * 3), 2) is None
+    assert native.sqdev_all(values, mask, center if bad == "center size" else center[:1]) \
+        is None
+
+
+def test_sqdev_out_of_range_indices_raise():
+    values, mask = torch.ones(6), torch.ones(6, dtype=torch.bool)
+    with pytest.raises(RuntimeError, match="out of range"):
+        native.sqdev_scatter(values, mask, torch.zeros(2), torch.tensor([0, 1, 2, 0, 1, 0]), 2)
+    with pytest.raises(RuntimeError, match="out of range"):
+        native.sqdev_lines(values, mask, torch.zeros(2), torch.tensor([0, 3, 7]))
+    with pytest.raises(RuntimeError, match="out of range"):
+        native.sqdev_lines(values, mask, torch.zeros(1), torch.tensor([0, 3, 6]),
+                           torch.tensor([2]))

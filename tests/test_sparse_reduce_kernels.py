@@ -258,3 +258,71 @@ def test_cached_facts_let_the_index_go(fast, layout):
     gc.collect()
     assert [r() for r in refs] == [None] * len(refs)
     assert len(_index._CACHE) == before
+
+
+def _var_reference(data, mask, dim, keepdim, correction, std):
+    """The masked variance (std) over ``dim`` (None: every element) of dense data, written
+    with ``torch.where`` in float64: the result and where it is specified (more than
+    ``correction`` specified elements)."""
+    dims = tuple(range(data.dim())) if dim is None else (dim,)
+    x = data.double()
+    count = mask.sum(dims, keepdim=True)
+    mean = torch.where(mask, x, 0).sum(dims, keepdim=True) / count.clamp(min=1)
+    sq = torch.where(mask, (x - mean) ** 2, 0).sum(dims, keepdim=True)
+    dof = count - correction
+    var = sq / torch.where(dof > 0, dof, 1)
+    var, dof = (var, dof) if keepdim else (var.squeeze(dims), dof.squeeze(dims))
+    return (var.sqrt() if std else var).to(data.dtype), dof > 0
+
+
+@pytest.mark.parametrize("layout", list(SPARSE))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("op,correction", [("var", 0), ("var", 1), ("var", 2), ("std", 1),
+                                           ("var_mean", 2), ("std_mean", 0)])
+@pytest.mark.parametrize("dim,keepdim", [(0, False), (1, False), (1, True), (0, True),
+                                         (None, False)])
+@pytest.mark.parametrize("specials", [True, False], ids=["inf-nan", "finite"])
+def test_var_in_one_native_pass_matches_dense(monkeypatch, layout, dtype, op, correction,
+                                              dim, keepdim, specials):
+    """var / std / var_mean / std_mean of a sparse matrix, whose second pass (the squared
+    deviations from the group means) runs in one native kernel (``masked_sqdev``): the
+    float64 ``torch.where`` reference and the strided route, with empty, fully masked and
+    one-element groups, +-inf and NaN."""
+    if not native.available():
+        pytest.skip(f"native kernels: {native.status()}")
+    passes = []
+    for name in ("sqdev_all", "sqdev_lines", "sqdev_scatter"):
+        kernel = getattr(native, name)
+        monkeypatch.setattr(native, name, lambda *a, k=kernel: passes.append(k(*a)) or passes[-1])
+    data, mask, stored = _matrix(dtype, specials=specials)
+    mask[7] &= torch.arange(13) == 4  # a one-element row (when stored)
+    mask[7, 4] = stored[7, 4] = True
+    stored[:, 9] = False  # an empty column (row 3 refills _matrix's): a key slot, no group
+    mask &= stored
+    mt = _sparse(data, mask, stored, layout)
+    args = () if dim is None else (dim,)
+    kwargs = {"correction": correction} | ({} if dim is None else {"keepdim": keepdim})
+    got = getattr(torch, op)(mt, *args, **kwargs)
+    assert passes and all(p is not None for p in passes)  # the native pass ran
+    want = getattr(torch, op)(ms.masked_tensor(data, mask), *args, **kwargs)
+    var, specified = _var_reference(data, mask, dim, keepdim, correction, "std" in op)
+    for g, w in zip(*((got, want) if op.endswith("_mean") else ((got,), (want,)))):
+        check_invariants(g)
+        _same(g, w)
+    first = got[0] if op.endswith("_mean") else got
+    assert_masked_equal(first, var, specified)
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_var_over_group_ids_that_are_not_narrowed(monkeypatch, layout):
+    """Where no narrowed copy of the group ids exists (Note [Narrow group indices]: too many
+    groups), the squared deviations scatter over the int64 group ids."""
+    if not native.available():
+        pytest.skip(f"native kernels: {native.status()}")
+    monkeypatch.setattr(native, "narrow", lambda *args, **kwargs: None)
+    data, mask, stored = _matrix(torch.float64, specials=False)
+    stored[:, 9] = False
+    mask &= stored
+    for correction in (0, 1):
+        got = torch.var(_sparse(data, mask, stored, layout), 0, correction=correction)
+        _same(got, torch.var(ms.masked_tensor(data, mask), 0, correction=correction))

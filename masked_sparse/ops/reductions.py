@@ -9,7 +9,8 @@ Semantics (README, "Semantics in brief", RFC-0027), written once here for every 
 - a result element is specified iff its group has at least one specified element (for
   ``var`` / ``std``: more than ``correction`` of them, numpy.ma's rule); unspecified result
   elements hold 0;
-- ``mean = sum / count``; ``var`` is two-pass (the mean is broadcast back onto the values);
+- ``mean = sum / count``; ``var`` is two-pass (the squared deviations of the specified
+  values from their group's mean, ``Grouping.masked_sqdev``);
   ``logsumexp`` subtracts the group maximum; norms are built from ``abs`` / ``pow``;
   ``argmax`` / ``max(dim)`` / ``median(dim)`` return indices in the full uncompressed shape;
 - a full reduction returns a 0-d strided MaskedTensor; along dims, a sparse input keeps a
@@ -208,11 +209,9 @@ def k_var(g: Grouping, correction: float, std: bool, with_mean: bool) -> Any:
     v, m = source(g)
     total, count = g.masked_sum(v, m, with_count=True)
     mean = total / count.clamp(min=1)
-    dev = fill(v - g.expand(mean), m, 0)
-    sq = (dev * dev.conj()).real if dev.is_complex() else dev * dev
     dof = count - correction
     specified = dof > 0
-    var = g.reduce(sq, "sum") / torch.where(specified, dof, _full(1, dof))
+    var = g.masked_sqdev(v, m, mean) / torch.where(specified, dof, _full(1, dof))
     if std:
         var = safe_root(var, 2)
     out = g.build(zero_unspecified(var, specified), specified)
