@@ -6,12 +6,14 @@ plain values tensor, every stored value taking part and no mask anywhere: what t
 result costs over it is the price of masked semantics (and of the library's overhead).
 
 =============  ==========================================================================
-reduction      raw computation (``g``: group of each value; CSR rows use the row pointers)
+reduction      raw computation (``g``: group of each value; rows of either layout use the
+               row pointers, computed once outside the timed call)
 =============  ==========================================================================
 sum            ``torch.sum(csr, 1)`` on the plain CSR tensor (CSR rows);
+               ``segment_reduce(v, "sum", offsets=crow)`` (COO rows);
                ``zeros(n).index_add_(0, g, v)`` otherwise
 mean           group sum ÷ group size (``crow.diff()`` or ``bincount(g)``)
-amax / amin    ``segment_reduce(v, "max", offsets=crow)`` (CSR rows);
+amax / amin    ``segment_reduce(v, "max", offsets=crow)`` (rows);
                ``scatter_reduce_(0, g, v, "amax")`` otherwise
 argmax         group ``amax``, then the smallest coordinate where ``v == max[g]``
 prod           ``segment_reduce(v, "prod")`` / ``scatter_reduce_(..., "prod")``
@@ -58,9 +60,10 @@ def groups_of(layout: str, rows: torch.Tensor, cols: torch.Tensor, shape: tuple[
 
     ``rows`` / ``cols`` are the coordinates of the stored values in storage order (row-major).
     """
-    if dim == 1:
-        offsets = (torch._convert_indices_from_coo_to_csr(rows, shape[0])
-                   if layout == "csr" else None)
+    if dim == 1:  # row-major storage: rows are runs, reduced over row pointers in both
+        # layouts (a COO's pointers are computed once, outside the timed call, as
+        # masked_sparse caches them per index tensor)
+        offsets = torch._convert_indices_from_coo_to_csr(rows, shape[0])
         return Groups(rows, cols, shape[0], offsets, cols if layout == "csr" else None,
                       shape[1])
     return Groups(cols, rows, shape[1])
