@@ -71,10 +71,10 @@ def _matrix(dtype, shape=(9, 13), seed=0, specials=True):
         data = torch.randint(-50, 50, shape, generator=g).to(dtype)
     stored = torch.rand(shape, generator=g) < 0.6
     mask = stored & (torch.rand(shape, generator=g) < 0.6)
-    stored[1] = False                    # an empty row
-    stored[:, 2] = False                 # an empty column
-    stored[3], mask[3] = True, False     # a full row, all masked out
+    stored[3], mask[3] = True, False     # a stored row, all masked out
     stored[:, 5], mask[:, 5] = True, False
+    stored[1] = False                    # an empty row
+    stored[:, 2] = False                 # an empty column (after the rows above)
     mask &= stored
     return data, mask, stored
 
