@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -94,6 +95,30 @@ def test_get_data_is_built_once_per_storage(layout):
     assert tracked.grad_fn is not None
     tracked.to_dense().sum().backward()
     assert torch.equal(leaf.grad.get_mask().to_dense(), mask)
+
+
+@layout_params()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.bool],
+                         ids=str)
+def test_to_tensor_of_a_large_input_is_where_bit_for_bit(layout, dtype):
+    """Large enough for the one-pass exact fill: NaN and inf under the mask become the fill,
+    a specified -0.0 stays -0.0 (compared by bits where the result is strided: a sparse
+    result's ``to_dense`` adds its values to +0.0)."""
+    data = torch.randn(80, 70, dtype=torch.float64)
+    data[0, :4] = torch.tensor([math.nan, math.inf, -math.inf, -0.0])
+    data = data.to(dtype) if dtype != torch.bool else data > 0
+    mask = torch.rand(80, 70, generator=torch.Generator().manual_seed(5)) < 0.5
+    mask[0, :3], mask[0, 3] = False, True
+    mt, data, mask = make_masked((80, 70), layout, dtype, data=data, mask=mask)
+    fills = [0] + ([-math.inf, -0.0, 2.5, math.nan] if layout == torch.strided
+                   and dtype.is_floating_point else [])
+    for value in fills:
+        got = mt.to_tensor(value).to_dense()
+        want = torch.where(mask, data, torch.tensor(value, dtype=dtype))
+        if dtype.is_floating_point and layout == torch.strided:
+            got, want = (t.view(torch.int32 if dtype == torch.float32 else torch.int64)
+                         for t in (got, want))
+        assert torch.equal(got, want), value
 
 
 def test_masked_tensor_copies_as_masked_tensor_does_not():
