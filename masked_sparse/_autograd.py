@@ -102,7 +102,7 @@ class _OnValues(torch.autograd.Function):
             if isinstance(o, Storage) and g is not None and o.values.requires_grad:
                 outs.append(o.values)
                 values, mask = grad_on(g, o)  # unspecified positions contribute nothing
-                gvals.append(values.masked_fill(~mask, 0) if isinstance(g, MaskedTensor)
+                gvals.append(layouts.zero_unspecified(values, mask) if isinstance(g, MaskedTensor)
                              else values)
         # Keep the inner graph exactly as long as the outer one (retain_graph, gradcheck).
         keep = torch._C._autograd._get_current_graph_task_keep_graph()

@@ -142,8 +142,7 @@ def _masked_values(s: Storage, grad: torch.Tensor) -> torch.Tensor:
     from ._autograd import grad_values
 
     values = grad_values(grad, s)  # Note [Double backward]
-    return torch.where(s.mask, values, torch.zeros((), dtype=values.dtype,
-                                                   device=values.device))
+    return layouts.zero_unspecified(values, s.mask)
 
 
 def as_masked_tensor(data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map_only
 
+import layouts
 from layouts import Storage
 
 from .._tensor import MaskedTensor
@@ -56,7 +57,7 @@ def combine(func: Any, storages: list[Storage], same_index: Any) -> list[Storage
         mask = first.mask
         for s in storages[1:]:
             mask = mask | s.mask
-        return [Storage(first.layout, first.index, s.values.masked_fill(~s.mask, 0), mask,
+        return [Storage(first.layout, first.index, layouts.zero_unspecified(s.values, s.mask), mask,
                         s.shape) for s in storages]
     mask = first.mask
     for s in storages[1:]:
@@ -78,7 +79,7 @@ def plain_sum(func: Any, args: tuple, kwargs: dict) -> Any:
             plain, torch.Tensor) or plain.shape != mt.shape or plain.layout != torch.strided:
         return NotImplemented
     s = mt._storage
-    dense = s.densify(s.values.masked_fill(~s.mask, 0), 0)
+    dense = s.densify(layouts.zero_unspecified(s.values, s.mask), 0)
     new_args = tuple(dense if x is mt else x for x in args)
     if mt is not a or func in (aten.add.Tensor, aten.sub.Tensor):
         return func(*new_args, **kwargs)
@@ -95,7 +96,7 @@ def plain_sum(func: Any, args: tuple, kwargs: dict) -> Any:
 
 def _as_plain(mt: MaskedTensor) -> torch.Tensor:
     s = mt._storage
-    return s.layout.to_torch(s, s.values.masked_fill(~s.mask, 0))
+    return s.layout.to_torch(s, layouts.zero_unspecified(s.values, s.mask))
 
 
 def plain_fallback(op: Any, *args: Any, **kwargs: Any) -> Any:

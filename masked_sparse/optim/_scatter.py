@@ -215,7 +215,7 @@ def add_at_(dense: torch.Tensor, update: MaskedTensor, alpha: float = 1.0) -> to
                          f"a tensor of shape {tuple(dense.shape)}")
     values = s.values
     if not _all_specified(s.mask):
-        values = torch.where(s.mask, values, 0)
+        values = layouts.zero_unspecified(values, s.mask)
     if alpha != 1:
         values = values * alpha
     values = values.to(dense.dtype)
