@@ -265,12 +265,16 @@ static inline __mmask64 mask_bits_tail(const uint8_t *m, int64_t left) {
 #define IDX8_i64(p) _mm512_loadu_si512(p)
 #define IDX8_i32(p) _mm512_cvtepi32_epi64(_mm256_loadu_si256((const __m256i *)(p)))
 #define IDX8_u16(p) _mm512_cvtepu16_epi64(_mm_loadu_si128((const __m128i *)(p)))
-#define VSCATTER_sum(T, I) VSCATTER(T, sum, I)
-#define VSCATTER_sumsq(T, I) VSCATTER(T, sumsq, I)
+#define VSCATTER_sum(T, I) VSCATTER_BLOCKS(T, I, SCATTER_ENTRY_sum)
+#define VSCATTER_sumsq(T, I) VSCATTER_BLOCKS(T, I, SCATTER_ENTRY_sumsq)
 #define VSCATTER_prod(T, I)
 #define VSCATTER_max(T, I)
 #define VSCATTER_min(T, I)
-#define VSCATTER(T, OP, I)                                                               \
+#define SCATTER_ENTRY_sum(g, x) STEP_sum(out[g], x)
+#define SCATTER_ENTRY_sumsq(g, x) STEP_sumsq(out[g], x)
+/* The blocks of 64 of a scatter over the specified elements: ENTRY(g, x) is one entry's
+ * step (group g, value x as a double), taken in storage order. */
+#define VSCATTER_BLOCKS(T, I, ENTRY)                                                     \
     do {                                                                                 \
         const __m512i bound = _mm512_set1_epi64(nout);                                   \
         int64_t gs[64];                                                                  \
@@ -288,7 +292,7 @@ static inline __mmask64 mask_bits_tail(const uint8_t *m, int64_t left) {
                 _mm512_storeu_pd(xs + c, _mm512_maskz_compress_pd(k, x));                \
                 c += __builtin_popcount(k);                                              \
             }                                                                            \
-            for (int q = 0; q < c; q++) STEP_##OP(out[gs[q]], xs[q]);                    \
+            for (int q = 0; q < c; q++) ENTRY(gs[q], xs[q]);                             \
         }                                                                                \
     } while (0)
 #else
@@ -365,7 +369,7 @@ typedef uint16_t u16;
  * 2.6 ms from int64 to uint16). A sorted index (runs of one group) waits on the previous
  * element's store instead, 2-3x slower: runs are the lines kernel's work (a variant that
  * reduced runs in a register here cost 5-30% on a random index). With AVX-512 a sum
- * skips the unspecified elements' read-modify-write (VSCATTER; 0.7-0.85x the time). */
+ * skips the unspecified elements' read-modify-write (VSCATTER_BLOCKS; 0.7-0.85x the time). */
 #define SCATTER(T, OP, I)                                                                \
     int ms_scatter_##OP##_##T##_##I(const T *v, const uint8_t *m, int64_t n,             \
                                     const I *index, T identity, ACC_##OP(T) *out,        \
@@ -729,32 +733,14 @@ ARG_KERNELS(f32, min)
 #endif
 
 #if VECTOR
-/* As VSCATTER (the sums' scatter): per block of 64, the specified elements' group indices
- * and values compressed into a list, then one scalar step per entry of the list. */
-#define SQDEV_VSCATTER(T, I)                                                             \
+/* As the sums' scatter (VSCATTER_BLOCKS), each entry adding its squared deviation from
+ * its group's center. */
+#define SQDEV_ENTRY(g, x)                                                                \
     do {                                                                                 \
-        const __m512i bound = _mm512_set1_epi64(nout);                                   \
-        int64_t gs[64];                                                                  \
-        double xs[64];                                                                   \
-        for (; j + 64 <= n; j += 64) {                                                   \
-            int c = 0;                                                                   \
-            for (int q = 0; q < 8; q++) {                                                \
-                __m512i g = IDX8_##I(index + j + q * 8);                                 \
-                _mm_prefetch((const char *)(index + j + q * 8 + 1024), _MM_HINT_T0);     \
-                _mm_prefetch((const char *)(v + j + q * 8 + 1024), _MM_HINT_T0);         \
-                if (_mm512_cmpge_epu64_mask(g, bound)) return -1;                        \
-                __mmask8 k = (__mmask8)mask_bits_at(m + j + q * 8, 8);                   \
-                __m512d x = WIDEN_##T(LOAD8_##T(v + j + q * 8));                         \
-                _mm512_storeu_si512(gs + c, _mm512_maskz_compress_epi64(k, g));          \
-                _mm512_storeu_pd(xs + c, _mm512_maskz_compress_pd(k, x));                \
-                c += __builtin_popcount(k);                                              \
-            }                                                                            \
-            for (int q = 0; q < c; q++) {                                                \
-                double d = xs[q] - (double)center[gs[q]];                                \
-                out[gs[q]] += d * d;                                                     \
-            }                                                                            \
-        }                                                                                \
+        double d = (x) - (double)center[g];                                              \
+        out[g] += d * d;                                                                 \
     } while (0)
+#define SQDEV_VSCATTER(T, I) VSCATTER_BLOCKS(T, I, SQDEV_ENTRY)
 #else
 #define SQDEV_VSCATTER(T, I)
 #endif
