@@ -23,7 +23,7 @@ from . import sparse_csc  # noqa: F401
 # isort: split
 from . import sparse_bsr  # noqa: F401
 from ._grouping import _BITS as SAME_WIDTH_INT  # dtype -> the integer dtype of its bits
-from ._grouping import Grouping, fill_unspecified, identity, zero_unspecified
+from ._grouping import Grouping, fill_unspecified, identity, plain_eager, zero_unspecified
 from ._index import all_true, linearize
 from ._linalg import sparse_mm, sparse_sparse_mm, specified_lines
 from ._lines import Lines, lines_along
@@ -64,6 +64,7 @@ __all__ = [
     "lines_along",
     "linearize",
     "native_status",
+    "plain_eager",
     "register_layout",
     "registered_layouts",
     "sparse_mm",

@@ -130,7 +130,13 @@ def source(g: Grouping, dtype: torch.dtype | None = None,
 
 def safe_root(s: torch.Tensor, p: float) -> torch.Tensor:
     """``s ** (1/p)`` with value and gradient 0 where ``s == 0`` (NaN and inf pass through,
-    as in torch's norms)."""
+    as in torch's norms).
+
+    The root of 0 is 0 for ``p > 0``: without a gradient to protect (``plain_eager``) the
+    plain root gives the same values, in one op instead of five.
+    """
+    if p > 0 and layouts.plain_eager(s):
+        return s.sqrt() if p == 2 else s.pow(1.0 / p)
     zero = s == 0
     safe = torch.where(zero, _full(1, s), s)
     root = safe.sqrt() if p == 2 else safe.pow(1.0 / p)
