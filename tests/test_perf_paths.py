@@ -10,6 +10,7 @@
   probed once per (op, dtype, arguments): the cache must not leak between them.
 - Note [Accessors without autograd]: ``get_data`` / ``to_tensor`` without a gradient skip
   the autograd Function; ``to_tensor(0)`` fills with one ``where``.
+- ``safe_root`` without a gradient takes the plain root; values must be the guarded ones.
 - Note [Reducing along lines]: few stored elements are summed by ``segment_reduce``, many
   by torch's CSR sum; both must give the dense reference.
 """
@@ -281,3 +282,18 @@ def test_line_sums_of_few_and_many_elements_agree(layout, op, monkeypatch):
         assert out.layout == results[0].layout
         check_invariants(out)
         assert_masked_equal(out, ref_data, ref_mask, equal_nan=True)
+
+
+@pytest.mark.parametrize("p", [2.0, 1.0, 3.0, 0.5, -1.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_safe_root_without_grad_matches_the_guarded_root(p, dtype):
+    """``safe_root`` skips its guards without a gradient to protect: the values must be the
+    guarded path's (taken under autograd), zeros, infinities and NaN included."""
+    from masked_sparse.ops.reductions import safe_root
+
+    s = torch.tensor([0.0, 1e-30, 0.25, 4.0, 7.5, math.inf, math.nan], dtype=dtype)
+    plain = safe_root(s, p)
+    guarded = safe_root(s.clone().requires_grad_(), p).detach()
+    torch.testing.assert_close(plain, guarded, rtol=0, atol=0, equal_nan=True)
+    want = torch.where(s == 0, torch.zeros((), dtype=dtype), s.pow(1.0 / p))
+    torch.testing.assert_close(plain, want, rtol=0, atol=0, equal_nan=True)
