@@ -487,7 +487,11 @@ SCATTER_COUNT(u16)
             out[j] = (I)g;                                                               \
         }                                                                                \
         if (!bad && remap)                                                               \
-            for (int64_t j = 0; j < n; j++) out[j] = (I)remap[out[j]];                   \
+            for (int64_t j = 0; j < n; j++) {                                            \
+                uint64_t r = (uint64_t)remap[out[j]];                                    \
+                bad |= r >= (uint64_t)nout;                                              \
+                out[j] = (I)r;                                                           \
+            }                                                                            \
         return bad ? -1 : 0;                                                             \
     }
 NARROW(i32)

@@ -224,6 +224,8 @@ _ARG: dict[tuple[str, str, torch.dtype], Any] = {}
 _FILL: dict[int, ctypes._CFuncPtr] = {}  # bytes per element -> exact fill
 # (kind, value dtype) -> sum of squared deviations kernel; a scatter entry per index dtype
 _SQDEV: dict[tuple[str, torch.dtype], Any] = {}
+#: the tables :func:`_declare` fills (a test that loads another build swaps them all)
+_TABLES = ("_KERNELS", "_COUNT_SCATTER", "_NARROW", "_FIRST", "_ARG", "_FILL", "_SQDEV")
 
 
 def available() -> bool:
@@ -247,15 +249,16 @@ def _eager_cpu(t: torch.Tensor) -> bool:
 
 
 def _mask_ok(mask: torch.Tensor, n: int) -> bool:
-    return (mask.dtype is torch.bool and mask.is_cpu and mask.is_contiguous()
-            and mask.shape == (n,))
+    return (type(mask) is torch.Tensor and mask.dtype is torch.bool and mask.is_cpu
+            and mask.is_contiguous() and mask.shape == (n,))
 
 
 def _index_ok(index: torch.Tensor, n: int, group: bool = False) -> bool:
     """An index a kernel reads: int64 offsets and lines, a ``group`` index of any type of
     ``_INDEX``."""
-    return ((index.dtype in _INDEX if group else index.dtype is torch.long) and index.is_cpu
-            and index.is_contiguous() and index.shape == (n,))
+    return (type(index) is torch.Tensor
+            and (index.dtype in _INDEX if group else index.dtype is torch.long)
+            and index.is_cpu and index.is_contiguous() and index.shape == (n,))
 
 
 def _applies(values: torch.Tensor, mask: torch.Tensor) -> bool:
@@ -268,8 +271,9 @@ def _readable(values: torch.Tensor, mask: torch.Tensor) -> bool:
     """True where a kernel may read ``values`` and ``mask`` element by element: a bool mask
     of the values' shape, both contiguous, CPU, eager, no autograd or torch.func, and the
     library loaded (any dtype: the kernel tables say which they take)."""
-    return (mask.dtype is torch.bool and mask.shape == values.shape and mask.is_cpu
-            and mask.is_contiguous() and values.is_contiguous() and _eager_cpu(values)
+    return (type(mask) is torch.Tensor and mask.dtype is torch.bool
+            and mask.shape == values.shape and mask.is_cpu and mask.is_contiguous()
+            and values.is_contiguous() and _eager_cpu(values)
             and _library() is not None)
 
 
@@ -370,6 +374,12 @@ def first(values: torch.Tensor, mask: torch.Tensor, x: torch.Tensor) -> int | No
 
 def _arg_ok(values: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> bool:
     return _applies(values, mask) and _index_ok(positions, values.shape[0])
+
+
+def arg_applies(values: torch.Tensor, mask: torch.Tensor, op: str) -> bool:
+    """True where the arg-extreme kernels take ``values`` and ``mask`` (a caller checks it
+    before it builds the positions and group ids they read)."""
+    return _applies(values, mask) and ("lines", op, values.dtype) in _ARG
 
 
 def _arg_out(n: int, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -499,9 +509,9 @@ def narrow(index: torch.Tensor, n: int,
     """A copy of the int64 group ``index`` into ``n`` groups as the scatter kernels read it
     fastest: uint16 when ``n <= 65536``, else int32 when ``n <= 2**31``, made in one pass
     (Note [Narrow group indices]); None when ``index`` is not int64, when an element is out
-    of range (its own scatter raises) or when the kernels are not available. Never
-    ``index`` itself: the groupings cache the result per index tensor, and a cached fact
-    must not keep its index alive. With ``remap`` (int64, ``n`` entries in ``[0, n)``) the
+    of range (its own scatter raises; so does a ``remap`` entry) or when the kernels are not
+    available. Never ``index`` itself: the groupings cache the result per index tensor,
+    and a cached fact must not keep its index alive. With ``remap`` (int64, ``n`` entries in ``[0, n)``) the
     copy holds ``remap[index]``: the group of each element's key slot.
 
     >>> out = narrow(torch.tensor([3, 0, 2]), 4)

@@ -311,8 +311,9 @@ class CooGrouping(Grouping):
 
     def masked_arg_extreme(self, values: torch.Tensor, mask: torch.Tensor,
                            op: str) -> tuple[torch.Tensor, torch.Tensor]:
-        out = None  # the kernels check the rest (autograd, dtype, device)
-        if not self.value_dims and self.sparse_dims and mask.shape[0] and values.dim() == 1:
+        out = None
+        if (not self.value_dims and self.sparse_dims and mask.shape[0]
+                and _native.arg_applies(values, mask, op)):  # autograd, dtype, device, 1-D
             out = self._fused_arg(values, mask, op)
         return out if out is not None else super().masked_arg_extreme(values, mask, op)
 

@@ -38,8 +38,7 @@ def build(request):
         return
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MASKED_SPARSE_NATIVE", "portable")
-        # what _declare fills
-        for table in ("_KERNELS", "_COUNT_SCATTER", "_NARROW", "_FIRST", "_ARG", "_SQDEV"):
+        for table in native._TABLES:  # what _declare fills
             patch.setattr(native, table, {})
         native._library.cache_clear()
         assert native.available(), native.status()
@@ -177,7 +176,8 @@ def test_narrow_picks_the_narrowest_type_that_holds_every_group(groups, narrowed
 @settings(max_examples=40, deadline=None)
 def test_narrow_with_remap_gives_each_slot_its_group(data):
     """Narrowing key slots with their groups (``remap``, what a column reduction caches) is
-    ``remap[index]``; an index out of the slots is not narrowed (its kernel raises)."""
+    ``remap[index]``; an index out of the slots, or a slot remapped out of the groups, is
+    not narrowed (its kernel raises)."""
     slots = data.draw(st.integers(1, 300))
     present = torch.tensor(data.draw(st.lists(st.booleans(), min_size=slots,
                                               max_size=slots)))
@@ -191,6 +191,11 @@ def test_narrow_with_remap_gives_each_slot_its_group(data):
     assert torch.equal(out.long(), remap[index])
     bad = torch.cat([index, torch.tensor([slots])])
     assert native.narrow(bad, slots, remap=remap) is None
+    # a remap entry out of the groups is never cut into range (70000 is 4464 as a uint16)
+    for wrong in (-1, slots, 70000):
+        broken = remap.clone()
+        broken[keys[0]] = wrong
+        assert native.narrow(torch.cat([index, keys[:1]]), slots, remap=broken) is None
 
 
 @pytest.mark.parametrize("bad", [-1, 5, 2**16, 2**16 + 5, 2**32 + 1])

@@ -320,9 +320,19 @@ def test_var_over_group_ids_that_are_not_narrowed(monkeypatch, layout):
     if not native.available():
         pytest.skip(f"native kernels: {native.status()}")
     monkeypatch.setattr(native, "narrow", lambda *args, **kwargs: None)
+    scatter, index_dtypes = native.sqdev_scatter, []
+
+    def recorded(values, mask, center, index, n):
+        index_dtypes.append(index.dtype)
+        out = scatter(values, mask, center, index, n)
+        assert out is not None  # the native pass ran
+        return out
+
+    monkeypatch.setattr(native, "sqdev_scatter", recorded)
     data, mask, stored = _matrix(torch.float64, specials=False)
     stored[:, 9] = False
     mask &= stored
     for correction in (0, 1):
         got = torch.var(_sparse(data, mask, stored, layout), 0, correction=correction)
         _same(got, torch.var(ms.masked_tensor(data, mask), 0, correction=correction))
+    assert index_dtypes and all(d == torch.int64 for d in index_dtypes)
