@@ -511,8 +511,8 @@ def narrow(index: torch.Tensor, n: int,
     (Note [Narrow group indices]); None when ``index`` is not int64, when an element is out
     of range (its own scatter raises; so does a ``remap`` entry) or when the kernels are not
     available. Never ``index`` itself: the groupings cache the result per index tensor,
-    and a cached fact must not keep its index alive. With ``remap`` (int64, ``n`` entries in ``[0, n)``) the
-    copy holds ``remap[index]``: the group of each element's key slot.
+    and a cached fact must not keep its index alive. With ``remap`` (int64, ``n`` entries
+    in ``[0, n)``) the copy holds ``remap[index]``: the group of each element's key slot.
 
     >>> out = narrow(torch.tensor([3, 0, 2]), 4)
     >>> out is None or (out.tolist(), out.dtype) == ([3, 0, 2], torch.uint16)
