@@ -95,6 +95,9 @@ _OPS = {"sum": "sum", "sumsq": "sumsq", "prod": "prod", "amax": "max", "amin": "
 _SUMS = ("sum", "sumsq")  # accumulated in double
 # group index types of the scatter kernels; the narrowest first (Note [Narrow group indices])
 _INDEX = {torch.uint16: "u16", torch.int32: "i32", torch.int64: "i64"}
+# sums of f(value - center): f(d) = d ** 2 (a variance), exp(d) (a logsumexp); the op
+# named in an error
+_DEVIATIONS = {"sqdev": "var", "sumexp": "logsumexp"}
 _why_not = ""  # why the library is not available (``status``)
 
 
@@ -182,12 +185,13 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
                 index: _declared(lib, f"ms_scatter_{name}_{suffix}_{i}", [p, p, n, p, t, p, n])
                 for index, i in _INDEX.items()}
         _FIRST[dtype] = _declared(lib, f"ms_first_{suffix}", [p, p, n, t, p])
-        _SQDEV["all", dtype] = _declared(lib, f"ms_all_sqdev_{suffix}", [p, p, n, p, p])
-        _SQDEV["lines", dtype] = _declared(lib, f"ms_lines_sqdev_{suffix}",
-                                           [p, p, n, p, n, p, n, p, p])
-        _SQDEV["scatter", dtype] = {
-            index: _declared(lib, f"ms_scatter_sqdev_{suffix}_{i}", [p, p, n, p, p, p, n])
-            for index, i in _INDEX.items()}
+        for dev in _DEVIATIONS:
+            _DEV[dev, "all", dtype] = _declared(lib, f"ms_all_{dev}_{suffix}", [p, p, n, p, p])
+            _DEV[dev, "lines", dtype] = _declared(lib, f"ms_lines_{dev}_{suffix}",
+                                                  [p, p, n, p, n, p, n, p, p])
+            _DEV[dev, "scatter", dtype] = {
+                index: _declared(lib, f"ms_scatter_{dev}_{suffix}_{i}", [p, p, n, p, p, p, n])
+                for index, i in _INDEX.items()}
         for op in ("amax", "amin"):
             name = _OPS[op]
             _ARG["lines", op, dtype] = _declared(lib, f"ms_lines_arg{name}_{suffix}",
@@ -222,10 +226,11 @@ _FIRST: dict[torch.dtype, ctypes._CFuncPtr] = {}  # value dtype -> first-equal s
 # (kind, op, dtype) -> arg-extreme kernel (op "amax" / "amin"), as in _KERNELS
 _ARG: dict[tuple[str, str, torch.dtype], Any] = {}
 _FILL: dict[int, ctypes._CFuncPtr] = {}  # bytes per element -> exact fill
-# (kind, value dtype) -> sum of squared deviations kernel; a scatter entry per index dtype
-_SQDEV: dict[tuple[str, torch.dtype], Any] = {}
+# (f, kind, value dtype) -> sum of f of the deviations kernel (f "sqdev": squared, "sumexp":
+# exp); a scatter entry per index dtype
+_DEV: dict[tuple[str, str, torch.dtype], Any] = {}
 #: the tables :func:`_declare` fills (a test that loads another build swaps them all)
-_TABLES = ("_KERNELS", "_COUNT_SCATTER", "_NARROW", "_FIRST", "_ARG", "_FILL", "_SQDEV")
+_TABLES = ("_KERNELS", "_COUNT_SCATTER", "_NARROW", "_FIRST", "_ARG", "_FILL", "_DEV")
 
 
 def available() -> bool:
@@ -533,19 +538,58 @@ def narrow(index: torch.Tensor, n: int,
     return out
 
 
-# -- sums of squared deviations: the second pass of a masked variance ---------------------
-def _sqdev_kernel(kind: str, values: torch.Tensor, mask: torch.Tensor, center: torch.Tensor,
-                  ncenter: int):
-    """The ``kind`` kernel of :func:`sqdev_all` & co., or None where it does not apply: the
-    conditions of :func:`_applies`, and a ``center`` of the values' dtype and ``ncenter``
-    elements that the kernel may read, with no autograd to record (the rest of
+# -- sums of a function of the deviations: the second pass of a variance, a logsumexp -----
+def _dev_kernel(dev: str, kind: str, values: torch.Tensor, mask: torch.Tensor,
+                center: torch.Tensor, ncenter: int):
+    """The ``kind`` kernel of sum of ``dev`` (:data:`_DEVIATIONS`), or None where it does not
+    apply: the conditions of :func:`_applies`, and a ``center`` of the values' dtype and
+    ``ncenter`` elements that the kernel may read, with no autograd to record (the rest of
     :func:`_eager_cpu` is global state, checked with ``values``)."""
     if not (_applies(values, mask) and type(center) is torch.Tensor
             and center.dtype is values.dtype and center.shape == (ncenter,)
             and center.is_cpu and center.is_contiguous()
             and not (center.requires_grad and torch.is_grad_enabled())):
         return None
-    return _SQDEV.get((kind, values.dtype))
+    return _DEV.get((dev, kind, values.dtype))
+
+
+def _dev_all(dev: str, values: torch.Tensor, mask: torch.Tensor,
+             center: torch.Tensor) -> torch.Tensor | None:
+    kernel = _dev_kernel(dev, "all", values, mask, center, 1)
+    if kernel is None:
+        return None
+    out = torch.empty(1, dtype=values.dtype)
+    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], center.data_ptr(),
+                  out.data_ptr()), _DEVIATIONS[dev])
+    return out
+
+
+def _dev_lines(dev: str, values: torch.Tensor, mask: torch.Tensor, center: torch.Tensor,
+               offsets: torch.Tensor, which: torch.Tensor | None) -> torch.Tensor | None:
+    if offsets.shape[0] == 0 or not _index_ok(offsets, offsets.shape[0]) or (
+            which is not None and not _index_ok(which, which.shape[0])):
+        return None
+    n = offsets.shape[0] - 1 if which is None else which.shape[0]
+    kernel = _dev_kernel(dev, "lines", values, mask, center, n)
+    if kernel is None:
+        return None
+    out = torch.empty(n, dtype=values.dtype)
+    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], offsets.data_ptr(),
+                  offsets.shape[0] - 1, None if which is None else which.data_ptr(), n,
+                  center.data_ptr(), out.data_ptr()), _DEVIATIONS[dev])
+    return out
+
+
+def _dev_scatter(dev: str, values: torch.Tensor, mask: torch.Tensor, center: torch.Tensor,
+                 index: torch.Tensor, n: int) -> torch.Tensor | None:
+    kernels = _dev_kernel(dev, "scatter", values, mask, center, n)
+    if kernels is None or not _index_ok(index, values.shape[0], group=True):
+        return None
+    out = torch.empty(n, dtype=torch.float64)
+    _check(kernels[index.dtype](values.data_ptr(), mask.data_ptr(), values.shape[0],
+                                index.data_ptr(), center.data_ptr(), out.data_ptr(), n),
+           _DEVIATIONS[dev])
+    return out.to(values.dtype)
 
 
 def sqdev_all(values: torch.Tensor, mask: torch.Tensor,
@@ -559,13 +603,7 @@ def sqdev_all(values: torch.Tensor, mask: torch.Tensor,
     >>> out is None or out.tolist() == [2.0]
     True
     """
-    kernel = _sqdev_kernel("all", values, mask, center, 1)
-    if kernel is None:
-        return None
-    out = torch.empty(1, dtype=values.dtype)
-    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], center.data_ptr(),
-                  out.data_ptr()), "var")
-    return out
+    return _dev_all("sqdev", values, mask, center)
 
 
 def sqdev_lines(values: torch.Tensor, mask: torch.Tensor, center: torch.Tensor,
@@ -573,18 +611,7 @@ def sqdev_lines(values: torch.Tensor, mask: torch.Tensor, center: torch.Tensor,
     """Per line (as :func:`lines`; ``center[i]`` is output line ``i``'s), the sum of
     ``where(mask, values - center[i], 0) ** 2`` over its elements; None where the native
     kernels do not apply."""
-    if offsets.shape[0] == 0 or not _index_ok(offsets, offsets.shape[0]) or (
-            which is not None and not _index_ok(which, which.shape[0])):
-        return None
-    n = offsets.shape[0] - 1 if which is None else which.shape[0]
-    kernel = _sqdev_kernel("lines", values, mask, center, n)
-    if kernel is None:
-        return None
-    out = torch.empty(n, dtype=values.dtype)
-    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], offsets.data_ptr(),
-                  offsets.shape[0] - 1, None if which is None else which.data_ptr(), n,
-                  center.data_ptr(), out.data_ptr()), "var")
-    return out
+    return _dev_lines("sqdev", values, mask, center, offsets, which)
 
 
 def sqdev_scatter(values: torch.Tensor, mask: torch.Tensor, center: torch.Tensor,
@@ -592,10 +619,35 @@ def sqdev_scatter(values: torch.Tensor, mask: torch.Tensor, center: torch.Tensor
     """Into ``n`` groups (as :func:`scatter`; ``center[g]`` is group ``g``'s), the sum of
     ``where(mask, values - center[index], 0) ** 2``, accumulated in double; None where the
     native kernels do not apply."""
-    kernels = _sqdev_kernel("scatter", values, mask, center, n)
-    if kernels is None or not _index_ok(index, values.shape[0], group=True):
-        return None
-    out = torch.empty(n, dtype=torch.float64)
-    _check(kernels[index.dtype](values.data_ptr(), mask.data_ptr(), values.shape[0],
-                                index.data_ptr(), center.data_ptr(), out.data_ptr(), n), "var")
-    return out.to(values.dtype)
+    return _dev_scatter("sqdev", values, mask, center, index, n)
+
+
+def sumexp_all(values: torch.Tensor, mask: torch.Tensor,
+               center: torch.Tensor) -> torch.Tensor | None:
+    """``sum(exp(values - center))`` over the specified elements (an unspecified one adds
+    nothing, whatever it holds), for a one-element ``center``, shape ``(1,)``, accumulated
+    in double; the exp is the kernel's own (Note [Native exp] in ``_native.c``: at most 1
+    ULP from ``torch.exp`` in float64). None where the native kernels do not apply.
+
+    >>> v, m = torch.tensor([1., float("nan"), 1.]), torch.tensor([True, False, True])
+    >>> out = sumexp_all(v, m, torch.tensor([1.]))
+    >>> out is None or out.tolist() == [2.0]
+    True
+    """
+    return _dev_all("sumexp", values, mask, center)
+
+
+def sumexp_lines(values: torch.Tensor, mask: torch.Tensor, center: torch.Tensor,
+                 offsets: torch.Tensor, which: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Per line (as :func:`lines`; ``center[i]`` is output line ``i``'s), the sum of
+    ``exp(values - center[i])`` over its specified elements; None where the native kernels
+    do not apply."""
+    return _dev_lines("sumexp", values, mask, center, offsets, which)
+
+
+def sumexp_scatter(values: torch.Tensor, mask: torch.Tensor, center: torch.Tensor,
+                   index: torch.Tensor, n: int) -> torch.Tensor | None:
+    """Into ``n`` groups (as :func:`scatter`; ``center[g]`` is group ``g``'s), the sum of
+    ``exp(values - center[index])`` over the specified elements, accumulated in double;
+    None where the native kernels do not apply."""
+    return _dev_scatter("sumexp", values, mask, center, index, n)
