@@ -11,7 +11,8 @@ Semantics (README, "Semantics in brief", RFC-0027), written once here for every 
   elements hold 0;
 - ``mean = sum / count``; ``var`` is two-pass (the squared deviations of the specified
   values from their group's mean, ``Grouping.masked_sqdev``);
-  ``logsumexp`` subtracts the group maximum (``Grouping.masked_sumexp``); norms are built from ``abs`` / ``pow``;
+  ``logsumexp`` subtracts the group maximum (``Grouping.masked_sumexp``); norms are built
+  from ``abs`` / ``pow``;
   ``argmax`` / ``max(dim)`` / ``median(dim)`` return indices in the full uncompressed shape;
 - a full reduction returns a 0-d strided MaskedTensor; along dims, a sparse input keeps a
   sparse result (COO; CSR for a 2-D ``keepdim=True`` result of a CSR input).
