@@ -15,12 +15,12 @@ mask applied by bit logic (no branch to mispredict), for
 - ``scatter``: a group index per element (the columns of a matrix);
 
 and op ``sum``, ``sumsq`` (the sum of squares), ``prod``, ``amax``, ``amin`` on float32 and
-float64 values, plus mask counts, and ``sqdev`` (:func:`sqdev_all` & co.): per group the sum
+float64 values, plus mask counts, and ``sqdev`` (:func:`deviations_all` & co.): per group the sum
 of the squared deviations of the specified elements from a center per group, the second
 pass of a variance (``Grouping.masked_sqdev``) in one pass instead of five torch ops
 (expand the means, subtract, fill, square, sum): at 1000 stored entries ``var`` costs
 0.65-0.9x its composed time, at 1M 0.15-0.4x (``var()`` 0.3x ``values.var()``); and
-``sumexp`` (:func:`sumexp_all` & co.), the same with ``exp`` for the square: the second pass
+``sumexp`` (:func:`deviations_all` & co.), the same with ``exp`` for the square: the second pass
 of a logsumexp (``Grouping.masked_sumexp``) instead of expand, subtract, fill, exp, sum,
 with the C file's own exp (Note [Native exp]: no libm call, so that the loops vectorize;
 within 1 ULP of ``torch.exp`` in float64). 1M float32 entries, half specified: the kernel
@@ -545,9 +545,9 @@ def narrow(index: torch.Tensor, n: int,
 
 
 # -- sums of a function of the deviations: the second pass of a variance, a logsumexp -----
-def _dev_kernel(dev: str, kind: str, values: torch.Tensor, mask: torch.Tensor,
+def _dev_kernel(f: str, kind: str, values: torch.Tensor, mask: torch.Tensor,
                 center: torch.Tensor, ncenter: int):
-    """The ``kind`` kernel of sum of ``dev`` (:data:`_DEVIATIONS`), or None where it does not
+    """The ``kind`` kernel of :func:`deviations_all` & co. for ``f``, or None where it does not
     apply: the conditions of :func:`_applies`, and a ``center`` of the values' dtype and
     ``ncenter`` elements that the kernel may read, with no autograd to record (the rest of
     :func:`_eager_cpu` is global state, checked with ``values``)."""
@@ -556,104 +556,65 @@ def _dev_kernel(dev: str, kind: str, values: torch.Tensor, mask: torch.Tensor,
             and center.is_cpu and center.is_contiguous()
             and not (center.requires_grad and torch.is_grad_enabled())):
         return None
-    return _DEV.get((dev, kind, values.dtype))
+    return _DEV.get((f, kind, values.dtype))
 
 
-def _dev_all(dev: str, values: torch.Tensor, mask: torch.Tensor,
-             center: torch.Tensor) -> torch.Tensor | None:
-    kernel = _dev_kernel(dev, "all", values, mask, center, 1)
+def deviations_all(f: str, values: torch.Tensor, mask: torch.Tensor,
+                   center: torch.Tensor) -> torch.Tensor | None:
+    """The sum over the specified elements of ``f(values - center)``, ``f`` "sqdev" (the
+    square) or "sumexp" (``exp``: the kernels' own, Note [Native exp] in ``_native.c``, at
+    most 1 ULP from ``torch.exp`` in float64), for a one-element ``center``, shape ``(1,)``,
+    accumulated in double. An unspecified element adds nothing, whatever it holds. None
+    where the native kernels do not apply (use the composed path).
+
+    >>> v, m = torch.tensor([1., float("nan"), 3.]), torch.tensor([True, False, True])
+    >>> out = deviations_all("sqdev", v, m, torch.tensor([2.]))
+    >>> out is None or out.tolist() == [2.0]
+    True
+    >>> out = deviations_all("sumexp", v, m, torch.tensor([1.]))
+    >>> out is None or torch.allclose(out, 1 + torch.tensor([2.]).exp())
+    True
+    """
+    kernel = _dev_kernel(f, "all", values, mask, center, 1)
     if kernel is None:
         return None
     out = torch.empty(1, dtype=values.dtype)
     _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], center.data_ptr(),
-                  out.data_ptr()), _DEVIATIONS[dev])
+                  out.data_ptr()), _DEVIATIONS[f])
     return out
 
 
-def _dev_lines(dev: str, values: torch.Tensor, mask: torch.Tensor, center: torch.Tensor,
-               offsets: torch.Tensor, which: torch.Tensor | None) -> torch.Tensor | None:
+def deviations_lines(f: str, values: torch.Tensor, mask: torch.Tensor, center: torch.Tensor,
+                     offsets: torch.Tensor,
+                     which: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Per line (as :func:`lines`; ``center[i]`` is output line ``i``'s), the sum of
+    ``f(values - center[i])`` over its specified elements (as :func:`deviations_all`); None
+    where the native kernels do not apply."""
     if offsets.shape[0] == 0 or not _index_ok(offsets, offsets.shape[0]) or (
             which is not None and not _index_ok(which, which.shape[0])):
         return None
     n = offsets.shape[0] - 1 if which is None else which.shape[0]
-    kernel = _dev_kernel(dev, "lines", values, mask, center, n)
+    kernel = _dev_kernel(f, "lines", values, mask, center, n)
     if kernel is None:
         return None
     out = torch.empty(n, dtype=values.dtype)
     _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], offsets.data_ptr(),
                   offsets.shape[0] - 1, None if which is None else which.data_ptr(), n,
-                  center.data_ptr(), out.data_ptr()), _DEVIATIONS[dev])
+                  center.data_ptr(), out.data_ptr()), _DEVIATIONS[f])
     return out
 
 
-def _dev_scatter(dev: str, values: torch.Tensor, mask: torch.Tensor, center: torch.Tensor,
-                 index: torch.Tensor, n: int) -> torch.Tensor | None:
-    kernels = _dev_kernel(dev, "scatter", values, mask, center, n)
+def deviations_scatter(f: str, values: torch.Tensor, mask: torch.Tensor,
+                       center: torch.Tensor, index: torch.Tensor,
+                       n: int) -> torch.Tensor | None:
+    """Into ``n`` groups (as :func:`scatter`; ``center[g]`` is group ``g``'s), the sum of
+    ``f(values - center[index])`` over the specified elements (as :func:`deviations_all`),
+    accumulated in double; None where the native kernels do not apply."""
+    kernels = _dev_kernel(f, "scatter", values, mask, center, n)
     if kernels is None or not _index_ok(index, values.shape[0], group=True):
         return None
     out = torch.empty(n, dtype=torch.float64)
     _check(kernels[index.dtype](values.data_ptr(), mask.data_ptr(), values.shape[0],
                                 index.data_ptr(), center.data_ptr(), out.data_ptr(), n),
-           _DEVIATIONS[dev])
+           _DEVIATIONS[f])
     return out.to(values.dtype)
-
-
-def sqdev_all(values: torch.Tensor, mask: torch.Tensor,
-              center: torch.Tensor) -> torch.Tensor | None:
-    """``sum(where(mask, values - center, 0) ** 2)`` over every element, for a one-element
-    ``center``, shape ``(1,)``, accumulated in double; None where the native kernels do not
-    apply (use the composed path).
-
-    >>> v, m = torch.tensor([1., 5., 3.]), torch.tensor([True, False, True])
-    >>> out = sqdev_all(v, m, torch.tensor([2.]))
-    >>> out is None or out.tolist() == [2.0]
-    True
-    """
-    return _dev_all("sqdev", values, mask, center)
-
-
-def sqdev_lines(values: torch.Tensor, mask: torch.Tensor, center: torch.Tensor,
-                offsets: torch.Tensor, which: torch.Tensor | None = None) -> torch.Tensor | None:
-    """Per line (as :func:`lines`; ``center[i]`` is output line ``i``'s), the sum of
-    ``where(mask, values - center[i], 0) ** 2`` over its elements; None where the native
-    kernels do not apply."""
-    return _dev_lines("sqdev", values, mask, center, offsets, which)
-
-
-def sqdev_scatter(values: torch.Tensor, mask: torch.Tensor, center: torch.Tensor,
-                  index: torch.Tensor, n: int) -> torch.Tensor | None:
-    """Into ``n`` groups (as :func:`scatter`; ``center[g]`` is group ``g``'s), the sum of
-    ``where(mask, values - center[index], 0) ** 2``, accumulated in double; None where the
-    native kernels do not apply."""
-    return _dev_scatter("sqdev", values, mask, center, index, n)
-
-
-def sumexp_all(values: torch.Tensor, mask: torch.Tensor,
-               center: torch.Tensor) -> torch.Tensor | None:
-    """``sum(exp(values - center))`` over the specified elements (an unspecified one adds
-    nothing, whatever it holds), for a one-element ``center``, shape ``(1,)``, accumulated
-    in double; the exp is the kernel's own (Note [Native exp] in ``_native.c``: at most 1
-    ULP from ``torch.exp`` in float64). None where the native kernels do not apply.
-
-    >>> v, m = torch.tensor([1., float("nan"), 1.]), torch.tensor([True, False, True])
-    >>> out = sumexp_all(v, m, torch.tensor([1.]))
-    >>> out is None or out.tolist() == [2.0]
-    True
-    """
-    return _dev_all("sumexp", values, mask, center)
-
-
-def sumexp_lines(values: torch.Tensor, mask: torch.Tensor, center: torch.Tensor,
-                 offsets: torch.Tensor, which: torch.Tensor | None = None) -> torch.Tensor | None:
-    """Per line (as :func:`lines`; ``center[i]`` is output line ``i``'s), the sum of
-    ``exp(values - center[i])`` over its specified elements; None where the native kernels
-    do not apply."""
-    return _dev_lines("sumexp", values, mask, center, offsets, which)
-
-
-def sumexp_scatter(values: torch.Tensor, mask: torch.Tensor, center: torch.Tensor,
-                   index: torch.Tensor, n: int) -> torch.Tensor | None:
-    """Into ``n`` groups (as :func:`scatter`; ``center[g]`` is group ``g``'s), the sum of
-    ``exp(values - center[index])`` over the specified elements, accumulated in double;
-    None where the native kernels do not apply."""
-    return _dev_scatter("sumexp", values, mask, center, index, n)

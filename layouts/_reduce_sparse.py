@@ -55,13 +55,6 @@ _FEW = 4096  # line sums by segment_reduce below this many stored elements
 _FUSED = ("sum", "sumsq", "prod", "amax", "amin", "count")  # ops of ``_fused``
 
 
-def _dev_pass(dev: str, kind: str) -> Callable[..., torch.Tensor | None]:
-    """The native pass of ``masked_sqdev`` (``dev`` "sqdev") or ``masked_sumexp``
-    ("sumexp") for ``kind`` "all", "lines" or "scatter": ``_native.sqdev_all`` & co.,
-    looked up at the call (a test may record them)."""
-    return getattr(_native, f"{dev}_{kind}")
-
-
 class CooGrouping(Grouping):
     """Groups of sparse storage given per-dim coordinates of its stored values.
 
@@ -309,17 +302,17 @@ class CooGrouping(Grouping):
     def _fused_dev(self, dev: str, values: torch.Tensor, mask: torch.Tensor,
                    center: torch.Tensor) -> torch.Tensor | None:
         """``masked_sqdev`` (``dev`` "sqdev") or ``masked_sumexp`` ("sumexp") in one native
-        pass (``_native.sqdev_all`` / ``sqdev_scatter`` & co. over the group ids), or None
+        pass (``_native.deviations_all`` / ``deviations_scatter`` over the group ids), or None
         where it does not apply (as ``_fused``: the composed path)."""
         if self.value_dims or not self.sparse_dims or (self.single and not mask.shape[0]):
             return None
         if self.single:
-            return _dev_pass(dev, "all")(values, mask, center)
+            return _native.deviations_all(dev, values, mask, center)
         if not _native._applies(values, mask):
             return None
         narrowed = self._group_ids(values)
         index = narrowed if narrowed is not None else self.gid
-        return _dev_pass(dev, "scatter")(values, mask, center, index, self.ngroups)
+        return _native.deviations_scatter(dev, values, mask, center, index, self.ngroups)
 
     def masked_arg_extreme(self, values: torch.Tensor, mask: torch.Tensor,
                            op: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -556,7 +549,7 @@ class CompressedGrouping(CooGrouping):
                    center: torch.Tensor) -> torch.Tensor | None:
         if not self.by_lines:
             return super()._fused_dev(dev, values, mask, center)
-        return _dev_pass(dev, "lines")(values, mask, center, self.offsets, self._which)
+        return _native.deviations_lines(dev, values, mask, center, self.offsets, self._which)
 
     def _fused_arg(self, values: torch.Tensor, mask: torch.Tensor,
                    op: str) -> tuple[torch.Tensor, torch.Tensor] | None:
