@@ -742,6 +742,9 @@ static inline double exp_dev(double x) {
  * sum NaN (or inf), as in the composed path. */
 #define DEV_sqdev(d) ((d) * (d))
 #define DEV_sumexp(d) exp_dev(d)
+/* The bits of the deviation an unspecified element reads in bit logic: f of it is +0.0. */
+#define DROP_sqdev 0                     /* 0.0 */
+#define DROP_sumexp 0xFFF0000000000000u  /* -inf */
 #if VECTOR
 /* exp_dev of 8 lanes: the scalar function in a simd loop of 8, which the compiler turns
  * into one pass of vector instructions (the array stays in registers or L1). */
@@ -782,7 +785,7 @@ static inline __m512d exp_dev8(__m512d d) {
     }
 #else
 /* As RANGE: one simd loop from LONG_RUN elements, LANES accumulators from LANES. */
-#define DEV_STEP(OP, s, j) ((s) += keep_f64(DEV_##OP((double)v[j] - c), m[j], 0))
+#define DEV_STEP(OP, s, j) ((s) += DEV_##OP(keep_f64((double)v[j] - c, m[j], DROP_##OP)))
 #define DEV_RANGE(T, OP)                                                                 \
     static inline __attribute__((always_inline)) double OP##_range_##T(                  \
         const T *v, const uint8_t *m, int64_t a, int64_t b, double c) {                  \
@@ -858,7 +861,8 @@ static inline __m512d exp_dev8(__m512d d) {
         for (; j < n; j++) {                                                             \
             uint64_t g = (uint64_t)(int64_t)index[j];                                    \
             if (g >= (uint64_t)nout) return -1;                                          \
-            out[g] += keep_f64(DEV_##OP((double)v[j] - (double)center[g]), m[j], 0);    \
+            double d = keep_f64((double)v[j] - (double)center[g], m[j], DROP_##OP);     \
+            out[g] += DEV_##OP(d);                                                       \
         }                                                                                \
         return 0;                                                                        \
     }
