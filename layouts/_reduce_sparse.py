@@ -291,23 +291,28 @@ class CooGrouping(Grouping):
 
     def masked_sqdev(self, values: torch.Tensor, mask: torch.Tensor,
                      center: torch.Tensor) -> torch.Tensor:
-        out = self._fused_sqdev(values, mask, center)
+        out = self._fused_dev("sqdev", values, mask, center)
         return out if out is not None else super().masked_sqdev(values, mask, center)
 
-    def _fused_sqdev(self, values: torch.Tensor, mask: torch.Tensor,
-                     center: torch.Tensor) -> torch.Tensor | None:
-        """``masked_sqdev`` in one native pass (``_native.sqdev_all`` / ``sqdev_scatter``
-        over the group ids), or None where it does not apply (as ``_fused``: the composed
-        path)."""
+    def masked_sumexp(self, values: torch.Tensor, mask: torch.Tensor,
+                      center: torch.Tensor) -> torch.Tensor:
+        out = self._fused_dev("sumexp", values, mask, center)
+        return out if out is not None else super().masked_sumexp(values, mask, center)
+
+    def _fused_dev(self, dev: str, values: torch.Tensor, mask: torch.Tensor,
+                   center: torch.Tensor) -> torch.Tensor | None:
+        """``masked_sqdev`` (``dev`` "sqdev") or ``masked_sumexp`` ("sumexp") in one native
+        pass (``_native.deviations_all`` / ``deviations_scatter`` over the group ids), or None
+        where it does not apply (as ``_fused``: the composed path)."""
         if self.value_dims or not self.sparse_dims or (self.single and not mask.shape[0]):
             return None
         if self.single:
-            return _native.sqdev_all(values, mask, center)
+            return _native.deviations_all(dev, values, mask, center)
         if not _native._applies(values, mask):
             return None
         narrowed = self._group_ids(values)
         index = narrowed if narrowed is not None else self.gid
-        return _native.sqdev_scatter(values, mask, center, index, self.ngroups)
+        return _native.deviations_scatter(dev, values, mask, center, index, self.ngroups)
 
     def masked_arg_extreme(self, values: torch.Tensor, mask: torch.Tensor,
                            op: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -540,11 +545,11 @@ class CompressedGrouping(CooGrouping):
         return _blocked.segments(values, mask, start(op, values.dtype), op, cuts,
                                  self.ngroups, inner, self.inner)
 
-    def _fused_sqdev(self, values: torch.Tensor, mask: torch.Tensor,
-                     center: torch.Tensor) -> torch.Tensor | None:
+    def _fused_dev(self, dev: str, values: torch.Tensor, mask: torch.Tensor,
+                   center: torch.Tensor) -> torch.Tensor | None:
         if not self.by_lines:
-            return super()._fused_sqdev(values, mask, center)
-        return _native.sqdev_lines(values, mask, center, self.offsets, self._which)
+            return super()._fused_dev(dev, values, mask, center)
+        return _native.deviations_lines(dev, values, mask, center, self.offsets, self._which)
 
     def _fused_arg(self, values: torch.Tensor, mask: torch.Tensor,
                    op: str) -> tuple[torch.Tensor, torch.Tensor] | None:

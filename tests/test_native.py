@@ -542,67 +542,101 @@ def test_arg_kernels_raise_on_an_out_of_range_index(build):
         native.arg_lines(values, mask, "amin", torch.tensor([0, 2, 7]), None, positions)
 
 
-# -- sums of squared deviations (the second pass of a masked variance) --------------------
+# -- sums of a function of the deviations: sqdev (variance), sumexp (logsumexp) -----------
+DEVS = ["sqdev", "sumexp"]
+scales = st.sampled_from([1.0, 60.0, 250.0])  # 250: deviations past exp's over/underflow
+
+
 def _centers(n: int, dtype: torch.dtype, seed: int, specials: float) -> torch.Tensor:
     """A center per group: random, a fraction ``specials`` of them NaN or +-inf (what the
-    mean of a group holding one is)."""
+    mean or the max of a group holding one is)."""
     return _inputs(n, dtype, 1.0, seed + 1, specials=specials)[0]
 
 
-def _sqdev_reference(values, mask, center, groups, n):
-    """Per group ``0..n-1``, ``sum(where(mask, values - center[group], 0) ** 2)`` in
-    double (the kernels' accumulation), in the values' dtype."""
-    dev = torch.where(mask, values.double() - center.double()[groups], 0.0)
-    out = torch.zeros(n, dtype=torch.float64).index_add_(0, groups, dev * dev)
-    return out.to(values.dtype)
+def _dev_inputs(n, dtype, density, seed, specials, scale, groups):
+    values, mask = _inputs(n, dtype, density, seed, specials=specials)
+    return values * scale, mask, _centers(groups, dtype, seed, specials) * scale
 
 
-@settings(max_examples=40, deadline=None)
+def _dev_reference(dev, values, mask, center, groups, n):
+    """Per group ``0..n-1``, the sum over the specified elements of ``f(values -
+    center[group])`` in double (the kernels' accumulation), f the square (sqdev) or
+    ``torch.exp`` (sumexp), in the values' dtype."""
+    d = values.double() - center.double()[groups]
+    f = torch.where(mask, d * d if dev == "sqdev" else d.exp(), 0.0)
+    return torch.zeros(n, dtype=torch.float64).index_add_(0, groups, f).to(values.dtype)
+
+
+def _assert_dev(dev, got, want, run):
+    """sqdev: as the sums. sumexp: the kernel's exp is within 1 ULP of the exact value
+    (Note [Native exp]) as torch.exp is, so a term differs by at most 2 eps (float64
+    eps); both sums of ``run`` terms >= 0, in double and another order, are each within
+    (run - 1) eps / 2 of the exact sum: rtol (run + 3) eps. A float32 result adds one
+    rounding of each (1 ULP, eps of float32); atol, ``run + 3`` of the dtype's smallest
+    subnormal, covers subnormal terms and sums (their ULP is absolute)."""
+    if dev == "sqdev":
+        return _assert_same(got, want)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    info = torch.finfo(want.dtype)
+    rtol = (run + 3) * torch.finfo(torch.float64).eps + (info.eps if info.bits == 32 else 0)
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=rtol,
+                               atol=(run + 3) * info.smallest_normal * info.eps)
+
+
+def _dev(dev, kind):
+    kernel = getattr(native, f"deviations_{kind}")
+    return lambda *args: kernel(dev, *args)
+
+
+@settings(max_examples=60, deadline=None)
 @given(n=runs, density=densities, seed=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES),
-       skip=st.integers(0, 7), specials=specials)
-def test_sqdev_all_is_the_masked_sum_of_squared_deviations(build, n, density, seed, dtype,
-                                                           skip, specials):
-    values, mask = _inputs(n + skip, dtype, density, seed, specials=specials)
+       skip=st.integers(0, 7), specials=specials, scale=scales, dev=st.sampled_from(DEVS))
+def test_dev_all_is_the_masked_sum_of_f_of_the_deviations(build, n, density, seed, dtype,
+                                                          skip, specials, scale, dev):
+    values, mask, center = _dev_inputs(n + skip, dtype, density, seed, specials, scale, 1)
     values, mask = values[skip:], mask[skip:]
-    center = _centers(1, dtype, seed, specials)
-    want = _sqdev_reference(values, mask, center, torch.zeros(n, dtype=torch.long), 1)
-    _assert_same(native.sqdev_all(values, mask, center), want)
+    want = _dev_reference(dev, values, mask, center, torch.zeros(n, dtype=torch.long), 1)
+    _assert_dev(dev, _dev(dev, "all")(values, mask, center), want, n)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(lengths=st.lists(runs, min_size=1, max_size=12), density=densities,
        seed=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES), specials=specials,
-       data=st.data())
-def test_sqdev_lines_is_the_masked_sum_of_squared_deviations_of_each_run(
-        build, lengths, density, seed, dtype, specials, data):
+       scale=scales, dev=st.sampled_from(DEVS), data=st.data())
+def test_dev_lines_is_the_masked_sum_of_f_of_the_deviations_of_each_run(
+        build, lengths, density, seed, dtype, specials, scale, dev, data):
     """Every line, or a subset in any order (``center[i]`` is the i-th line asked for)."""
     offsets = torch.tensor([0, *lengths]).cumsum(0)
-    values, mask = _inputs(int(offsets[-1]), dtype, density, seed, specials=specials)
+    values, mask, center = _dev_inputs(int(offsets[-1]), dtype, density, seed, specials,
+                                       scale, len(lengths))
     which = torch.tensor(data.draw(st.lists(st.integers(0, len(lengths) - 1), max_size=12)),
                          dtype=torch.long)
     line_of = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
-    center = _centers(len(lengths), dtype, seed, specials)
-    every = _sqdev_reference(values, mask, center, line_of, len(lengths))
-    _assert_same(native.sqdev_lines(values, mask, center, offsets), every)
-    _assert_same(native.sqdev_lines(values, mask, center[which], offsets, which), every[which])
+    every = _dev_reference(dev, values, mask, center, line_of, len(lengths))
+    _assert_dev(dev, _dev(dev, "lines")(values, mask, center, offsets), every, max(lengths))
+    _assert_dev(dev, _dev(dev, "lines")(values, mask, center[which], offsets, which),
+                every[which], max(lengths))
 
 
-@settings(max_examples=40, deadline=None)
-@given(n=sizes, groups=st.integers(1, 40), density=densities, seed=st.integers(0, 2**16),
+@settings(max_examples=60, deadline=None)
+@given(n=runs, groups=st.integers(1, 40), density=densities, seed=st.integers(0, 2**16),
        dtype=st.sampled_from(DTYPES), index_dtype=st.sampled_from(INDEX_DTYPES),
-       specials=specials)
-def test_sqdev_scatter_is_the_masked_sum_of_squared_deviations_per_group(
-        build, n, groups, density, seed, dtype, index_dtype, specials):
-    values, mask = _inputs(n, dtype, density, seed, specials=specials)
+       specials=specials, scale=scales, dev=st.sampled_from(DEVS), ordered=st.booleans())
+def test_dev_scatter_is_the_masked_sum_of_f_of_the_deviations_per_group(
+        build, n, groups, density, seed, dtype, index_dtype, specials, scale, dev, ordered):
+    """Random or sorted group ids (runs of one group), some groups empty."""
+    values, mask, center = _dev_inputs(n, dtype, density, seed, specials, scale, groups)
     index = torch.randint(0, groups, (n,), generator=torch.Generator().manual_seed(seed))
-    center = _centers(groups, dtype, seed, specials)
-    _assert_same(native.sqdev_scatter(values, mask, center, index.to(index_dtype), groups),
-                 _sqdev_reference(values, mask, center, index, groups))
+    if ordered:
+        index = index.sort().values
+    _assert_dev(dev, _dev(dev, "scatter")(values, mask, center, index.to(index_dtype), groups),
+                _dev_reference(dev, values, mask, center, index, groups), n)
 
 
+@pytest.mark.parametrize("dev", DEVS)
 @pytest.mark.parametrize("bad", ["center dtype", "center size", "autograd",
                                  "center autograd", "complex"])
-def test_sqdev_inputs_the_kernels_do_not_take_go_to_the_composed_path(bad):
+def test_dev_inputs_the_kernels_do_not_take_go_to_the_composed_path(bad, dev):
     values, mask = torch.ones(6), torch.ones(6, dtype=torch.bool)
     center, offsets = torch.zeros(2), torch.tensor([0, 3, 6])
     if bad == "center dtype":
@@ -615,18 +649,81 @@ def test_sqdev_inputs_the_kernels_do_not_take_go_to_the_composed_path(bad):
         center.requires_grad_()
     else:
         values, center = values.to(torch.complex64), center.to(torch.complex64)
-    assert native.sqdev_lines(values, mask, center, offsets) is None
-    assert native.sqdev_scatter(values, mask, center, torch.tensor([0, 1] * 3), 2) is None
-    assert native.sqdev_all(values, mask, center if bad == "center size" else center[:1]) \
+    assert _dev(dev, "lines")(values, mask, center, offsets) is None
+    assert _dev(dev, "scatter")(values, mask, center, torch.tensor([0, 1] * 3), 2) is None
+    assert _dev(dev, "all")(values, mask, center if bad == "center size" else center[:1]) \
         is None
 
 
-def test_sqdev_out_of_range_indices_raise():
+@pytest.mark.parametrize("dev", DEVS)
+def test_dev_out_of_range_indices_raise(dev):
+    values, mask = torch.ones(6), torch.ones(6, dtype=torch.bool)
+    lines, scatter = _dev(dev, "lines"), _dev(dev, "scatter")
+    for n in (6, 200):  # the scalar loop, the blocks of 64
+        values, mask = torch.ones(n), torch.ones(n, dtype=torch.bool)
+        index = torch.arange(n) % 2
+        index[n // 2] = 2
+        for index_dtype in INDEX_DTYPES:
+            with pytest.raises(RuntimeError, match="out of range"):
+                scatter(values, mask, torch.zeros(2), index.to(index_dtype), 2)
+        if index_dtype is not torch.uint16:
+            with pytest.raises(RuntimeError, match="out of range"):  # negative
+                scatter(values, mask, torch.zeros(2), (-index).to(torch.int32), 2)
     values, mask = torch.ones(6), torch.ones(6, dtype=torch.bool)
     with pytest.raises(RuntimeError, match="out of range"):
-        native.sqdev_scatter(values, mask, torch.zeros(2), torch.tensor([0, 1, 2, 0, 1, 0]), 2)
+        lines(values, mask, torch.zeros(2), torch.tensor([0, 3, 7]))
     with pytest.raises(RuntimeError, match="out of range"):
-        native.sqdev_lines(values, mask, torch.zeros(2), torch.tensor([0, 3, 7]))
-    with pytest.raises(RuntimeError, match="out of range"):
-        native.sqdev_lines(values, mask, torch.zeros(1), torch.tensor([0, 3, 6]),
-                           torch.tensor([2]))
+        lines(values, mask, torch.zeros(1), torch.tensor([0, 3, 6]), torch.tensor([2]))
+
+
+def _ulps(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """The distance in units in the last place between finite or infinite values of one
+    sign (consecutive doubles are consecutive integers), 0 where both are NaN."""
+    bits = {torch.float64: torch.int64, torch.float32: torch.int32}[got.dtype]
+    apart = (got.view(bits).long() - want.view(bits).long()).abs()
+    return torch.where(torch.isnan(got) & torch.isnan(want), 0, apart)
+
+
+EXP_EDGES = [0.0, -0.0, math.inf, -math.inf, math.nan, 709.78, 709.7827128933840,
+             709.7827128933841, -708.39, -745.13, -745.1332191019411, -745.2, -800.0, -1e300,
+             1e300, 5e-324, -5e-324, 1e-10, -1e-10, 0.5 * math.log(2), -0.5 * math.log(2)]
+
+
+def test_native_exp_is_within_one_ulp_of_torch_exp(build):
+    """The kernels' exp (Note [Native exp]) element by element (one-element lines, center
+    0): a sweep of [-760, 720] (underflow to overflow) and of [-1, 1], and the edges: at
+    most 1 ULP from torch.exp in float64, exact at 0, +-inf, NaN, below the underflow and
+    above the overflow threshold; float32 values (widened, the sum rounded once) at most
+    1 float32 ULP."""
+    x = torch.cat([torch.linspace(-760, 720, 300_001, dtype=torch.float64),
+                   torch.linspace(-1, 1, 100_001, dtype=torch.float64),
+                   torch.tensor(EXP_EDGES, dtype=torch.float64)])
+    edges = torch.tensor(EXP_EDGES, dtype=torch.float64)
+    exact = (edges == 0) | edges.isinf() | edges.isnan() | (edges < -746) | (edges > 710)
+    for dtype in DTYPES:
+        v = x.to(dtype)
+        got = native.deviations_lines("sumexp", v, torch.ones(v.shape[0], dtype=torch.bool),
+                                      torch.zeros(v.shape[0], dtype=dtype),
+                                      torch.arange(v.shape[0] + 1))
+        want = torch.exp(v.double()).to(dtype)
+        assert _ulps(got, want).max() <= 1
+        at_edges = slice(-len(EXP_EDGES), None)
+        assert _ulps(got[at_edges][exact], want[at_edges][exact]).max() == 0
+
+
+def test_sumexp_of_special_values():
+    """A specified NaN makes its group NaN, +inf makes it inf, -inf adds 0; an unspecified
+    element adds nothing whatever it holds; an empty or fully masked group sums to 0."""
+    nan, inf = math.nan, math.inf
+    values = torch.tensor([0., nan, inf, -inf, 1., 2., nan, inf, 3., -inf, 800., -800.])
+    mask = torch.tensor([1, 0, 0, 1, 1, 1, 1, 0, 1, 0, 1, 1], dtype=torch.bool)
+    index = torch.tensor([0, 0, 0, 0, 1, 1, 1, 2, 2, 3, 4, 4])
+    want = torch.tensor([1., nan, 1. * math.exp(3.), 0., inf, 0.])
+    for dtype in DTYPES:
+        got = native.deviations_scatter("sumexp", values.to(dtype), mask,
+                                        torch.zeros(6, dtype=dtype), index, 6)
+        torch.testing.assert_close(got, want.to(dtype), equal_nan=True)
+        offsets = torch.tensor([0, 4, 7, 9, 10, 12, 12])
+        got = native.deviations_lines("sumexp", values.to(dtype), mask,
+                                      torch.zeros(6, dtype=dtype), offsets)
+        torch.testing.assert_close(got, want.to(dtype), equal_nan=True)

@@ -260,6 +260,18 @@ def test_cached_facts_let_the_index_go(fast, layout):
     assert len(_index._CACHE) == before
 
 
+def _deviation_passes(monkeypatch) -> list:
+    """The results of every native pass of ``masked_sqdev`` / ``masked_sumexp`` from now on
+    (None where the kernel did not apply), recorded; a skip without the native kernels."""
+    if not native.available():
+        pytest.skip(f"native kernels: {native.status()}")
+    passes = []
+    for name in ("deviations_all", "deviations_lines", "deviations_scatter"):
+        kernel = getattr(native, name)
+        monkeypatch.setattr(native, name, lambda *a, k=kernel: passes.append(k(*a)) or passes[-1])
+    return passes
+
+
 def _var_reference(data, mask, dim, keepdim, correction, std):
     """The masked variance (std) over ``dim`` (None: every element) of dense data, written
     with ``torch.where`` in float64: the result and where it is specified (more than
@@ -288,12 +300,7 @@ def test_var_in_one_native_pass_matches_dense(monkeypatch, layout, dtype, op, co
     deviations from the group means) runs in one native kernel (``masked_sqdev``): the
     float64 ``torch.where`` reference and the strided route, with empty, fully masked and
     one-element groups, +-inf and NaN."""
-    if not native.available():
-        pytest.skip(f"native kernels: {native.status()}")
-    passes = []
-    for name in ("sqdev_all", "sqdev_lines", "sqdev_scatter"):
-        kernel = getattr(native, name)
-        monkeypatch.setattr(native, name, lambda *a, k=kernel: passes.append(k(*a)) or passes[-1])
+    passes = _deviation_passes(monkeypatch)
     data, mask, stored = _matrix(dtype, specials=specials)
     mask[7] &= torch.arange(13) == 4  # a one-element row (when stored)
     mask[7, 4] = stored[7, 4] = True
@@ -313,6 +320,34 @@ def test_var_in_one_native_pass_matches_dense(monkeypatch, layout, dtype, op, co
     assert_masked_equal(first, var, specified)
 
 
+@pytest.mark.parametrize("layout", list(SPARSE))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("dim,keepdim", [(0, False), (1, False), (1, True), (None, False)])
+@pytest.mark.parametrize("specials", [True, False], ids=["inf-nan", "finite"])
+@pytest.mark.parametrize("scale", [1.0, 300.0])
+def test_logsumexp_in_one_native_pass_matches_dense(monkeypatch, layout, dtype, dim, keepdim,
+                                                    specials, scale):
+    """logsumexp of a sparse matrix, whose sum of ``exp(v - max)`` runs in one native kernel
+    (``masked_sumexp``): the float64 reference ``torch.logsumexp`` of the specified values
+    (the others -inf), with empty, fully masked and one-element groups, +-inf and NaN, and
+    values whose differences over- and underflow ``exp`` (``scale``)."""
+    passes = _deviation_passes(monkeypatch)
+    data, mask, stored = _matrix(dtype, specials=specials)
+    data = data * scale
+    mask[7] &= torch.arange(13) == 4  # a one-element row (when stored)
+    mask[7, 4] = stored[7, 4] = True
+    mask &= stored
+    mt = _sparse(data, mask, stored, layout)
+    dims = (0, 1) if dim is None else dim
+    got = torch.logsumexp(mt, dims, keepdim=keepdim)
+    assert passes and all(p is not None for p in passes)  # the native pass ran
+    want = torch.logsumexp(torch.where(mask, data.double(), -INF), dims, keepdim=keepdim)
+    specified = mask.any(dims, keepdim=keepdim) if dim is not None else mask.any()
+    check_invariants(got)
+    assert_masked_equal(got, want.to(dtype), specified)
+    _same(got, torch.logsumexp(ms.masked_tensor(data, mask), dims, keepdim=keepdim))
+
+
 @pytest.mark.parametrize("layout", ["coo", "csr"])
 def test_var_over_group_ids_that_are_not_narrowed(monkeypatch, layout):
     """Where no narrowed copy of the group ids exists (Note [Narrow group indices]: too many
@@ -320,15 +355,15 @@ def test_var_over_group_ids_that_are_not_narrowed(monkeypatch, layout):
     if not native.available():
         pytest.skip(f"native kernels: {native.status()}")
     monkeypatch.setattr(native, "narrow", lambda *args, **kwargs: None)
-    scatter, index_dtypes = native.sqdev_scatter, []
+    scatter, index_dtypes = native.deviations_scatter, []
 
-    def recorded(values, mask, center, index, n):
+    def recorded(f, values, mask, center, index, n):
         index_dtypes.append(index.dtype)
-        out = scatter(values, mask, center, index, n)
+        out = scatter(f, values, mask, center, index, n)
         assert out is not None  # the native pass ran
         return out
 
-    monkeypatch.setattr(native, "sqdev_scatter", recorded)
+    monkeypatch.setattr(native, "deviations_scatter", recorded)
     data, mask, stored = _matrix(torch.float64, specials=False)
     stored[:, 9] = False
     mask &= stored

@@ -11,7 +11,8 @@ Semantics (README, "Semantics in brief", RFC-0027), written once here for every 
   elements hold 0;
 - ``mean = sum / count``; ``var`` is two-pass (the squared deviations of the specified
   values from their group's mean, ``Grouping.masked_sqdev``);
-  ``logsumexp`` subtracts the group maximum; norms are built from ``abs`` / ``pow``;
+  ``logsumexp`` subtracts the group maximum (``Grouping.masked_sumexp``); norms are built
+  from ``abs`` / ``pow``;
   ``argmax`` / ``max(dim)`` / ``median(dim)`` return indices in the full uncompressed shape;
 - a full reduction returns a 0-d strided MaskedTensor; along dims, a sparse input keeps a
   sparse result (COO; CSR for a 2-D ``keepdim=True`` result of a CSR input).
@@ -230,10 +231,7 @@ def k_logsumexp(g: Grouping, dtype: torch.dtype) -> Storage:
     # The shift cancels in value and gradient; detaching it saves a backward pass.
     top = g.masked_reduce(v, m, "amax").detach()
     top = torch.where(torch.isfinite(top), top, _full(0, top))
-    # Unspecified elements are shifted to 0, not -inf, then left out of the sum: torch's CPU
-    # exp is 5-10x slower on arguments that underflow.
-    # exp in place: the fill's output is a new tensor that no backward reads.
-    total = g.masked_reduce(fill(v - g.expand(top), m, 0).exp_(), m, "sum")
+    total = g.masked_sumexp(v, m, top)
     out = torch.log(torch.where(specified, total, _full(1, total))) + top
     return g.build(zero_unspecified(out, specified), specified)
 
