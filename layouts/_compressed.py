@@ -186,9 +186,14 @@ class Compressed:
         return out.index_put(self.elements(storage), values)
 
     def to_torch(self, storage: Storage, values: torch.Tensor) -> torch.Tensor:
+        # Over a copy of the pointers and aliases of the other members, not the storage's
+        # tensors: torch's ``zero_()`` on a compressed tensor zeroes its pointers and
+        # resizes its other members in place, which would empty the index that every
+        # MaskedTensor of this storage shares. Writes to the elements still show through.
         ptr, idx = storage.index
-        return torch.sparse_compressed_tensor(ptr, idx, values, storage.shape,
-                                              layout=self.torch_layout, check_invariants=False)
+        return torch.sparse_compressed_tensor(ptr.clone(), idx.detach(), values.view_as(values),
+                                              storage.shape, layout=self.torch_layout,
+                                              check_invariants=False)
 
     def gather(self, storage: Storage, dense: torch.Tensor) -> torch.Tensor:
         if dense.dim() == 0:

@@ -63,6 +63,13 @@ class MaskedTensor(torch.Tensor):
         """The data, in the same layout; masked-out entries hold arbitrary values.
 
         Differentiable: the gradient reaching this tensor flows back as a MaskedTensor.
+        It shares the MaskedTensor's values (a write to its elements shows in both). On a
+        sparse layout, repeated calls without autograd return the same tensor until it is
+        changed in place or asked for a gradient (Note [The data tensor is built once]).
+
+        >>> mt = ms.masked_tensor(torch.tensor([1., 2.]), torch.tensor([True, False]))
+        >>> mt.get_data()
+        tensor([1., 2.])
         """
         return _conversion.get_data(self)
 
@@ -197,6 +204,7 @@ class MaskedTensor(torch.Tensor):
 
     @_storage.setter
     def _storage(self, storage: Storage) -> None:
+        self.__dict__.pop("_data_of", None)  # the old storage's data tensor: free it
         self._cached = storage
         self._layout = storage.layout
         self._shape = storage.shape

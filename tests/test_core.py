@@ -69,6 +69,62 @@ def test_get_data_get_mask_to_tensor(layout):
         assert torch.equal(got_mask._indices(), got_data._indices())
 
 
+SPARSE_LAYOUTS = [torch.sparse_coo, torch.sparse_csr, torch.sparse_csc]
+
+
+@pytest.mark.parametrize("change", ["zero_", "mul_", "requires_grad_"])
+@pytest.mark.parametrize("layout", SPARSE_LAYOUTS, ids=["coo", "csr", "csc"])
+def test_get_data_builds_anew_once_the_caller_changed_it(layout, change):
+    """Note [The data tensor is built once]: the caller owns the tensor it got. Once it
+    changes the tensor itself (an in-place op bumps its version) or asks for its gradient,
+    the next call builds a new one, with the MaskedTensor's data (a write to the elements
+    shows through, as in a fresh tensor); the storage keeps its shapes (a compressed
+    tensor's members are resized in place by ``zero_``: it is built over aliases)."""
+    mt, data, mask = make_masked((4, 5), layout, seed=6)
+    shapes = [t.shape for t in (*mt._storage.index, mt._storage.values, mt._storage.mask)]
+    first = mt.get_data()
+    expected = mt._storage.values.clone()
+    if change == "requires_grad_":
+        first.requires_grad_()
+    else:
+        getattr(first, change)(2) if change == "mul_" else first.zero_()
+        if change == "mul_" and layout != torch.sparse_coo:  # written through the elements
+            expected = expected * 2  # (COO's mul_ and every zero_ give the tensor new members)
+    after = mt.get_data()
+    assert after is not first and not after.requires_grad
+    assert [t.shape for t in (*mt._storage.index, mt._storage.values, mt._storage.mask)] == shapes
+    assert torch.equal(mt._storage.values, expected)
+    assert torch.equal(after.values() if layout != torch.sparse_coo else after._values(),
+                       expected)
+    assert mt.get_data() is after
+
+
+@pytest.mark.parametrize("layout", SPARSE_LAYOUTS, ids=["coo", "csr", "csc"])
+def test_get_data_first_built_under_inference_mode_is_not_kept(layout):
+    """A data tensor built under ``torch.inference_mode`` is an inference tensor, which
+    autograd refuses to save: the call after it, outside, builds one that trains."""
+    mt, data, mask = make_masked((4, 5), layout, seed=7)
+    with torch.inference_mode():
+        inside = mt.get_data()
+    assert inside.is_inference()
+    outside = mt.get_data()
+    assert not outside.is_inference()
+    weight = torch.randn(5, 3, requires_grad=True)
+    torch.sparse.mm(outside.to_sparse_coo(), weight).sum().backward()
+    dense_weight = weight.detach().requires_grad_()
+    torch.mm(outside.to_dense(), dense_weight).sum().backward()
+    assert torch.allclose(weight.grad, dense_weight.grad)
+
+
+def test_new_storage_frees_the_kept_data_tensor():
+    """Setting a MaskedTensor's storage drops the data tensor built from the old one."""
+    mt, _, _ = make_masked((4, 5), torch.sparse_coo, seed=8)
+    mt.get_data()
+    assert "_data_of" in mt.__dict__
+    mt._storage = mt._storage.with_values(mt._storage.values + 1)
+    assert "_data_of" not in mt.__dict__
+
+
 @layout_params()
 def test_get_data_is_built_once_per_storage(layout):
     """Note [The data tensor is built once]: repeated plain calls give the same tensor, which
@@ -82,9 +138,18 @@ def test_get_data_is_built_once_per_storage(layout):
     assert mt.get_data() is first
     mt._storage.values.mul_(2)  # a write through the storage shows in the kept tensor
     assert torch.equal(torch.where(mask, first.to_dense(), 0), torch.where(mask, 2 * data, 0))
-    mt.add_(1)  # an in-place op: a new storage
+    mt.add_(1)  # an in-place op on the values: shows through the same tensor
+    assert mt.get_data() is first
+    assert torch.equal(torch.where(mask, first.to_dense(), 0), torch.where(mask, 2 * data + 1, 0))
+    mt.copy_(mt * 3)  # written into the values, which the tensor got before shows
+    assert torch.equal(torch.where(mask, first.to_dense(), 0),
+                       torch.where(mask, 3 * (2 * data + 1), 0))
+    mt._storage = mt._storage.with_values(mt._storage.values - 1)  # a new storage: a new one
     after = mt.get_data()
-    assert torch.equal(torch.where(mask, after.to_dense(), 0), torch.where(mask, 2 * data + 1, 0))
+    if layout != torch.strided:  # (strided: the values themselves, every time)
+        assert after is not first
+    assert torch.equal(torch.where(mask, after.to_dense(), 0),
+                       torch.where(mask, 3 * (2 * data + 1) - 1, 0))
     for clone in (copy.deepcopy(mt), pickle.loads(pickle.dumps(mt))):
         assert "_data_of" not in clone.__dict__
         assert torch.equal(torch.where(mask, clone.get_data().to_dense(), 0),
@@ -119,6 +184,28 @@ def test_to_tensor_of_a_large_input_is_where_bit_for_bit(layout, dtype):
             got, want = (t.view(torch.int32 if dtype == torch.float32 else torch.int64)
                          for t in (got, want))
         assert torch.equal(got, want), value
+
+
+@pytest.mark.parametrize("n", [10, 100_000])  # the small path and the one-pass fill
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("value", [1e10, -1e10, 65504.0, 65519.0, 1e39, math.inf, math.nan,
+                                   2**200])
+def test_to_tensor_refuses_a_value_the_dtype_cannot_hold_as_masked_fill_does(n, dtype, value):
+    """A fill value beyond the dtype's range raises what ``masked_fill`` raises; one within
+    it (or inf / NaN) fills as masked_fill fills."""
+    g = torch.Generator().manual_seed(9)
+    data = torch.randn(n, generator=g).to(dtype)
+    mask = torch.rand(n, generator=g) < 0.5
+    try:
+        want = data.masked_fill(~mask, value)
+    except (RuntimeError, OverflowError) as refused:
+        with pytest.raises(type(refused)) as ours:
+            ms.masked_tensor(data, mask).to_tensor(value)
+        assert str(ours.value) == str(refused)
+        return
+    assert torch.equal(ms.masked_tensor(data, mask).to_tensor(value).isnan(), want.isnan())
+    assert torch.equal(ms.masked_tensor(data, mask).to_tensor(value).nan_to_num(),
+                       want.nan_to_num())
 
 
 def test_masked_tensor_copies_as_masked_tensor_does_not():

@@ -52,11 +52,11 @@ def get_data(mt: MaskedTensor) -> torch.Tensor:
     if _plain_call(mt):  # Note [Accessors without autograd]
         s = mt._storage
         made = mt.__dict__.get("_data_of")  # Note [The data tensor is built once]
-        if made is not None and made[0] is s:
+        if made is not None and made[0] is s and _untouched(made[1], made[2]):
             return made[1]
         out = _data(s, s.values)
-        if s.index:
-            mt._data_of = (s, out)
+        if s.index and not torch.is_inference_mode_enabled() and not out.is_inference():
+            mt._data_of = (s, out, out._version)
         return out
     if _sparse_under_dynamo(mt):
         return _get_data_outside_graph(mt)
@@ -75,7 +75,17 @@ def get_data(mt: MaskedTensor) -> torch.Tensor:
 # and returns it again while that storage is the MaskedTensor's: the same tensor object,
 # as the strided layout returns the values tensor itself. In-place writes to the values
 # show through it, as they would through a fresh one; calls with autograd, inside
-# torch.compile or torch.func build a new one each time.
+# torch.compile or torch.func build a new one each time. The caller owns what it got: once
+# it changes the tensor itself (an in-place op on it -- ``zero_``, ``add_``, ``resize_`` --
+# bumps its version) or asks for its gradient (``requires_grad_``), the next call builds a
+# new one. A tensor built under ``torch.inference_mode`` is an inference tensor, which
+# autograd refuses outside it: it is not kept.
+
+
+def _untouched(data: torch.Tensor, version: int) -> bool:
+    """True while the kept data tensor is as it was built (Note [The data tensor is built
+    once])."""
+    return data._version == version and not data.requires_grad
 
 
 def _plain_call(mt: Any) -> bool:
@@ -186,7 +196,10 @@ def _fill(s: Storage, value: Any) -> torch.Tensor:
         _func.check_torch_result("to_tensor(0)", s.layout, filled)
         return s.layout.to_torch(s, filled)
     if not s.index:
-        if number and s.values.is_floating_point():  # the value cast as masked_fill casts it
+        # The value cast as masked_fill casts it, where it fits the dtype (masked_fill
+        # refuses the others: float16's 1e10 raises there, it is not filled as inf).
+        if (number and s.values.is_floating_point()
+                and not abs(value) > torch.finfo(s.values.dtype).max):
             return layouts.fill_unspecified(s.values, s.mask, value)
         return s.values.masked_fill(~s.mask, value)
     check_fits(f"to_tensor({value!r}) of a {s.layout.name} MaskedTensor", "strided", s.shape,
