@@ -711,6 +711,26 @@ def test_native_exp_is_within_one_ulp_of_torch_exp(build):
         assert _ulps(got[at_edges][exact], want[at_edges][exact]).max() == 0
 
 
+def test_native_exp_is_the_same_in_every_kernel(build):
+    """Note [Native exp]: the lines kernels' exp (explicit vector code in an AVX-512 build)
+    and the scatter kernels' (the scalar function, vectorized by the compiler or not) give
+    the same bits, element by element: a sum is never a different exp by the kernel."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.cat([torch.empty(100_000, dtype=torch.float64).uniform_(-760, 720, generator=gen),
+                   torch.empty(100_000, dtype=torch.float64).uniform_(-1, 1, generator=gen),
+                   torch.empty(20_000, dtype=torch.float64).uniform_(-745.2, -708,
+                                                                      generator=gen),
+                   torch.empty(20_000, dtype=torch.float64).uniform_(700, 709.8, generator=gen),
+                   torch.tensor(EXP_EDGES, dtype=torch.float64)])
+    n = x.shape[0]
+    ones, zeros = torch.ones(n, dtype=torch.bool), torch.zeros(n, dtype=torch.float64)
+    by_lines = native.deviations_lines("sumexp", x, ones, zeros, torch.arange(n + 1))
+    by_scatter = native.deviations_scatter("sumexp", x, ones, zeros, torch.arange(n), n)
+    assert torch.equal(by_lines.isnan(), by_scatter.isnan())
+    numbers = ~by_lines.isnan()
+    assert torch.equal(by_lines[numbers].view(torch.int64), by_scatter[numbers].view(torch.int64))
+
+
 def test_sumexp_of_special_values():
     """A specified NaN makes its group NaN, +inf makes it inf, -inf adds 0; an unspecified
     element adds nothing whatever it holds; an empty or fully masked group sums to 0."""
