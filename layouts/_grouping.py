@@ -148,6 +148,21 @@ class Grouping:
         shifted = fill_unspecified(values - self.expand(center), mask, 0).exp_()
         return self.masked_reduce(shifted, mask, "sum")
 
+    def masked_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
+                         specified: torch.Tensor) -> torch.Tensor:
+        """Per group, the log of the sum of ``exp`` of its specified elements, 0 where
+        ``specified`` (the groups with one) is False; differentiable.
+
+        The shift by the group's max cancels in value and gradient (detached: no backward
+        pass for it); a max that is not finite shifts by 0 (all -inf: log 0 = -inf; +inf:
+        inf; NaN: NaN).
+        """
+        top = self.masked_reduce(values, mask, "amax").detach()
+        top = torch.where(torch.isfinite(top), top, torch.zeros((), dtype=top.dtype))
+        total = self.masked_sumexp(values, mask, top)
+        out = torch.log(torch.where(specified, total, torch.ones((), dtype=total.dtype))) + top
+        return zero_unspecified(out, specified)
+
     def positions(self) -> torch.Tensor:
         raise NotImplementedError
 

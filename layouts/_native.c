@@ -915,3 +915,58 @@ DEV_KERNELS(f64, sqdev)
 DEV_KERNELS(f32, sqdev)
 DEV_KERNELS(f64, sumexp)
 DEV_KERNELS(f32, sumexp)
+
+/* -- logsumexp in one call -------------------------------------------------------------
+ * Per line (all: one line of every element), the masked logsumexp step for step as the
+ * composed path computes it (Grouping.masked_logsumexp in layouts/_grouping.py): top, the
+ * max of the specified elements (NaN where one is NaN), replaced by 0 where it is not
+ * finite; the sum of exp(v - top) over the specified elements (the sumexp pass, in
+ * double, rounded to T); log of that sum plus top, in T. A line without a specified
+ * element is 0 (the caller's result mask leaves it unspecified). One call instead of two
+ * kernels and the torch ops between them: the line's elements are read again from L1.
+ * scatter: the same passes over the whole input, group by group in scratch arrays. */
+#define LOG_f64(x) log(x)
+#define LOG_f32(x) logf(x)
+#define LSE_KERNELS(T)                                                                   \
+    static inline T lse_range_##T(const T *v, const uint8_t *m, int64_t a, int64_t b) {  \
+        if (count_range(m, a, b) == 0) return 0;                                         \
+        T top = max_range_##T(v, m, a, b, (T)-INFINITY, bits_of_##T((T)-INFINITY));     \
+        if (!isfinite(top)) top = 0;                                                     \
+        T total = (T)sumexp_range_##T(v, m, a, b, (double)top);                          \
+        return LOG_##T(total) + top;                                                     \
+    }                                                                                    \
+    int ms_all_logsumexp_##T(const T *v, const uint8_t *m, int64_t n, T *out) {          \
+        *out = lse_range_##T(v, m, 0, n);                                                \
+        return 0;                                                                        \
+    }                                                                                    \
+    int ms_lines_logsumexp_##T(const T *v, const uint8_t *m, int64_t n,                  \
+                               const int64_t *offsets, int64_t nlines_all,               \
+                               const int64_t *lines, int64_t nlines, T *out) {           \
+        for (int64_t i = 0; i < nlines; i++) {                                           \
+            uint64_t r = lines ? (uint64_t)lines[i] : (uint64_t)i;                       \
+            if (r >= (uint64_t)nlines_all) return -1;                                    \
+            int64_t a = offsets[r], b = offsets[r + 1];                                  \
+            if (a < 0 || a > b || b > n) return -1;                                      \
+            out[i] = lse_range_##T(v, m, a, b);                                          \
+        }                                                                                \
+        return 0;                                                                        \
+    }                                                                                    \
+    LSE_SCATTER(T, i64) LSE_SCATTER(T, i32) LSE_SCATTER(T, u16)
+/* Into nout groups: the max pass (out holds each group's top), the sumexp pass around it
+ * into the caller's double scratch `sums`, then log(sum) + top; 0 where `specified[g]` is
+ * 0 (the caller knows which groups have a specified element; an all -inf group's sum is 0
+ * as well). The passes check every index. */
+#define LSE_SCATTER(T, I)                                                                \
+    int ms_scatter_logsumexp_##T##_##I(const T *v, const uint8_t *m, int64_t n,          \
+                                       const I *index, const uint8_t *specified,         \
+                                       double *sums, T *out, int64_t nout) {             \
+        if (ms_scatter_max_##T##_##I(v, m, n, index, (T)-INFINITY, out, nout)) return -1; \
+        for (int64_t g = 0; g < nout; g++)                                               \
+            if (!isfinite(out[g])) out[g] = 0;                                           \
+        if (ms_scatter_sumexp_##T##_##I(v, m, n, index, out, sums, nout)) return -1;     \
+        for (int64_t g = 0; g < nout; g++)                                               \
+            out[g] = specified[g] ? LOG_##T((T)sums[g]) + out[g] : 0;                    \
+        return 0;                                                                        \
+    }
+LSE_KERNELS(f64)
+LSE_KERNELS(f32)

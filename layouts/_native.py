@@ -25,7 +25,10 @@ of a logsumexp (``Grouping.masked_sumexp``) instead of expand, subtract, fill, e
 with the C file's own exp (Note [Native exp]: no libm call, so that the loops vectorize;
 within 1 ULP of ``torch.exp`` in float64). 1M float32 entries, half specified: the kernel
 alone ~1.1x ``torch.exp(values)`` (0.5x on float64), ``logsumexp`` 0.3-0.7x its composed
-time, full ~1.05x ``torch.logsumexp(values, 0)``.
+time, full ~1.05x ``torch.logsumexp(values, 0)`` (a Zen 4; 2.7x and 1.3x on an Intel Xeon
+with one 512-bit FMA port). A whole logsumexp (:func:`logsumexp_all` & co.: the max pass,
+the sumexp pass and the log in one call, ``Grouping.masked_logsumexp``) saves the torch
+ops between the passes: 22-30 µs at 1000 entries instead of 50-65.
 Sums accumulate in double (a row sum and a column sum of
 the same entries agree, whatever the cancellation; float accumulation in blocks measured
 1.8x faster on float32 but lost 254 -> 0 on a 256-long row with +-1e8 ends); products in
@@ -133,7 +136,7 @@ def _compile(compiler: list[str], flags: tuple[str, ...], target: Path) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([*compiler, *flags, "-o", tmp, str(_SOURCE)], check=True,
+        subprocess.run([*compiler, *flags, "-o", tmp, str(_SOURCE), "-lm"], check=True,
                        capture_output=True, timeout=300)
         os.replace(tmp, target)
     finally:
@@ -198,6 +201,12 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
             _DEV[dev, "scatter", dtype] = {
                 index: _declared(lib, f"ms_scatter_{dev}_{suffix}_{i}", [p, p, n, p, p, p, n])
                 for index, i in _INDEX.items()}
+        _LSE["all", dtype] = _declared(lib, f"ms_all_logsumexp_{suffix}", [p, p, n, p])
+        _LSE["lines", dtype] = _declared(lib, f"ms_lines_logsumexp_{suffix}",
+                                         [p, p, n, p, n, p, n, p])
+        _LSE["scatter", dtype] = {
+            index: _declared(lib, f"ms_scatter_logsumexp_{suffix}_{i}", [p, p, n, p, p, p, p, n])
+            for index, i in _INDEX.items()}
         for op in ("amax", "amin"):
             name = _OPS[op]
             _ARG["lines", op, dtype] = _declared(lib, f"ms_lines_arg{name}_{suffix}",
@@ -235,8 +244,10 @@ _FILL: dict[int, ctypes._CFuncPtr] = {}  # bytes per element -> exact fill
 # (f, kind, value dtype) -> sum of f of the deviations kernel (f "sqdev": squared, "sumexp":
 # exp); a scatter entry per index dtype
 _DEV: dict[tuple[str, str, torch.dtype], Any] = {}
+_LSE: dict[tuple[str, torch.dtype], Any] = {}  # (kind, dtype) -> logsumexp, as in _KERNELS
 #: the tables :func:`_declare` fills (a test that loads another build swaps them all)
-_TABLES = ("_KERNELS", "_COUNT_SCATTER", "_NARROW", "_FIRST", "_ARG", "_FILL", "_DEV")
+_TABLES = ("_KERNELS", "_COUNT_SCATTER", "_NARROW", "_FIRST", "_ARG", "_FILL", "_DEV",
+           "_LSE")
 
 
 def available() -> bool:
@@ -601,6 +612,60 @@ def deviations_lines(f: str, values: torch.Tensor, mask: torch.Tensor, center: t
     _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], offsets.data_ptr(),
                   offsets.shape[0] - 1, None if which is None else which.data_ptr(), n,
                   center.data_ptr(), out.data_ptr()), _DEVIATIONS[f])
+    return out
+
+
+def logsumexp_all(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
+    """The masked logsumexp of every element in one call, shape ``(1,)``: the log of the
+    sum of ``exp`` of the specified elements, 0 where none is (the caller's result mask
+    says which); step for step the composed path (``Grouping.masked_logsumexp``), the exp
+    of Note [Native exp]. None where the native kernels do not apply.
+
+    >>> v, m = torch.tensor([1., float("nan"), 3.]), torch.tensor([True, False, True])
+    >>> out = logsumexp_all(v, m)
+    >>> out is None or torch.allclose(out, torch.logsumexp(torch.tensor([1., 3.]), 0))
+    True
+    """
+    kernel = _LSE.get(("all", values.dtype)) if _applies(values, mask) else None
+    if kernel is None:
+        return None
+    out = torch.empty(1, dtype=values.dtype)
+    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], out.data_ptr()),
+           "logsumexp")
+    return out
+
+
+def logsumexp_lines(values: torch.Tensor, mask: torch.Tensor, offsets: torch.Tensor,
+                    which: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Per line (as :func:`lines`), the masked logsumexp of its elements (as
+    :func:`logsumexp_all`: 0 for a line without a specified element); None where the
+    native kernels do not apply."""
+    kernel = _LSE.get(("lines", values.dtype)) if _applies(values, mask) else None
+    if (kernel is None or offsets.shape[0] == 0 or not _index_ok(offsets, offsets.shape[0])
+            or (which is not None and not _index_ok(which, which.shape[0]))):
+        return None
+    n = offsets.shape[0] - 1 if which is None else which.shape[0]
+    out = torch.empty(n, dtype=values.dtype)
+    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], offsets.data_ptr(),
+                  offsets.shape[0] - 1, None if which is None else which.data_ptr(), n,
+                  out.data_ptr()), "logsumexp")
+    return out
+
+
+def logsumexp_scatter(values: torch.Tensor, mask: torch.Tensor, index: torch.Tensor,
+                      specified: torch.Tensor, n: int) -> torch.Tensor | None:
+    """Into ``n`` groups (as :func:`scatter`), the masked logsumexp of each (as
+    :func:`logsumexp_all`), 0 where the bool ``specified`` (one per group) is False; None
+    where the native kernels do not apply."""
+    kernels = _LSE.get(("scatter", values.dtype)) if _applies(values, mask) else None
+    if (kernels is None or not _index_ok(index, values.shape[0], group=True)
+            or not _mask_ok(specified, n)):
+        return None
+    out = torch.empty(n, dtype=values.dtype)
+    sums = torch.empty(n, dtype=torch.float64)
+    _check(kernels[index.dtype](values.data_ptr(), mask.data_ptr(), values.shape[0],
+                                index.data_ptr(), specified.data_ptr(), sums.data_ptr(),
+                                out.data_ptr(), n), "logsumexp")
     return out
 
 

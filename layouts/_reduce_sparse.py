@@ -299,6 +299,26 @@ class CooGrouping(Grouping):
         out = self._fused_dev("sumexp", values, mask, center)
         return out if out is not None else super().masked_sumexp(values, mask, center)
 
+    def masked_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
+                         specified: torch.Tensor) -> torch.Tensor:
+        out = self._fused_logsumexp(values, mask, specified)
+        return out if out is not None else super().masked_logsumexp(values, mask, specified)
+
+    def _fused_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
+                         specified: torch.Tensor) -> torch.Tensor | None:
+        """``masked_logsumexp`` in one native call (``_native.logsumexp_all`` /
+        ``logsumexp_scatter`` over the group ids; the line grouping's: ``logsumexp_lines``),
+        or None where it does not apply (as ``_fused``: the composed path)."""
+        if self.value_dims or not self.sparse_dims or (self.single and not mask.shape[0]):
+            return None
+        if self.single:
+            return _native.logsumexp_all(values, mask)
+        if not _native._applies(values, mask):
+            return None
+        narrowed = self._group_ids(values)
+        index = narrowed if narrowed is not None else self.gid
+        return _native.logsumexp_scatter(values, mask, index, specified, self.ngroups)
+
     def _fused_dev(self, dev: str, values: torch.Tensor, mask: torch.Tensor,
                    center: torch.Tensor) -> torch.Tensor | None:
         """``masked_sqdev`` (``dev`` "sqdev") or ``masked_sumexp`` ("sumexp") in one native
@@ -550,6 +570,12 @@ class CompressedGrouping(CooGrouping):
         if not self.by_lines:
             return super()._fused_dev(dev, values, mask, center)
         return _native.deviations_lines(dev, values, mask, center, self.offsets, self._which)
+
+    def _fused_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
+                         specified: torch.Tensor) -> torch.Tensor | None:
+        if not self.by_lines:
+            return super()._fused_logsumexp(values, mask, specified)
+        return _native.logsumexp_lines(values, mask, self.offsets, self._which)
 
     def _fused_arg(self, values: torch.Tensor, mask: torch.Tensor,
                    op: str) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -731,6 +731,33 @@ def test_native_exp_is_the_same_in_every_kernel(build):
     assert torch.equal(by_lines[numbers].view(torch.int64), by_scatter[numbers].view(torch.int64))
 
 
+def test_logsumexp_kernels_of_special_values(build):
+    """The one-call logsumexp (lines, scatter, all): a specified NaN makes its group NaN,
+    +inf inf; all specified -inf is -inf; an unspecified element counts for nothing
+    whatever it holds; an empty or fully masked group is 0; differences that overflow exp
+    (800 and -800) shift by the max. Reference: float64 torch.logsumexp per group."""
+    nan, inf = math.nan, math.inf
+    values = torch.tensor([0., nan, inf, -inf, 1., 2., nan, inf, 3., -inf, 800., -800.,
+                           -inf, -inf, inf, 5.])
+    mask = torch.tensor([1, 0, 0, 1, 1, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 1], dtype=torch.bool)
+    offsets = torch.tensor([0, 4, 7, 9, 10, 12, 14, 14, 16])
+    groups = torch.repeat_interleave(torch.arange(8), offsets.diff())
+    specified = torch.zeros(8, dtype=torch.bool).index_put_((groups,), mask, accumulate=True)
+    want = torch.stack([torch.logsumexp(torch.where(mask, values, -inf)[a:b], 0) if a < b
+                        else torch.tensor(0.) for a, b in zip(offsets[:-1], offsets[1:])])
+    want = torch.where(specified, want, 0.)
+    assert want.tolist()[2:6] == [3.0, 0.0, 800.0, -inf]  # the reference says what it should
+    for dtype in DTYPES:
+        v = values.to(dtype)
+        by_lines = native.logsumexp_lines(v, mask, offsets)
+        by_scatter = native.logsumexp_scatter(v, mask, groups, specified, 8)
+        for got in (by_lines, by_scatter):
+            torch.testing.assert_close(got, want.to(dtype), equal_nan=True)
+        for i, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
+            got = native.logsumexp_all(v[a:b].contiguous(), mask[a:b].contiguous())
+            torch.testing.assert_close(got, want[i:i + 1].to(dtype), equal_nan=True)
+
+
 def test_sumexp_of_special_values():
     """A specified NaN makes its group NaN, +inf makes it inf, -inf adds 0; an unspecified
     element adds nothing whatever it holds; an empty or fully masked group sums to 0."""

@@ -260,13 +260,14 @@ def test_cached_facts_let_the_index_go(fast, layout):
     assert len(_index._CACHE) == before
 
 
-def _deviation_passes(monkeypatch) -> list:
-    """The results of every native pass of ``masked_sqdev`` / ``masked_sumexp`` from now on
-    (None where the kernel did not apply), recorded; a skip without the native kernels."""
+def _deviation_passes(monkeypatch, kernels: str = "deviations") -> list:
+    """The results of every native pass of ``masked_sqdev`` / ``masked_sumexp`` (kernels
+    "deviations") or ``masked_logsumexp`` ("logsumexp") from now on (None where the kernel
+    did not apply), recorded; a skip without the native kernels."""
     if not native.available():
         pytest.skip(f"native kernels: {native.status()}")
     passes = []
-    for name in ("deviations_all", "deviations_lines", "deviations_scatter"):
+    for name in (f"{kernels}_all", f"{kernels}_lines", f"{kernels}_scatter"):
         kernel = getattr(native, name)
         monkeypatch.setattr(native, name, lambda *a, k=kernel: passes.append(k(*a)) or passes[-1])
     return passes
@@ -327,11 +328,11 @@ def test_var_in_one_native_pass_matches_dense(monkeypatch, layout, dtype, op, co
 @pytest.mark.parametrize("scale", [1.0, 300.0])
 def test_logsumexp_in_one_native_pass_matches_dense(monkeypatch, layout, dtype, dim, keepdim,
                                                     specials, scale):
-    """logsumexp of a sparse matrix, whose sum of ``exp(v - max)`` runs in one native kernel
-    (``masked_sumexp``): the float64 reference ``torch.logsumexp`` of the specified values
-    (the others -inf), with empty, fully masked and one-element groups, +-inf and NaN, and
-    values whose differences over- and underflow ``exp`` (``scale``)."""
-    passes = _deviation_passes(monkeypatch)
+    """logsumexp of a sparse matrix, which runs in one native call (``masked_logsumexp``:
+    max, sum of ``exp(v - max)``, log): the float64 reference ``torch.logsumexp`` of the
+    specified values (the others -inf), with empty, fully masked and one-element groups,
+    +-inf and NaN, and values whose differences over- and underflow ``exp`` (``scale``)."""
+    passes = _deviation_passes(monkeypatch, "logsumexp")
     data, mask, stored = _matrix(dtype, specials=specials)
     data = data * scale
     mask[7] &= torch.arange(13) == 4  # a one-element row (when stored)

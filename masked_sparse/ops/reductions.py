@@ -228,12 +228,7 @@ def k_var(g: Grouping, correction: float, std: bool, with_mean: bool) -> Any:
 def k_logsumexp(g: Grouping, dtype: torch.dtype) -> Storage:
     v, m = source(g, dtype)
     specified = g.reduce(m, "any")
-    # The shift cancels in value and gradient; detaching it saves a backward pass.
-    top = g.masked_reduce(v, m, "amax").detach()
-    top = torch.where(torch.isfinite(top), top, _full(0, top))
-    total = g.masked_sumexp(v, m, top)
-    out = torch.log(torch.where(specified, total, _full(1, total))) + top
-    return g.build(zero_unspecified(out, specified), specified)
+    return g.build(g.masked_logsumexp(v, m, specified), specified)
 
 
 def k_arg(g: Grouping, op: str, with_values: bool) -> Any:
