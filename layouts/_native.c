@@ -699,10 +699,10 @@ ARG_KERNELS(f32, min)
  * overflow one. One implementation for float32 and float64 values (widened, as the sums
  * are): at 1M float32 elements, 50% specified, the sumexp kernel takes 1.1x torch.exp's
  * time on a Zen 4 (0.5x on float64), 2.7x on an Intel Xeon with one 512-bit FMA port
- * (0.26x on float64: torch's float64 exp is scalar there). A float32 exp (16 lanes, degree-6 polynomial) measured 2.1x
- * faster but 20 float32 ULP from exp(v - c) (the deviation rounded to float32); with the
- * reduction in double and the polynomial in float32 it was 1 ULP but the compiler's code
- * 3-5x slower: not kept. */
+ * (0.26x on float64: torch's float64 exp is scalar there). A float32 exp (16 lanes,
+ * degree-6 polynomial) measured 2.1x faster but 20 float32 ULP from exp(v - c) (the
+ * deviation rounded to float32); with the reduction in double and the polynomial in
+ * float32 it was 1 ULP but the compiler's code 3-5x slower: not kept. */
 static inline double exp_dev(double x) {
     const double shifter = 0x1.8p52;
     x = x < -800.0 ? -800.0 : x;
@@ -749,10 +749,11 @@ static inline double exp_dev(double x) {
 #if VECTOR
 /* exp_dev of 8 lanes in AVX-512 instructions, step for step the scalar function with
  * each `a * b + c` as one fma (as the compiler contracts the scalar code): bit for bit
- * the same results (4e5 points, tests/test_native.py). The scalar function in a simd loop
- * over an array of 8 took 2x as long on an Intel build (-march=rocketlake vectorizes it in
- * 256-bit halves; the 512-bit store and the halves' loads defeat store forwarding). max_pd(lo, x)
- * and min_pd(hi, x) return x where x is NaN, as the scalar comparisons do. */
+ * the same results (4e5 points, tests/test_native.py). The scalar function in a simd
+ * loop over an array of 8 took 2x as long on an Intel build (-march=rocketlake
+ * vectorizes it in 256-bit halves; the 512-bit store and the halves' loads defeat store
+ * forwarding). max_pd(lo, x) and min_pd(hi, x) return x where x is NaN, as the scalar
+ * comparisons do. */
 static inline __m512d exp_dev8(__m512d x) {
     const __m512d shifter = _mm512_set1_pd(0x1.8p52);
     x = _mm512_min_pd(_mm512_set1_pd(800.0), _mm512_max_pd(_mm512_set1_pd(-800.0), x));
@@ -776,7 +777,8 @@ static inline __m512d exp_dev8(__m512d x) {
     __m512i half = _mm512_srai_epi64(k, 1), bias = _mm512_set1_epi64(1023);
     __m512i lo = _mm512_slli_epi64(_mm512_add_epi64(half, bias), 52);
     __m512i hi = _mm512_slli_epi64(_mm512_add_epi64(_mm512_sub_epi64(k, half), bias), 52);
-    return _mm512_mul_pd(_mm512_mul_pd(p, _mm512_castsi512_pd(lo)), _mm512_castsi512_pd(hi));
+    __m512d scaled = _mm512_mul_pd(p, _mm512_castsi512_pd(lo));
+    return _mm512_mul_pd(scaled, _mm512_castsi512_pd(hi));
 }
 /* One step: f of the 8 deviations d, added to acc where k. */
 #define VDEV_sqdev(acc, k, d) ((acc) = _mm512_mask3_fmadd_pd(d, d, acc, k))
@@ -970,3 +972,95 @@ DEV_KERNELS(f32, sumexp)
     }
 LSE_KERNELS(f64)
 LSE_KERNELS(f32)
+
+/* -- softmax in one call ---------------------------------------------------------------
+ * Per line (all: one line of every element), the masked softmax or log_softmax of the
+ * specified elements, step for step as the composed path (Grouping.softmax in
+ * layouts/_grouping.py): top, the max of the specified elements (a +inf or NaN max, or
+ * every element -inf, makes the group NaN, as torch.softmax; the composed path's shift
+ * of a -inf max to 0 changes no specified result, so it is not taken here); d = v - top
+ * in T; e = exp(d) rounded to T (the kernels' exp, Note [Native exp]); the group's
+ * total, the sum of e over its specified elements in double rounded to T; then e / total
+ * (softmax) or d - log(total) (log_softmax) where specified, 0 elsewhere. out receives e
+ * (softmax) or d (log_softmax), then the result in place. The mask is never a branch
+ * (bit logic, keep_T: a branch on a random mask cost 3-4 ns an element). No scatter
+ * kernel: over a group index (columns), the passes with their gathers and a double exp
+ * of every element measured 1.6x the composed route at 1M float32 elements (torch's
+ * float32 exp is 4-8x ours on an Intel Xeon), though 0.5x at 1000. */
+#if VECTOR
+/* The sum of e = exp(v - top) (d = v - top in T, e rounded to T) over the specified
+ * elements of [a, b), 8 a step: out receives d (take_log) or e (softmax; 0 where
+ * unspecified). */
+#define SUB8_f64(x, c) _mm512_sub_pd(x, _mm512_set1_pd(c))
+#define SUB8_f32(x, c) _mm256_sub_ps(x, _mm256_set1_ps(c))
+#define NARROW8_f64(x) (x)
+#define NARROW8_f32(x) _mm512_cvtpd_ps(x)
+#define STORE8_f64(p, k, x) _mm512_mask_storeu_pd(p, k, x)
+#define STORE8_f32(p, k, x) _mm256_mask_storeu_ps(p, k, x)
+#define MASKZ8_f64(k, x) _mm512_maskz_mov_pd(k, x)
+#define MASKZ8_f32(k, x) _mm256_maskz_mov_ps(k, x)
+#define SOFTMAX_EXPS(T)                                                                  \
+    static inline double softmax_exps_##T(const T *v, const uint8_t *m, int64_t a,       \
+                                          int64_t b, T top, int take_log, T *out) {      \
+        __m512d acc = _mm512_setzero_pd();                                               \
+        for (int64_t j = a; j < b; j += 8) {                                             \
+            __mmask8 in = b - j >= 8 ? 0xFF : (__mmask8)((1u << (b - j)) - 1);           \
+            __mmask8 k = (__mmask8)mask_bits_tail(m + j, b - j < 8 ? b - j : 8);         \
+            EIGHT_##T d = SUB8_##T(LOAD8Z_##T(in, v + j), top);                          \
+            EIGHT_##T e = MASKZ8_##T(k, NARROW8_##T(exp_dev8(WIDEN_##T(d))));            \
+            STORE8_##T(out + j, in, take_log ? d : e);                                   \
+            acc = _mm512_add_pd(acc, WIDEN_##T(e));                                      \
+        }                                                                                \
+        return _mm512_reduce_add_pd(acc);                                                \
+    }
+#else
+#define SOFTMAX_EXPS(T)                                                                  \
+    static inline double softmax_exps_##T(const T *v, const uint8_t *m, int64_t a,       \
+                                          int64_t b, T top, int take_log, T *out) {      \
+        double s = 0;                                                                    \
+        PRAGMA(omp simd reduction(+ : s))                                                \
+        for (int64_t j = a; j < b; j++) {                                                \
+            T d = (T)(v[j] - top);                                                       \
+            T e = keep_##T((T)exp_dev((double)d), m[j], 0);                              \
+            out[j] = take_log ? d : e;                                                   \
+            s += (double)e;                                                              \
+        }                                                                                \
+        return s;                                                                        \
+    }
+#endif
+#define SOFTMAX_KERNELS(T)                                                               \
+    SOFTMAX_EXPS(T)                                                                      \
+    static inline void softmax_range_##T(const T *v, const uint8_t *m, int64_t a,        \
+                                         int64_t b, int take_log, T *out) {              \
+        T top = max_range_##T(v, m, a, b, (T)-INFINITY, bits_of_##T((T)-INFINITY));      \
+        T total = (T)softmax_exps_##T(v, m, a, b, top, take_log, out);                   \
+        if (take_log) {                                                                  \
+            T lt = LOG_##T(total);                                                       \
+            for (int64_t j = a; j < b; j++) out[j] = keep_##T(out[j] - lt, m[j], 0);     \
+        } else {                                                                         \
+            for (int64_t j = a; j < b; j++) out[j] = keep_##T(out[j] / total, m[j], 0);  \
+        }                                                                                \
+    }                                                                                    \
+    int ms_all_softmax_##T(const T *v, const uint8_t *m, int64_t n, int take_log,        \
+                           T *out) {                                                     \
+        softmax_range_##T(v, m, 0, n, take_log, out);                                    \
+        return 0;                                                                        \
+    }                                                                                    \
+    /* every line's elements: offsets from 0 to n, each line listed once at most (the    \
+     * caller's `lines` are the non-empty ones) */                                       \
+    int ms_lines_softmax_##T(const T *v, const uint8_t *m, int64_t n,                    \
+                             const int64_t *offsets, int64_t nlines_all,                 \
+                             const int64_t *lines, int64_t nlines, int take_log,         \
+                             T *out) {                                                   \
+        if (offsets[0] != 0 || offsets[nlines_all] != n) return -1;                      \
+        for (int64_t i = 0; i < nlines; i++) {                                           \
+            uint64_t r = lines ? (uint64_t)lines[i] : (uint64_t)i;                       \
+            if (r >= (uint64_t)nlines_all) return -1;                                    \
+            int64_t a = offsets[r], b = offsets[r + 1];                                  \
+            if (a < 0 || a > b || b > n) return -1;                                      \
+            softmax_range_##T(v, m, a, b, take_log, out);                                \
+        }                                                                                \
+        return 0;                                                                        \
+    }
+SOFTMAX_KERNELS(f64)
+SOFTMAX_KERNELS(f32)

@@ -319,6 +319,19 @@ class CooGrouping(Grouping):
         index = narrowed if narrowed is not None else self.gid
         return _native.logsumexp_scatter(values, mask, index, specified, self.ngroups)
 
+    def softmax(self, values: torch.Tensor, mask: torch.Tensor, log: bool) -> torch.Tensor:
+        out = self._fused_softmax(values, mask, log)
+        return out if out is not None else super().softmax(values, mask, log)
+
+    def _fused_softmax(self, values: torch.Tensor, mask: torch.Tensor,
+                       log: bool) -> torch.Tensor | None:
+        """``softmax`` of a single group in one native call (the line grouping's: along
+        its lines), or None: the composed path (there is no native softmax over group ids:
+        the softmax section of ``_native.c`` says why)."""
+        if self.value_dims or not self.sparse_dims or not self.single or not mask.shape[0]:
+            return None
+        return _native.softmax(values, mask, log)
+
     def _fused_dev(self, dev: str, values: torch.Tensor, mask: torch.Tensor,
                    center: torch.Tensor) -> torch.Tensor | None:
         """``masked_sqdev`` (``dev`` "sqdev") or ``masked_sumexp`` ("sumexp") in one native
@@ -576,6 +589,12 @@ class CompressedGrouping(CooGrouping):
         if not self.by_lines:
             return super()._fused_logsumexp(values, mask, specified)
         return _native.logsumexp_lines(values, mask, self.offsets, self._which)
+
+    def _fused_softmax(self, values: torch.Tensor, mask: torch.Tensor,
+                       log: bool) -> torch.Tensor | None:
+        if not self.by_lines:
+            return super()._fused_softmax(values, mask, log)
+        return _native.softmax(values, mask, log, self.offsets, self._which)
 
     def _fused_arg(self, values: torch.Tensor, mask: torch.Tensor,
                    op: str) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -349,6 +349,58 @@ def test_logsumexp_in_one_native_pass_matches_dense(monkeypatch, layout, dtype, 
     _same(got, torch.logsumexp(ms.masked_tensor(data, mask), dims, keepdim=keepdim))
 
 
+@pytest.mark.parametrize("layout", list(SPARSE))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("dim", [0, 1])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("specials", [True, False], ids=["inf-nan", "finite"])
+@pytest.mark.parametrize("scale", [1.0, 300.0])
+def test_softmax_in_one_native_call_matches_dense(monkeypatch, layout, dtype, dim, op,
+                                                  specials, scale):
+    """softmax / log_softmax of a sparse matrix, which runs in one native call along the
+    stored lines (``_native.softmax``; across them, the composed route): the float64
+    reference of the specified values (the others -inf), with empty, fully masked and
+    one-element slices, +-inf and NaN (a NaN or +inf slice is NaN, as torch.softmax), and
+    values whose differences over- and underflow ``exp`` (``scale``)."""
+    if not native.available():
+        pytest.skip(f"native kernels: {native.status()}")
+    calls = []
+    kernel = native.softmax
+    monkeypatch.setattr(native, "softmax",
+                        lambda *a, **k: calls.append(kernel(*a, **k)) or calls[-1])
+    data, mask, stored = _matrix(dtype, specials=specials)
+    data = data * scale
+    mask[7] &= torch.arange(13) == 4  # a one-element row (when stored)
+    mask[7, 4] = stored[7, 4] = True
+    mask &= stored
+    mt = _sparse(data, mask, stored, layout)
+    got = getattr(torch, op)(mt, dim)
+    along_lines = dim == (0 if layout == "csc" else 1)
+    assert len(calls) == along_lines and all(c is not None for c in calls)  # native ran
+    want = getattr(torch, op)(torch.where(mask, data.double(), -INF), dim)
+    check_invariants(got)
+    assert_masked_equal(got, want.to(dtype), mask)
+    _same(got, getattr(torch, op)(ms.masked_tensor(data, mask), dim))
+
+
+def test_softmax_of_a_sparse_vector_in_one_native_call(monkeypatch):
+    """A 1-D COO vector is one group: the native call over every element."""
+    if not native.available():
+        pytest.skip(f"native kernels: {native.status()}")
+    calls = []
+    kernel = native.softmax
+    monkeypatch.setattr(native, "softmax",
+                        lambda *a, **k: calls.append(kernel(*a, **k)) or calls[-1])
+    data = torch.tensor([1., NAN, 3., -INF, 800., 0.5])
+    mask = torch.tensor([True, False, True, True, False, True])
+    mt = ms.masked_tensor(data.to_sparse(), mask.to_sparse())
+    for op in ("softmax", "log_softmax"):
+        got = getattr(torch, op)(mt, 0)
+        want = getattr(torch, op)(torch.where(mask, data.double(), -INF), 0)
+        assert_masked_equal(got, want.float(), mask)
+    assert len(calls) == 2 and all(c is not None for c in calls)
+
+
 @pytest.mark.parametrize("layout", ["coo", "csr"])
 def test_var_over_group_ids_that_are_not_narrowed(monkeypatch, layout):
     """Where no narrowed copy of the group ids exists (Note [Narrow group indices]: too many
