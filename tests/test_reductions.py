@@ -547,3 +547,21 @@ def test_hypothesis_random_shapes(shape, case, name, keepdim, data, seed):
     values, spec = ref_groups(ref, x, mask, dim, keepdim, min_count)
     check(case, out, values, spec, tuple(shape), dim, keepdim)
 
+
+@given(shape=st.lists(st.integers(0, 5), min_size=1, max_size=3),
+       case=st.sampled_from(["strided", "coo", "csr"]), log=st.booleans(),
+       dtype=st.sampled_from([torch.float32, torch.float64]), data=st.data(),
+       seed=st.integers(0, 1000))
+def test_hypothesis_softmax_random_shapes(shape, case, log, dtype, data, seed):
+    """softmax / log_softmax along any dim of random shapes and masks (the native call
+    along the stored lines, the composed route across them): the float64 reference of
+    the specified elements, the others -inf."""
+    if case == "csr" and len(shape) != 2:
+        case = "coo"
+    dim = data.draw(st.integers(-len(shape), len(shape) - 1))
+    mt, x, mask = make(case, dtype, seed=seed, shape=tuple(shape))
+    out = (torch.log_softmax if log else torch.softmax)(mt, dim)
+    want = (torch.log_softmax if log else torch.softmax)(
+        torch.where(mask, x.double(), -math.inf), dim)
+    check_result(out, torch.where(mask, want, 0.0).to(dtype), mask)
+
