@@ -333,6 +333,18 @@ def reduce_all(values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tenso
     return out
 
 
+def _line_args(offsets: torch.Tensor, which: torch.Tensor | None) -> tuple | None:
+    """The arguments a lines kernel takes for ``offsets`` and ``which`` -- the pointers,
+    the number of lines, the listed lines (NULL: all) and their number, the output's
+    length last -- or None where they are not int64 CPU vectors a kernel may read."""
+    if (offsets.shape[0] == 0 or not _index_ok(offsets, offsets.shape[0])
+            or (which is not None and not _index_ok(which, which.shape[0]))):
+        return None
+    if which is None:
+        return offsets.data_ptr(), offsets.shape[0] - 1, None, offsets.shape[0] - 1
+    return offsets.data_ptr(), offsets.shape[0] - 1, which.data_ptr(), which.shape[0]
+
+
 def lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.Tensor,
           which: torch.Tensor | None = None) -> torch.Tensor | None:
     """Per line ``which[i]`` (its elements ``offsets[which[i]]`` up to
@@ -340,13 +352,11 @@ def lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.Tens
     ``reduce(where(mask, values, identity))``; None where the native kernels do not
     apply."""
     kernel = _kernel("lines", values, mask, op)
-    if (kernel is None or not _index_ok(offsets, offsets.shape[0]) or offsets.shape[0] == 0
-            or (which is not None and not _index_ok(which, which.shape[0]))):
+    args = _line_args(offsets, which)
+    if kernel is None or args is None:
         return None
-    n = offsets.shape[0] - 1 if which is None else which.shape[0]
-    out = torch.empty(n, dtype=values.dtype)
-    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], offsets.data_ptr(),
-                  offsets.shape[0] - 1, None if which is None else which.data_ptr(), n,
+    out = torch.empty(args[-1], dtype=values.dtype)
+    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args,
                   start(op, values.dtype), out.data_ptr()), op)
     return out
 
@@ -430,13 +440,11 @@ def arg_lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.
     True
     """
     kernel = _ARG.get(("lines", op, values.dtype)) if _arg_ok(values, mask, positions) else None
-    if (kernel is None or not _index_ok(offsets, offsets.shape[0]) or offsets.shape[0] == 0
-            or (which is not None and not _index_ok(which, which.shape[0]))):
+    args = _line_args(offsets, which)
+    if kernel is None or args is None:
         return None
-    n = offsets.shape[0] - 1 if which is None else which.shape[0]
-    top, at = _arg_out(n, values)
-    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], offsets.data_ptr(),
-                  offsets.shape[0] - 1, None if which is None else which.data_ptr(), n,
+    top, at = _arg_out(args[-1], values)
+    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args,
                   positions.data_ptr(), start(op, values.dtype), top.data_ptr(),
                   at.data_ptr()), "arg" + op[1:])
     return top, at
@@ -493,15 +501,12 @@ def count_all(mask: torch.Tensor) -> torch.Tensor | None:
 def count_lines(mask: torch.Tensor, offsets: torch.Tensor,
                 which: torch.Tensor | None = None) -> torch.Tensor | None:
     """Per line (as :func:`lines`), the number of True elements of ``mask`` (int64)."""
-    if not (_count_ok(mask) and _index_ok(offsets, offsets.shape[0]) and offsets.shape[0] > 0
-            and (which is None or _index_ok(which, which.shape[0]))):
+    args = _line_args(offsets, which)
+    if not _count_ok(mask) or args is None:
         return None
-    n = offsets.shape[0] - 1 if which is None else which.shape[0]
-    out = torch.empty(n, dtype=torch.long)
-    _check(_library().ms_lines_count(mask.data_ptr(), mask.shape[0], offsets.data_ptr(),
-                                     offsets.shape[0] - 1,
-                                     None if which is None else which.data_ptr(), n,
-                                     out.data_ptr()), "count")
+    out = torch.empty(args[-1], dtype=torch.long)
+    _check(_library().ms_lines_count(mask.data_ptr(), mask.shape[0], *args, out.data_ptr()),
+           "count")
     return out
 
 
@@ -609,16 +614,12 @@ def deviations_lines(f: str, values: torch.Tensor, mask: torch.Tensor, center: t
     """Per line (as :func:`lines`; ``center[i]`` is output line ``i``'s), the sum of
     ``f(values - center[i])`` over its specified elements (as :func:`deviations_all`); None
     where the native kernels do not apply."""
-    if offsets.shape[0] == 0 or not _index_ok(offsets, offsets.shape[0]) or (
-            which is not None and not _index_ok(which, which.shape[0])):
-        return None
-    n = offsets.shape[0] - 1 if which is None else which.shape[0]
-    kernel = _dev_kernel(f, "lines", values, mask, center, n)
+    args = _line_args(offsets, which)
+    kernel = None if args is None else _dev_kernel(f, "lines", values, mask, center, args[-1])
     if kernel is None:
         return None
-    out = torch.empty(n, dtype=values.dtype)
-    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], offsets.data_ptr(),
-                  offsets.shape[0] - 1, None if which is None else which.data_ptr(), n,
+    out = torch.empty(args[-1], dtype=values.dtype)
+    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args,
                   center.data_ptr(), out.data_ptr()), _DEVIATIONS[f])
     return out
 
@@ -649,13 +650,11 @@ def logsumexp_lines(values: torch.Tensor, mask: torch.Tensor, offsets: torch.Ten
     :func:`logsumexp_all`: 0 for a line without a specified element); None where the
     native kernels do not apply."""
     kernel = _LSE.get(("lines", values.dtype)) if _applies(values, mask) else None
-    if (kernel is None or offsets.shape[0] == 0 or not _index_ok(offsets, offsets.shape[0])
-            or (which is not None and not _index_ok(which, which.shape[0]))):
+    args = _line_args(offsets, which)
+    if kernel is None or args is None:
         return None
-    n = offsets.shape[0] - 1 if which is None else which.shape[0]
-    out = torch.empty(n, dtype=values.dtype)
-    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], offsets.data_ptr(),
-                  offsets.shape[0] - 1, None if which is None else which.data_ptr(), n,
+    out = torch.empty(args[-1], dtype=values.dtype)
+    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args,
                   out.data_ptr()), "logsumexp")
     return out
 
@@ -695,14 +694,9 @@ def softmax(values: torch.Tensor, mask: torch.Tensor, log: bool,
     kernel = _SOFTMAX.get((kind, values.dtype)) if _applies(values, mask) else None
     if kernel is None:
         return None
-    lines: tuple = ()
-    if offsets is not None:
-        if (offsets.shape[0] == 0 or not _index_ok(offsets, offsets.shape[0])
-                or (which is not None and not _index_ok(which, which.shape[0]))):
-            return None
-        lines = (offsets.data_ptr(), offsets.shape[0] - 1,
-                 None if which is None else which.data_ptr(),
-                 offsets.shape[0] - 1 if which is None else which.shape[0])
+    lines = () if offsets is None else _line_args(offsets, which)
+    if lines is None:
+        return None
     out = torch.empty_like(values)
     _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *lines, int(log),
                   out.data_ptr()), "log_softmax" if log else "softmax")

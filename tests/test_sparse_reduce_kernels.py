@@ -260,17 +260,37 @@ def test_cached_facts_let_the_index_go(fast, layout):
     assert len(_index._CACHE) == before
 
 
-def _deviation_passes(monkeypatch, kernels: str = "deviations") -> list:
-    """The results of every native pass of ``masked_sqdev`` / ``masked_sumexp`` (kernels
-    "deviations") or ``masked_logsumexp`` ("logsumexp") from now on (None where the kernel
-    did not apply), recorded; a skip without the native kernels."""
+def _native_calls(monkeypatch, *names: str) -> list:
+    """The results of every call of the native functions ``names`` from now on (None where
+    the kernel did not apply), recorded; a skip without the native kernels."""
     if not native.available():
         pytest.skip(f"native kernels: {native.status()}")
-    passes = []
-    for name in (f"{kernels}_all", f"{kernels}_lines", f"{kernels}_scatter"):
+    calls = []
+    for name in names:
         kernel = getattr(native, name)
-        monkeypatch.setattr(native, name, lambda *a, k=kernel: passes.append(k(*a)) or passes[-1])
-    return passes
+        monkeypatch.setattr(native, name,
+                            lambda *a, k=kernel, **kw: calls.append(k(*a, **kw)) or calls[-1])
+    return calls
+
+
+def _deviation_passes(monkeypatch, kernels: str = "deviations") -> list:
+    """The native passes of ``masked_sqdev`` / ``masked_sumexp`` (kernels "deviations") or
+    ``masked_logsumexp`` ("logsumexp"), recorded (:func:`_native_calls`)."""
+    return _native_calls(monkeypatch, *(f"{kernels}_{kind}" for kind in KINDS))
+
+
+KINDS = ("all", "lines", "scatter")
+
+
+def _special_matrix(dtype, specials, scale, layout):
+    """:func:`_matrix` times ``scale`` (differences that over- and underflow ``exp``) with
+    a one-element row, as a sparse ``layout`` MaskedTensor; its data and mask."""
+    data, mask, stored = _matrix(dtype, specials=specials)
+    data = data * scale
+    mask[7] &= torch.arange(13) == 4  # a one-element row (when stored)
+    mask[7, 4] = stored[7, 4] = True
+    mask &= stored
+    return _sparse(data, mask, stored, layout), data, mask
 
 
 def _var_reference(data, mask, dim, keepdim, correction, std):
@@ -333,12 +353,7 @@ def test_logsumexp_in_one_native_pass_matches_dense(monkeypatch, layout, dtype, 
     specified values (the others -inf), with empty, fully masked and one-element groups,
     +-inf and NaN, and values whose differences over- and underflow ``exp`` (``scale``)."""
     passes = _deviation_passes(monkeypatch, "logsumexp")
-    data, mask, stored = _matrix(dtype, specials=specials)
-    data = data * scale
-    mask[7] &= torch.arange(13) == 4  # a one-element row (when stored)
-    mask[7, 4] = stored[7, 4] = True
-    mask &= stored
-    mt = _sparse(data, mask, stored, layout)
+    mt, data, mask = _special_matrix(dtype, specials, scale, layout)
     dims = (0, 1) if dim is None else dim
     got = torch.logsumexp(mt, dims, keepdim=keepdim)
     assert passes and all(p is not None for p in passes)  # the native pass ran
@@ -362,18 +377,8 @@ def test_softmax_in_one_native_call_matches_dense(monkeypatch, layout, dtype, di
     reference of the specified values (the others -inf), with empty, fully masked and
     one-element slices, +-inf and NaN (a NaN or +inf slice is NaN, as torch.softmax), and
     values whose differences over- and underflow ``exp`` (``scale``)."""
-    if not native.available():
-        pytest.skip(f"native kernels: {native.status()}")
-    calls = []
-    kernel = native.softmax
-    monkeypatch.setattr(native, "softmax",
-                        lambda *a, **k: calls.append(kernel(*a, **k)) or calls[-1])
-    data, mask, stored = _matrix(dtype, specials=specials)
-    data = data * scale
-    mask[7] &= torch.arange(13) == 4  # a one-element row (when stored)
-    mask[7, 4] = stored[7, 4] = True
-    mask &= stored
-    mt = _sparse(data, mask, stored, layout)
+    calls = _native_calls(monkeypatch, "softmax")
+    mt, data, mask = _special_matrix(dtype, specials, scale, layout)
     got = getattr(torch, op)(mt, dim)
     along_lines = dim == (0 if layout == "csc" else 1)
     assert len(calls) == along_lines and all(c is not None for c in calls)  # native ran
@@ -385,12 +390,7 @@ def test_softmax_in_one_native_call_matches_dense(monkeypatch, layout, dtype, di
 
 def test_softmax_of_a_sparse_vector_in_one_native_call(monkeypatch):
     """A 1-D COO vector is one group: the native call over every element."""
-    if not native.available():
-        pytest.skip(f"native kernels: {native.status()}")
-    calls = []
-    kernel = native.softmax
-    monkeypatch.setattr(native, "softmax",
-                        lambda *a, **k: calls.append(kernel(*a, **k)) or calls[-1])
+    calls = _native_calls(monkeypatch, "softmax")
     data = torch.tensor([1., NAN, 3., -INF, 800., 0.5])
     mask = torch.tensor([True, False, True, True, False, True])
     mt = ms.masked_tensor(data.to_sparse(), mask.to_sparse())
