@@ -336,7 +336,8 @@ def reduce_all(values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tenso
 def _line_args(offsets: torch.Tensor, which: torch.Tensor | None) -> tuple | None:
     """The arguments a lines kernel takes for ``offsets`` and ``which`` -- the pointers,
     the number of lines, the listed lines (NULL: all) and their number, the output's
-    length last -- or None where they are not int64 CPU vectors a kernel may read."""
+    length last -- or None where they are not int64 CPU vectors a kernel may read. Called
+    once the kernel applies (plain eager values): a torch.func wrapper has no pointer."""
     if (offsets.shape[0] == 0 or not _index_ok(offsets, offsets.shape[0])
             or (which is not None and not _index_ok(which, which.shape[0]))):
         return None
@@ -352,7 +353,7 @@ def lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.Tens
     ``reduce(where(mask, values, identity))``; None where the native kernels do not
     apply."""
     kernel = _kernel("lines", values, mask, op)
-    args = _line_args(offsets, which)
+    args = None if kernel is None else _line_args(offsets, which)
     if kernel is None or args is None:
         return None
     out = torch.empty(args[-1], dtype=values.dtype)
@@ -440,7 +441,7 @@ def arg_lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.
     True
     """
     kernel = _ARG.get(("lines", op, values.dtype)) if _arg_ok(values, mask, positions) else None
-    args = _line_args(offsets, which)
+    args = None if kernel is None else _line_args(offsets, which)
     if kernel is None or args is None:
         return None
     top, at = _arg_out(args[-1], values)
@@ -501,8 +502,8 @@ def count_all(mask: torch.Tensor) -> torch.Tensor | None:
 def count_lines(mask: torch.Tensor, offsets: torch.Tensor,
                 which: torch.Tensor | None = None) -> torch.Tensor | None:
     """Per line (as :func:`lines`), the number of True elements of ``mask`` (int64)."""
-    args = _line_args(offsets, which)
-    if not _count_ok(mask) or args is None:
+    args = _line_args(offsets, which) if _count_ok(mask) else None
+    if args is None:
         return None
     out = torch.empty(args[-1], dtype=torch.long)
     _check(_library().ms_lines_count(mask.data_ptr(), mask.shape[0], *args, out.data_ptr()),
@@ -614,9 +615,10 @@ def deviations_lines(f: str, values: torch.Tensor, mask: torch.Tensor, center: t
     """Per line (as :func:`lines`; ``center[i]`` is output line ``i``'s), the sum of
     ``f(values - center[i])`` over its specified elements (as :func:`deviations_all`); None
     where the native kernels do not apply."""
-    args = _line_args(offsets, which)
-    kernel = None if args is None else _dev_kernel(f, "lines", values, mask, center, args[-1])
-    if kernel is None:
+    n = offsets.shape[0] - 1 if which is None else which.shape[0]
+    kernel = _dev_kernel(f, "lines", values, mask, center, n)
+    args = None if kernel is None else _line_args(offsets, which)
+    if args is None:
         return None
     out = torch.empty(args[-1], dtype=values.dtype)
     _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args,
@@ -650,7 +652,7 @@ def logsumexp_lines(values: torch.Tensor, mask: torch.Tensor, offsets: torch.Ten
     :func:`logsumexp_all`: 0 for a line without a specified element); None where the
     native kernels do not apply."""
     kernel = _LSE.get(("lines", values.dtype)) if _applies(values, mask) else None
-    args = _line_args(offsets, which)
+    args = None if kernel is None else _line_args(offsets, which)
     if kernel is None or args is None:
         return None
     out = torch.empty(args[-1], dtype=values.dtype)
