@@ -148,6 +148,20 @@ class Grouping:
         shifted = fill_unspecified(values - self.expand(center), mask, 0).exp_()
         return self.masked_reduce(shifted, mask, "sum")
 
+    def masked_var(self, values: torch.Tensor, mask: torch.Tensor, correction: float
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per group, the variance of its specified elements with ``correction`` (0 where
+        ``count - correction <= 0``), their mean (0 where none is specified), and where the
+        variance is specified; differentiable.
+        """
+        total, count = self.masked_sum(values, mask, with_count=True)
+        mean = total / count.clamp(min=1)
+        dof = count - correction  # float32, as torch makes an int64 tensor minus a float
+        specified = dof > 0
+        var = self.masked_sqdev(values, mask, mean) / torch.where(
+            specified, dof, torch.ones((), dtype=dof.dtype))
+        return zero_unspecified(var, specified), mean, specified
+
     def masked_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
                          specified: torch.Tensor) -> torch.Tensor:
         """Per group, the log of the sum of ``exp`` of its specified elements, 0 where

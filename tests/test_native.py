@@ -758,6 +758,44 @@ def test_logsumexp_kernels_of_special_values(build):
             torch.testing.assert_close(got, want[i:i + 1].to(dtype), equal_nan=True)
 
 
+def test_variance_kernels_of_special_values(build):
+    """The one-call variance (lines, scatter, all) with corrections 0, 1 and 0.5: a
+    specified NaN or inf makes its group NaN; an unspecified element counts for nothing
+    whatever it holds; an empty, fully masked or (correction 1) one-element group is
+    unspecified, its variance 0; the mean is 0 where nothing is specified. Reference: per
+    group in float64, float32 degrees of freedom as torch's int64 count minus a float."""
+    nan, inf = math.nan, math.inf
+    values = torch.tensor([1., nan, 3., 4., 2., 2., nan, 7., inf, 5., -1., 9., 2.5])
+    mask = torch.tensor([1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1], dtype=torch.bool)
+    offsets = torch.tensor([0, 4, 7, 9, 9, 10, 11, 13])
+    groups = torch.repeat_interleave(torch.arange(7), offsets.diff())
+    counts = torch.zeros(7, dtype=torch.long).index_add_(0, groups, mask.long())
+    for correction in (0, 1, 0.5):
+        var, mean, specified = [], [], []
+        for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+            x = values[a:b][mask[a:b]].double()
+            mu = x.sum() / max(x.numel(), 1)
+            dof = torch.tensor(x.numel(), dtype=torch.float32) - correction
+            mean.append(mu)
+            specified.append(bool(dof > 0))
+            var.append(((x - mu) ** 2).sum() / dof.double() if dof > 0 else torch.tensor(0.))
+        want = torch.stack(var), torch.stack(mean), torch.tensor(specified)
+        assert want[2].tolist() == [True, True, True, False, correction < 1, correction < 1,
+                                    correction < 1]  # the reference says what it should
+        assert want[0][1:3].isnan().all()  # a specified NaN; inf - inf
+        for dtype in DTYPES:
+            v = values.to(dtype)
+            outs = [native.variance(v, mask, correction, offsets),
+                    native.variance(v, mask, correction, index=groups, counts=counts)]
+            outs += [[torch.cat(t) for t in zip(*(
+                native.variance(v[a:b].contiguous(), mask[a:b].contiguous(), correction)
+                for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())))]]
+            for got in outs:
+                torch.testing.assert_close(got[0], want[0].to(dtype), equal_nan=True)
+                torch.testing.assert_close(got[1], want[1].to(dtype), equal_nan=True)
+                assert torch.equal(got[2], want[2])
+
+
 def test_sumexp_of_special_values():
     """A specified NaN makes its group NaN, +inf makes it inf, -inf adds 0; an unspecified
     element adds nothing whatever it holds; an empty or fully masked group sums to 0."""

@@ -317,11 +317,11 @@ def _var_reference(data, mask, dim, keepdim, correction, std):
 @pytest.mark.parametrize("specials", [True, False], ids=["inf-nan", "finite"])
 def test_var_in_one_native_pass_matches_dense(monkeypatch, layout, dtype, op, correction,
                                               dim, keepdim, specials):
-    """var / std / var_mean / std_mean of a sparse matrix, whose second pass (the squared
-    deviations from the group means) runs in one native kernel (``masked_sqdev``): the
-    float64 ``torch.where`` reference and the strided route, with empty, fully masked and
+    """var / std / var_mean / std_mean of a sparse matrix, which runs in one native call
+    (``masked_var``: count, sum, mean, squared deviations, variance): the float64
+    ``torch.where`` reference and the strided route, with empty, fully masked and
     one-element groups, +-inf and NaN."""
-    passes = _deviation_passes(monkeypatch)
+    passes = _native_calls(monkeypatch, "variance")
     data, mask, stored = _matrix(dtype, specials=specials)
     mask[7] &= torch.arange(13) == 4  # a one-element row (when stored)
     mask[7, 4] = stored[7, 4] = True
@@ -404,19 +404,19 @@ def test_softmax_of_a_sparse_vector_in_one_native_call(monkeypatch):
 @pytest.mark.parametrize("layout", ["coo", "csr"])
 def test_var_over_group_ids_that_are_not_narrowed(monkeypatch, layout):
     """Where no narrowed copy of the group ids exists (Note [Narrow group indices]: too many
-    groups), the squared deviations scatter over the int64 group ids."""
+    groups), the variance scatters over the int64 group ids."""
     if not native.available():
         pytest.skip(f"native kernels: {native.status()}")
     monkeypatch.setattr(native, "narrow", lambda *args, **kwargs: None)
-    scatter, index_dtypes = native.deviations_scatter, []
+    variance, index_dtypes = native.variance, []
 
-    def recorded(f, values, mask, center, index, n):
-        index_dtypes.append(index.dtype)
-        out = scatter(f, values, mask, center, index, n)
-        assert out is not None  # the native pass ran
+    def recorded(values, mask, correction, **kwargs):
+        index_dtypes.append(kwargs["index"].dtype)
+        out = variance(values, mask, correction, **kwargs)
+        assert out is not None  # the native call ran
         return out
 
-    monkeypatch.setattr(native, "deviations_scatter", recorded)
+    monkeypatch.setattr(native, "variance", recorded)
     data, mask, stored = _matrix(torch.float64, specials=False)
     stored[:, 9] = False
     mask &= stored

@@ -214,15 +214,9 @@ def group_norm(g: Grouping, v: torch.Tensor, m: torch.Tensor,
 
 def k_var(g: Grouping, correction: float, std: bool, with_mean: bool) -> Any:
     v, m = source(g)
-    total, count = g.masked_sum(v, m, with_count=True)
-    mean = total / count.clamp(min=1)
-    dof = count - correction
-    specified = dof > 0
-    var = g.masked_sqdev(v, m, mean) / torch.where(specified, dof, _full(1, dof))
-    if std:
-        var = safe_root(var, 2)
-    out = g.build(zero_unspecified(var, specified), specified)
-    return (out, g.build(mean, count > 0)) if with_mean else out
+    var, mean, specified = g.masked_var(v, m, correction)
+    out = g.build(safe_root(var, 2) if std else var, specified)
+    return (out, g.build(mean, g.reduce(m, "any"))) if with_mean else out
 
 
 def k_logsumexp(g: Grouping, dtype: torch.dtype) -> Storage:
