@@ -148,6 +148,13 @@ class Grouping:
         shifted = fill_unspecified(values - self.expand(center), mask, 0).exp_()
         return self.masked_reduce(shifted, mask, "sum")
 
+    def masked_mean(self, values: torch.Tensor, mask: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per group, the mean of its specified elements (0 where none is) and whether it
+        has one; differentiable."""
+        total, count = self.masked_sum(values, mask, with_count=True)
+        return total / count.clamp(min=1), count > 0
+
     def masked_var(self, values: torch.Tensor, mask: torch.Tensor, correction: float
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per group, the variance of its specified elements with ``correction`` (0 where

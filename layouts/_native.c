@@ -1065,59 +1065,67 @@ LSE_KERNELS(f32)
 SOFTMAX_KERNELS(f64)
 SOFTMAX_KERNELS(f32)
 
-/* -- variance in one call --------------------------------------------------------------
+/* -- mean and variance in one call -----------------------------------------------------
  * Per line (all: one line of every element; scatter: per group of an index), the masked
- * variance step for step as the composed path (Grouping.masked_var in
- * layouts/_grouping.py): c, the count of specified elements; their sum in double rounded
- * to T; the mean in T, sum / max(c, 1); the squared deviations from that mean (the sqdev
- * pass, in double, rounded to T); dof = c - correction in float32 (as torch computes an
- * int64 count minus a Python float); the variance sqdev / dof where dof > 0, else 0, with
- * `specified` 1 there. scatter: the caller's cached counts and a double scratch `sums`
- * (nout each); the sum pass checks every index. */
-#define VAR_OUT(T, c, sq, correction, i)                                                 \
+ * mean and variance step for step as the composed paths (Grouping.masked_mean /
+ * masked_var in layouts/_grouping.py): c, the count of specified elements; their sum in
+ * double rounded to T; the mean in T, sum / max(c, 1). With `var` (NULL: the mean alone,
+ * specified where c > 0): the squared deviations from that mean (the sqdev pass, in
+ * double, rounded to T); dof = c - correction in float32 (as torch computes an int64
+ * count minus a Python float); the variance sqdev / dof where dof > 0, else 0, specified
+ * there. scatter: the caller's cached counts and a double scratch `sums` (nout each); the
+ * sum pass checks every index. */
+#define MOMENTS_OUT(T, c, sq, correction, i)                                             \
     do {                                                                                 \
+        if (!var) {                                                                      \
+            specified[i] = (c) > 0;                                                      \
+            break;                                                                       \
+        }                                                                                \
         float dof_ = (float)(c) - (float)(correction);                                   \
         var[i] = dof_ > 0 ? (T)(sq) / (T)dof_ : 0;                                       \
         specified[i] = dof_ > 0;                                                         \
     } while (0)
-#define VAR_KERNELS(T)                                                                   \
-    static inline void var_range_##T(const T *v, const uint8_t *m, int64_t a, int64_t b, \
-                                     double correction, T *var, T *mean,                 \
-                                     uint8_t *specified, int64_t i) {                    \
+#define MOMENTS_KERNELS(T)                                                               \
+    static inline void moments_range_##T(const T *v, const uint8_t *m, int64_t a,       \
+                                         int64_t b, double correction, T *var, T *mean,  \
+                                         uint8_t *specified, int64_t i) {                \
         int64_t c = count_range(m, a, b);                                                \
         T mu = (T)sum_range_##T(v, m, a, b, 0.0, 0) / (T)(c > 0 ? c : 1);                \
         mean[i] = mu;                                                                    \
-        VAR_OUT(T, c, (T)sqdev_range_##T(v, m, a, b, (double)mu), correction, i);        \
+        MOMENTS_OUT(T, c, var ? (T)sqdev_range_##T(v, m, a, b, (double)mu) : 0,          \
+                    correction, i);                                                      \
     }                                                                                    \
-    int ms_all_var_##T(const T *v, const uint8_t *m, int64_t n, double correction,       \
-                       T *var, T *mean, uint8_t *specified) {                            \
-        var_range_##T(v, m, 0, n, correction, var, mean, specified, 0);                  \
+    int ms_all_moments_##T(const T *v, const uint8_t *m, int64_t n, double correction,   \
+                           T *var, T *mean, uint8_t *specified) {                        \
+        moments_range_##T(v, m, 0, n, correction, var, mean, specified, 0);              \
         return 0;                                                                        \
     }                                                                                    \
-    int ms_lines_var_##T(const T *v, const uint8_t *m, int64_t n, const int64_t *offsets, \
-                         int64_t nlines_all, const int64_t *lines, int64_t nlines,       \
-                         double correction, T *var, T *mean, uint8_t *specified) {       \
+    int ms_lines_moments_##T(const T *v, const uint8_t *m, int64_t n,                    \
+                             const int64_t *offsets, int64_t nlines_all,                 \
+                             const int64_t *lines, int64_t nlines, double correction,    \
+                             T *var, T *mean, uint8_t *specified) {                      \
         for (int64_t i = 0; i < nlines; i++) {                                           \
             uint64_t r = lines ? (uint64_t)lines[i] : (uint64_t)i;                       \
             if (r >= (uint64_t)nlines_all) return -1;                                    \
             int64_t a = offsets[r], b = offsets[r + 1];                                  \
             if (a < 0 || a > b || b > n) return -1;                                      \
-            var_range_##T(v, m, a, b, correction, var, mean, specified, i);              \
+            moments_range_##T(v, m, a, b, correction, var, mean, specified, i);          \
         }                                                                                \
         return 0;                                                                        \
     }                                                                                    \
-    VAR_SCATTER(T, i64) VAR_SCATTER(T, i32) VAR_SCATTER(T, u16)
-#define VAR_SCATTER(T, I)                                                                \
-    int ms_scatter_var_##T##_##I(const T *v, const uint8_t *m, int64_t n, const I *index, \
-                                 const int64_t *counts, double correction, double *sums, \
-                                 T *var, T *mean, uint8_t *specified, int64_t nout) {    \
+    MOMENTS_SCATTER(T, i64) MOMENTS_SCATTER(T, i32) MOMENTS_SCATTER(T, u16)
+#define MOMENTS_SCATTER(T, I)                                                            \
+    int ms_scatter_moments_##T##_##I(const T *v, const uint8_t *m, int64_t n,            \
+                                     const I *index, const int64_t *counts,              \
+                                     double correction, double *sums, T *var, T *mean,   \
+                                     uint8_t *specified, int64_t nout) {                 \
         if (ms_scatter_sum_##T##_##I(v, m, n, index, 0, sums, nout)) return -1;          \
         for (int64_t g = 0; g < nout; g++)                                               \
             mean[g] = (T)sums[g] / (T)(counts[g] > 0 ? counts[g] : 1);                   \
-        if (ms_scatter_sqdev_##T##_##I(v, m, n, index, mean, sums, nout)) return -1;     \
+        if (var && ms_scatter_sqdev_##T##_##I(v, m, n, index, mean, sums, nout)) return -1; \
         for (int64_t g = 0; g < nout; g++)                                               \
-            VAR_OUT(T, counts[g], (T)sums[g], correction, g);                            \
+            MOMENTS_OUT(T, counts[g], (T)sums[g], correction, g);                        \
         return 0;                                                                        \
     }
-VAR_KERNELS(f64)
-VAR_KERNELS(f32)
+MOMENTS_KERNELS(f64)
+MOMENTS_KERNELS(f32)

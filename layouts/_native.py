@@ -29,7 +29,8 @@ time, full ~1.05x ``torch.logsumexp(values, 0)`` (a Zen 4; 2.7x and 1.3x on an I
 with one 512-bit FMA port). A whole logsumexp (:func:`logsumexp_all` & co.: the max pass,
 the sumexp pass and the log in one call, ``Grouping.masked_logsumexp``) saves the torch
 ops between the passes: 22-30 µs at 1000 entries instead of 50-65; so does a whole
-variance (:func:`variance`: count, sum, mean, squared deviations, ``Grouping.masked_var``),
+variance (:func:`moments`: count, sum, mean, squared deviations, ``Grouping.masked_var``;
+a mean alone, ``masked_mean``, stops after the mean),
 20-30 µs instead of 46-63 (the sqdev pass serves the composed route where the one call
 does not apply), and a softmax along the stored lines (:func:`softmax`:
 ``Grouping.softmax``), 35-40 µs instead of 68-75, and 0.28x the raw torch route at 1M (was
@@ -214,11 +215,12 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
             index: _declared(lib, f"ms_scatter_logsumexp_{suffix}_{i}", [p, p, n, p, p, p, p, n])
             for index, i in _INDEX.items()}
         c = ctypes.c_double
-        _VAR["all", dtype] = _declared(lib, f"ms_all_var_{suffix}", [p, p, n, c, p, p, p])
-        _VAR["lines", dtype] = _declared(lib, f"ms_lines_var_{suffix}",
-                                         [p, p, n, p, n, p, n, c, p, p, p])
-        _VAR["scatter", dtype] = {
-            index: _declared(lib, f"ms_scatter_var_{suffix}_{i}",
+        _MOMENTS["all", dtype] = _declared(lib, f"ms_all_moments_{suffix}",
+                                           [p, p, n, c, p, p, p])
+        _MOMENTS["lines", dtype] = _declared(lib, f"ms_lines_moments_{suffix}",
+                                             [p, p, n, p, n, p, n, c, p, p, p])
+        _MOMENTS["scatter", dtype] = {
+            index: _declared(lib, f"ms_scatter_moments_{suffix}_{i}",
                              [p, p, n, p, p, c, p, p, p, p, n])
             for index, i in _INDEX.items()}
         flag = ctypes.c_int
@@ -265,10 +267,10 @@ _FILL: dict[int, ctypes._CFuncPtr] = {}  # bytes per element -> exact fill
 _DEV: dict[tuple[str, str, torch.dtype], Any] = {}
 _LSE: dict[tuple[str, torch.dtype], Any] = {}  # (kind, dtype) -> logsumexp, as in _KERNELS
 _SOFTMAX: dict[tuple[str, torch.dtype], ctypes._CFuncPtr] = {}  # (kind, dtype) -> softmax
-_VAR: dict[tuple[str, torch.dtype], Any] = {}  # (kind, dtype) -> variance, as _LSE
+_MOMENTS: dict[tuple[str, torch.dtype], Any] = {}  # (kind, dtype) -> mean / var, as _LSE
 #: the tables :func:`_declare` fills (a test that loads another build swaps them all)
 _TABLES = ("_KERNELS", "_COUNT_SCATTER", "_NARROW", "_FIRST", "_ARG", "_FILL", "_DEV",
-           "_LSE", "_SOFTMAX", "_VAR")
+           "_LSE", "_SOFTMAX", "_MOMENTS")
 
 
 def available() -> bool:
@@ -691,25 +693,26 @@ def logsumexp_scatter(values: torch.Tensor, mask: torch.Tensor, index: torch.Ten
     return out
 
 
-def variance(values: torch.Tensor, mask: torch.Tensor, correction: float,
-             offsets: torch.Tensor | None = None, which: torch.Tensor | None = None,
-             index: torch.Tensor | None = None, counts: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """The masked variance with ``correction`` in one call, per group: over one group of
-    every element; with ``offsets`` per line (as :func:`lines`); with ``index`` and the
-    groups' ``counts`` of specified elements (int64, one per group) per group (as
-    :func:`scatter`). Returns the variance (0 where ``count - correction <= 0``), the mean
-    (0 where nothing is specified) and where the variance is specified; step for step the
-    composed path (``Grouping.masked_var``). None where the native kernels do not apply.
+def moments(values: torch.Tensor, mask: torch.Tensor, correction: float | None,
+            offsets: torch.Tensor | None = None, which: torch.Tensor | None = None,
+            index: torch.Tensor | None = None, counts: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None:
+    """The masked mean and, with a ``correction`` (None: the mean alone), variance in one
+    call, per group: over one group of every element; with ``offsets`` per line (as
+    :func:`lines`); with ``index`` and the groups' ``counts`` of specified elements (int64,
+    one per group) per group (as :func:`scatter`). Returns the variance (0 where ``count -
+    correction <= 0``; None without a correction), the mean (0 where nothing is specified)
+    and where the result is specified; step for step the composed paths
+    (``Grouping.masked_mean`` / ``masked_var``). None where the native kernels do not apply.
 
     >>> v, m = torch.tensor([1., float("nan"), 3.]), torch.tensor([True, False, True])
-    >>> out = variance(v, m, 1.0)
+    >>> out = moments(v, m, 1.0)
     >>> out is None or [t.tolist() for t in out] == [[2.0], [2.0], [True]]
     True
     """
     kind = "all" if offsets is None and index is None else "lines" if index is None else \
         "scatter"
-    kernel = _VAR.get((kind, values.dtype)) if _applies(values, mask) else None
+    kernel = _MOMENTS.get((kind, values.dtype)) if _applies(values, mask) else None
     if kernel is None:
         return None
     groups: tuple = ()
@@ -728,15 +731,15 @@ def variance(values: torch.Tensor, mask: torch.Tensor, correction: float,
         groups = (index.data_ptr(), counts.data_ptr())
     else:
         n = 1
-    var, mean = torch.empty(n, dtype=values.dtype), torch.empty(n, dtype=values.dtype)
-    specified = torch.empty(n, dtype=torch.bool)
-    tail = (var.data_ptr(), mean.data_ptr(), specified.data_ptr())
+    var = None if correction is None else torch.empty(n, dtype=values.dtype)
+    mean, specified = torch.empty(n, dtype=values.dtype), torch.empty(n, dtype=torch.bool)
+    groups += (0.0 if correction is None else float(correction),)
+    tail = (None if var is None else var.data_ptr(), mean.data_ptr(), specified.data_ptr())
     if kind == "scatter":
-        groups += (float(correction), sums.data_ptr())
+        groups += (sums.data_ptr(),)
         tail += (n,)
-    else:
-        groups += (float(correction),)
-    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *groups, *tail), "var")
+    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *groups, *tail),
+           "mean" if correction is None else "var")
     return var, mean, specified
 
 

@@ -299,20 +299,26 @@ class CooGrouping(Grouping):
         out = self._fused_dev("sumexp", values, mask, center)
         return out if out is not None else super().masked_sumexp(values, mask, center)
 
+    def masked_mean(self, values: torch.Tensor, mask: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self._fused_moments(values, mask, None)
+        return out[1:] if out is not None else super().masked_mean(values, mask)
+
     def masked_var(self, values: torch.Tensor, mask: torch.Tensor, correction: float
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        out = self._fused_var(values, mask, correction)
+        out = self._fused_moments(values, mask, correction)
         return out if out is not None else super().masked_var(values, mask, correction)
 
-    def _fused_var(self, values: torch.Tensor, mask: torch.Tensor, correction: float
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """``masked_var`` in one native call (``_native.variance`` of one group or over
-        the group ids with the cached counts; the line grouping's: along its lines), or
-        None where it does not apply (as ``_fused``: the composed path)."""
+    def _fused_moments(self, values: torch.Tensor, mask: torch.Tensor,
+                       correction: float | None) -> tuple | None:
+        """``masked_mean`` (``correction`` None) or ``masked_var`` in one native call
+        (``_native.moments`` of one group or over the group ids with the cached counts; the
+        line grouping's: along its lines), or None where it does not apply (as ``_fused``:
+        the composed path)."""
         if self.value_dims or not self.sparse_dims or (self.single and not mask.shape[0]):
             return None
         if self.single:
-            return _native.variance(values, mask, correction)
+            return _native.moments(values, mask, correction)
         if not _native._applies(values, mask):
             return None
         narrowed = self._group_ids(values)
@@ -320,7 +326,7 @@ class CooGrouping(Grouping):
         counts = self._count(mask)
         if counts.shape != (self.ngroups,):
             return None
-        return _native.variance(values, mask, correction, index=index, counts=counts)
+        return _native.moments(values, mask, correction, index=index, counts=counts)
 
     def masked_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
                          specified: torch.Tensor) -> torch.Tensor:
@@ -607,11 +613,11 @@ class CompressedGrouping(CooGrouping):
             return super()._fused_dev(dev, values, mask, center)
         return _native.deviations_lines(dev, values, mask, center, self.offsets, self._which)
 
-    def _fused_var(self, values: torch.Tensor, mask: torch.Tensor, correction: float
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    def _fused_moments(self, values: torch.Tensor, mask: torch.Tensor,
+                       correction: float | None) -> tuple | None:
         if not self.by_lines:
-            return super()._fused_var(values, mask, correction)
-        return _native.variance(values, mask, correction, self.offsets, self._which)
+            return super()._fused_moments(values, mask, correction)
+        return _native.moments(values, mask, correction, self.offsets, self._which)
 
     def _fused_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
                          specified: torch.Tensor) -> torch.Tensor | None:

@@ -758,8 +758,9 @@ def test_logsumexp_kernels_of_special_values(build):
             torch.testing.assert_close(got, want[i:i + 1].to(dtype), equal_nan=True)
 
 
-def test_variance_kernels_of_special_values(build):
-    """The one-call variance (lines, scatter, all) with corrections 0, 1 and 0.5: a
+def test_moments_kernels_of_special_values(build):
+    """The one-call mean and variance (lines, scatter, all), the mean alone (correction
+    None: specified where an element is) and with corrections 0, 1 and 0.5: a
     specified NaN or inf makes its group NaN; an unspecified element counts for nothing
     whatever it holds; an empty, fully masked or (correction 1) one-element group is
     unspecified, its variance 0; the mean is 0 where nothing is specified. Reference: per
@@ -770,27 +771,31 @@ def test_variance_kernels_of_special_values(build):
     offsets = torch.tensor([0, 4, 7, 9, 9, 10, 11, 13])
     groups = torch.repeat_interleave(torch.arange(7), offsets.diff())
     counts = torch.zeros(7, dtype=torch.long).index_add_(0, groups, mask.long())
-    for correction in (0, 1, 0.5):
+    for correction in (None, 0, 1, 0.5):
         var, mean, specified = [], [], []
         for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
             x = values[a:b][mask[a:b]].double()
             mu = x.sum() / max(x.numel(), 1)
-            dof = torch.tensor(x.numel(), dtype=torch.float32) - correction
+            dof = torch.tensor(x.numel(), dtype=torch.float32) - (correction or 0)
             mean.append(mu)
             specified.append(bool(dof > 0))
             var.append(((x - mu) ** 2).sum() / dof.double() if dof > 0 else torch.tensor(0.))
         want = torch.stack(var), torch.stack(mean), torch.tensor(specified)
-        assert want[2].tolist() == [True, True, True, False, correction < 1, correction < 1,
-                                    correction < 1]  # the reference says what it should
+        one = correction is None or correction < 1  # a one-element group is specified
+        assert want[2].tolist() == [True, True, True, False, one, one, one]  # derived above
         assert want[0][1:3].isnan().all()  # a specified NaN; inf - inf
         for dtype in DTYPES:
             v = values.to(dtype)
-            outs = [native.variance(v, mask, correction, offsets),
-                    native.variance(v, mask, correction, index=groups, counts=counts)]
-            outs += [[torch.cat(t) for t in zip(*(
-                native.variance(v[a:b].contiguous(), mask[a:b].contiguous(), correction)
-                for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())))]]
+            outs = [native.moments(v, mask, correction, offsets),
+                    native.moments(v, mask, correction, index=groups, counts=counts)]
+            alone = zip(*(native.moments(v[a:b].contiguous(), mask[a:b].contiguous(),
+                                         correction)
+                          for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())))
+            outs += [[None if t[0] is None else torch.cat(t) for t in alone]]
             for got in outs:
+                if correction is None:
+                    assert got[0] is None
+                    got = (want[0].to(dtype), *got[1:])
                 torch.testing.assert_close(got[0], want[0].to(dtype), equal_nan=True)
                 torch.testing.assert_close(got[1], want[1].to(dtype), equal_nan=True)
                 assert torch.equal(got[2], want[2])

@@ -321,7 +321,7 @@ def test_var_in_one_native_pass_matches_dense(monkeypatch, layout, dtype, op, co
     (``masked_var``: count, sum, mean, squared deviations, variance): the float64
     ``torch.where`` reference and the strided route, with empty, fully masked and
     one-element groups, +-inf and NaN."""
-    passes = _native_calls(monkeypatch, "variance")
+    passes = _native_calls(monkeypatch, "moments")
     data, mask, stored = _matrix(dtype, specials=specials)
     mask[7] &= torch.arange(13) == 4  # a one-element row (when stored)
     mask[7, 4] = stored[7, 4] = True
@@ -408,15 +408,15 @@ def test_var_over_group_ids_that_are_not_narrowed(monkeypatch, layout):
     if not native.available():
         pytest.skip(f"native kernels: {native.status()}")
     monkeypatch.setattr(native, "narrow", lambda *args, **kwargs: None)
-    variance, index_dtypes = native.variance, []
+    moments, index_dtypes = native.moments, []
 
     def recorded(values, mask, correction, **kwargs):
         index_dtypes.append(kwargs["index"].dtype)
-        out = variance(values, mask, correction, **kwargs)
+        out = moments(values, mask, correction, **kwargs)
         assert out is not None  # the native call ran
         return out
 
-    monkeypatch.setattr(native, "variance", recorded)
+    monkeypatch.setattr(native, "moments", recorded)
     data, mask, stored = _matrix(torch.float64, specials=False)
     stored[:, 9] = False
     mask &= stored

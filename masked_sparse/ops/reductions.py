@@ -152,8 +152,7 @@ def k_sum(g: Grouping, dtype: torch.dtype, nan: bool) -> Storage:
 
 def k_mean(g: Grouping, dtype: torch.dtype, nan: bool) -> Storage:
     v, m = source(g, dtype, nan)
-    total, count = g.masked_sum(v, m, with_count=True)
-    return g.build(total / count.clamp(min=1), count > 0)
+    return g.build(*g.masked_mean(v, m))
 
 
 def k_prod(g: Grouping, dtype: torch.dtype) -> Storage:
