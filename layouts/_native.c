@@ -1122,7 +1122,8 @@ SOFTMAX_KERNELS(f32)
         if (ms_scatter_sum_##T##_##I(v, m, n, index, 0, sums, nout)) return -1;          \
         for (int64_t g = 0; g < nout; g++)                                               \
             mean[g] = (T)sums[g] / (T)(counts[g] > 0 ? counts[g] : 1);                   \
-        if (var && ms_scatter_sqdev_##T##_##I(v, m, n, index, mean, sums, nout)) return -1; \
+        if (var && ms_scatter_sqdev_##T##_##I(v, m, n, index, mean, sums, nout))         \
+            return -1;                                                                   \
         for (int64_t g = 0; g < nout; g++)                                               \
             MOMENTS_OUT(T, counts[g], (T)sums[g], correction, g);                        \
         return 0;                                                                        \
