@@ -394,6 +394,15 @@ typedef uint16_t u16;
         return 0;                                                                        \
     }
 
+/* In a lines kernel (its parameters offsets, nlines_all, lines, nlines, n in scope): the
+ * elements a .. b - 1 of listed line i (line i itself when `lines` is NULL), every bound
+ * checked first -- the kernel returns -1 at a line or offset out of range. */
+#define LINE_BOUNDS(i, a, b)                                                             \
+    uint64_t r_##i = lines ? (uint64_t)lines[i] : (uint64_t)(i);                         \
+    if (r_##i >= (uint64_t)nlines_all) return -1;                                        \
+    int64_t a = offsets[r_##i], b = offsets[r_##i + 1];                                  \
+    if (a < 0 || a > b || b > n) return -1
+
 /* The three kernels of one op and value type (scatter: one per index type). */
 #define KERNELS(T, OP)                                                                   \
     RANGE(T, OP)                                                                         \
@@ -409,10 +418,7 @@ typedef uint16_t u16;
         const ACC_##OP(T) start = START_##OP(identity);                                  \
         const bits_##T other = bits_of_##T((T)start);                                    \
         for (int64_t i = 0; i < nlines; i++) {                                           \
-            uint64_t r = lines ? (uint64_t)lines[i] : (uint64_t)i;                       \
-            if (r >= (uint64_t)nlines_all) return -1;                                    \
-            int64_t a = offsets[r], b = offsets[r + 1];                                  \
-            if (a < 0 || a > b || b > n) return -1;                                      \
+            LINE_BOUNDS(i, a, b);                                                        \
             out[i] = (T)OP##_range_##T(v, m, a, b, start, other);                        \
         }                                                                                \
         return 0;                                                                        \
@@ -451,10 +457,7 @@ int ms_all_count(const uint8_t *m, int64_t n, int64_t *out) {
 int ms_lines_count(const uint8_t *m, int64_t n, const int64_t *offsets, int64_t nlines_all,
                    const int64_t *lines, int64_t nlines, int64_t *out) {
     for (int64_t i = 0; i < nlines; i++) {
-        uint64_t r = lines ? (uint64_t)lines[i] : (uint64_t)i;
-        if (r >= (uint64_t)nlines_all) return -1;
-        int64_t a = offsets[r], b = offsets[r + 1];
-        if (a < 0 || a > b || b > n) return -1;
+        LINE_BOUNDS(i, a, b);
         out[i] = count_range(m, a, b);
     }
     return 0;
@@ -628,10 +631,7 @@ ARG_SCAN(f32)
                                T identity, T *top, int64_t *at) {                        \
         const bits_##T other = bits_of_##T(identity);                                    \
         for (int64_t i = 0; i < nlines; i++) {                                           \
-            uint64_t r = lines ? (uint64_t)lines[i] : (uint64_t)i;                       \
-            if (r >= (uint64_t)nlines_all) return -1;                                    \
-            int64_t a = offsets[r], b = offsets[r + 1];                                  \
-            if (a < 0 || a > b || b > n) return -1;                                      \
+            LINE_BOUNDS(i, a, b);                                                        \
             const T t = (T)OP##_range_##T(v, m, a, b, identity, other);                  \
             const int64_t first = t != t ? arg_scan_##T(v, m, pos, a, b, t, 1)          \
                                          : arg_scan_##T(v, m, pos, a, b, t, 0);         \
@@ -904,10 +904,7 @@ static inline __m512d exp_dev8(__m512d x) {
                             const int64_t *lines, int64_t nlines, const T *center,       \
                             T *out) {                                                    \
         for (int64_t i = 0; i < nlines; i++) {                                           \
-            uint64_t r = lines ? (uint64_t)lines[i] : (uint64_t)i;                       \
-            if (r >= (uint64_t)nlines_all) return -1;                                    \
-            int64_t a = offsets[r], b = offsets[r + 1];                                  \
-            if (a < 0 || a > b || b > n) return -1;                                      \
+            LINE_BOUNDS(i, a, b);                                                        \
             out[i] = (T)OP##_range_##T(v, m, a, b, (double)center[i]);                   \
         }                                                                                \
         return 0;                                                                        \
@@ -945,10 +942,7 @@ DEV_KERNELS(f32, sumexp)
                                const int64_t *offsets, int64_t nlines_all,               \
                                const int64_t *lines, int64_t nlines, T *out) {           \
         for (int64_t i = 0; i < nlines; i++) {                                           \
-            uint64_t r = lines ? (uint64_t)lines[i] : (uint64_t)i;                       \
-            if (r >= (uint64_t)nlines_all) return -1;                                    \
-            int64_t a = offsets[r], b = offsets[r + 1];                                  \
-            if (a < 0 || a > b || b > n) return -1;                                      \
+            LINE_BOUNDS(i, a, b);                                                        \
             out[i] = lse_range_##T(v, m, a, b);                                          \
         }                                                                                \
         return 0;                                                                        \
@@ -1054,10 +1048,7 @@ LSE_KERNELS(f32)
                              T *out) {                                                   \
         if (offsets[0] != 0 || offsets[nlines_all] != n) return -1;                      \
         for (int64_t i = 0; i < nlines; i++) {                                           \
-            uint64_t r = lines ? (uint64_t)lines[i] : (uint64_t)i;                       \
-            if (r >= (uint64_t)nlines_all) return -1;                                    \
-            int64_t a = offsets[r], b = offsets[r + 1];                                  \
-            if (a < 0 || a > b || b > n) return -1;                                      \
+            LINE_BOUNDS(i, a, b);                                                        \
             softmax_range_##T(v, m, a, b, take_log, out);                                \
         }                                                                                \
         return 0;                                                                        \
@@ -1105,10 +1096,7 @@ SOFTMAX_KERNELS(f32)
                              const int64_t *lines, int64_t nlines, double correction,    \
                              T *var, T *mean, uint8_t *specified) {                      \
         for (int64_t i = 0; i < nlines; i++) {                                           \
-            uint64_t r = lines ? (uint64_t)lines[i] : (uint64_t)i;                       \
-            if (r >= (uint64_t)nlines_all) return -1;                                    \
-            int64_t a = offsets[r], b = offsets[r + 1];                                  \
-            if (a < 0 || a > b || b > n) return -1;                                      \
+            LINE_BOUNDS(i, a, b);                                                        \
             moments_range_##T(v, m, a, b, correction, var, mean, specified, i);          \
         }                                                                                \
         return 0;                                                                        \

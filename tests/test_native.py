@@ -350,6 +350,24 @@ def test_an_out_of_range_index_raises_and_touches_nothing(bad):
         native.count_lines(mask, torch.tensor([0, 9]), torch.tensor([0]))
 
 
+@pytest.mark.parametrize("kernel", ["logsumexp", "softmax", "moments"])
+@pytest.mark.parametrize("bad", ["which", "offsets"])
+def test_the_one_call_line_kernels_raise_on_an_out_of_range_line(kernel, bad):
+    """The lines kernels of logsumexp, softmax and mean / variance check every listed line
+    and its offsets (LINE_BOUNDS) before they read: a line past the last, or pointers that
+    decrease or run past the stored values, raise."""
+    if not native.available():
+        pytest.skip(f"native kernels: {native.status()}")
+    values, mask = torch.ones(4), torch.ones(4, dtype=torch.bool)
+    offsets, which = ((torch.tensor([0, 2, 4]), torch.tensor([2])) if bad == "which" else
+                      (torch.tensor([0, 3, 1, 4]), torch.tensor([1])))
+    call = {"logsumexp": lambda: native.logsumexp_lines(values, mask, offsets, which),
+            "softmax": lambda: native.softmax(values, mask, False, offsets, which),
+            "moments": lambda: native.moments(values, mask, 1.0, offsets, which)}[kernel]
+    with pytest.raises(RuntimeError, match="out of range"):
+        call()
+
+
 def test_a_corrupted_sparse_index_raises_in_a_reduction():
     """An index written in place after the MaskedTensor was built is caught, not read."""
     import masked_sparse as ms
