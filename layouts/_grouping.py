@@ -152,8 +152,13 @@ class Grouping:
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per group, the mean of its specified elements (0 where none is) and whether it
         has one; differentiable."""
+        mean, count = self._mean_and_count(values, mask)
+        return mean, count > 0
+
+    def _mean_and_count(self, values: torch.Tensor, mask: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
         total, count = self.masked_sum(values, mask, with_count=True)
-        return total / count.clamp(min=1), count > 0
+        return total / count.clamp(min=1), count
 
     def masked_var(self, values: torch.Tensor, mask: torch.Tensor, correction: float
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -161,8 +166,7 @@ class Grouping:
         ``count - correction <= 0``), their mean (0 where none is specified), and where the
         variance is specified; differentiable.
         """
-        total, count = self.masked_sum(values, mask, with_count=True)
-        mean = total / count.clamp(min=1)
+        mean, count = self._mean_and_count(values, mask)
         dof = count - correction  # float32, as torch makes an int64 tensor minus a float
         specified = dof > 0
         var = self.masked_sqdev(values, mask, mean) / torch.where(

@@ -312,21 +312,16 @@ class CooGrouping(Grouping):
     def _fused_moments(self, values: torch.Tensor, mask: torch.Tensor,
                        correction: float | None) -> tuple | None:
         """``masked_mean`` (``correction`` None) or ``masked_var`` in one native call
-        (``_native.moments`` of one group or over the group ids with the cached counts; the
-        line grouping's: along its lines), or None where it does not apply (as ``_fused``:
-        the composed path)."""
-        if self.value_dims or not self.sparse_dims or (self.single and not mask.shape[0]):
-            return None
-        if self.single:
-            return _native.moments(values, mask, correction)
-        if not _native._applies(values, mask):
-            return None
-        narrowed = self._group_ids(values)
-        index = narrowed if narrowed is not None else self.gid
-        counts = self._count(mask)
-        if counts.shape != (self.ngroups,):
-            return None
-        return _native.moments(values, mask, correction, index=index, counts=counts)
+        (``_native.moments``, over the group ids with the counts cached per mask; the line
+        grouping's: along its lines), or None (:meth:`_one_call`)."""
+        def per_group(index: torch.Tensor) -> tuple | None:
+            counts = self._count(mask)
+            if counts.shape != (self.ngroups,):
+                return None
+            return _native.moments(values, mask, correction, index=index, counts=counts)
+
+        return self._one_call(values, mask, lambda: _native.moments(values, mask, correction),
+                              per_group)
 
     def masked_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
                          specified: torch.Tensor) -> torch.Tensor:
@@ -336,17 +331,12 @@ class CooGrouping(Grouping):
     def _fused_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
                          specified: torch.Tensor) -> torch.Tensor | None:
         """``masked_logsumexp`` in one native call (``_native.logsumexp_all`` /
-        ``logsumexp_scatter`` over the group ids; the line grouping's: ``logsumexp_lines``),
-        or None where it does not apply (as ``_fused``: the composed path)."""
-        if self.value_dims or not self.sparse_dims or (self.single and not mask.shape[0]):
-            return None
-        if self.single:
-            return _native.logsumexp_all(values, mask)
-        if not _native._applies(values, mask):
-            return None
-        narrowed = self._group_ids(values)
-        index = narrowed if narrowed is not None else self.gid
-        return _native.logsumexp_scatter(values, mask, index, specified, self.ngroups)
+        ``logsumexp_scatter``; the line grouping's: ``logsumexp_lines``), or None
+        (:meth:`_one_call`)."""
+        return self._one_call(
+            values, mask, lambda: _native.logsumexp_all(values, mask),
+            lambda index: _native.logsumexp_scatter(values, mask, index, specified,
+                                                    self.ngroups))
 
     def softmax(self, values: torch.Tensor, mask: torch.Tensor, log: bool) -> torch.Tensor:
         out = self._fused_softmax(values, mask, log)
@@ -355,26 +345,35 @@ class CooGrouping(Grouping):
     def _fused_softmax(self, values: torch.Tensor, mask: torch.Tensor,
                        log: bool) -> torch.Tensor | None:
         """``softmax`` of a single group in one native call (the line grouping's: along
-        its lines), or None: the composed path (there is no native softmax over group ids:
+        its lines), or None (:meth:`_one_call`; there is no native softmax over group ids:
         the softmax section of ``_native.c`` says why)."""
-        if self.value_dims or not self.sparse_dims or not self.single or not mask.shape[0]:
-            return None
-        return _native.softmax(values, mask, log)
+        return self._one_call(values, mask, lambda: _native.softmax(values, mask, log), None)
 
     def _fused_dev(self, dev: str, values: torch.Tensor, mask: torch.Tensor,
                    center: torch.Tensor) -> torch.Tensor | None:
         """``masked_sqdev`` (``dev`` "sqdev") or ``masked_sumexp`` ("sumexp") in one native
-        pass (``_native.deviations_all`` / ``deviations_scatter`` over the group ids), or None
-        where it does not apply (as ``_fused``: the composed path)."""
+        pass (``_native.deviations_all`` / ``deviations_scatter``), or None
+        (:meth:`_one_call`)."""
+        return self._one_call(
+            values, mask, lambda: _native.deviations_all(dev, values, mask, center),
+            lambda index: _native.deviations_scatter(dev, values, mask, center, index,
+                                                     self.ngroups))
+
+    def _one_call(self, values: torch.Tensor, mask: torch.Tensor, whole: Callable[[], Any],
+                  per_group: Callable[[torch.Tensor], Any] | None) -> Any:
+        """A native kernel's result for this grouping: ``whole()`` for a single group,
+        ``per_group(ids)`` over the group ids (their narrowed copy where one exists: Note
+        [Narrow group indices]); None where no kernel applies (dense dims, an empty single
+        group, several groups without ``per_group``, autograd, other dtypes): the caller
+        composes torch ops."""
         if self.value_dims or not self.sparse_dims or (self.single and not mask.shape[0]):
             return None
         if self.single:
-            return _native.deviations_all(dev, values, mask, center)
-        if not _native._applies(values, mask):
+            return whole()
+        if per_group is None or not _native._applies(values, mask):
             return None
         narrowed = self._group_ids(values)
-        index = narrowed if narrowed is not None else self.gid
-        return _native.deviations_scatter(dev, values, mask, center, index, self.ngroups)
+        return per_group(narrowed if narrowed is not None else self.gid)
 
     def masked_arg_extreme(self, values: torch.Tensor, mask: torch.Tensor,
                            op: str) -> tuple[torch.Tensor, torch.Tensor]:
