@@ -52,8 +52,10 @@ Primitives (all on plain tensors, differentiable with respect to ``values``)
     the group maxima ``center``. A layout may run it in one pass (Note [Native exp]).
 ``softmax(values, mask, log)``
     Softmax / log_softmax within each group of a ``keepdim=True`` grouping over the
-    ``mask``-ed elements (the others weigh nothing and read anything: the caller
-    zero-fills them); a group whose specified values are all -inf gives NaN, as in torch.
+    ``mask``-ed elements (the others weigh nothing), and whether the result already holds
+    0 at every other element (a one-call kernel writes them; otherwise they read anything
+    and the caller zero-fills them); a group whose specified values are all -inf gives
+    NaN, as in torch.
 ``build(out_values, out_mask)``
     The output :class:`Storage` (its layout is the layout's choice).
 ``restore(values)``
@@ -98,7 +100,8 @@ class Grouping:
     def expand(self, out: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def softmax(self, values: torch.Tensor, mask: torch.Tensor, log: bool) -> torch.Tensor:
+    def softmax(self, values: torch.Tensor, mask: torch.Tensor,
+                log: bool) -> tuple[torch.Tensor, bool]:
         # The shift cancels in value and gradient; detaching it saves a backward pass. A +inf
         # or NaN maximum is kept: the whole group is NaN, as torch.softmax gives.
         top = self.masked_reduce(values, mask, "amax").detach()
@@ -110,7 +113,7 @@ class Grouping:
         shifted = zero_unspecified(values - self.expand(top), mask)
         e = shifted.exp()
         total = self.expand(self.masked_reduce(e, mask, "sum"))
-        return shifted - total.log() if log else e / total
+        return (shifted - total.log() if log else e / total), False
 
     def masked_reduce(self, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor:
         if op == "sumsq":

@@ -338,9 +338,10 @@ class CooGrouping(Grouping):
             lambda index: _native.logsumexp_scatter(values, mask, index, specified,
                                                     self.ngroups))
 
-    def softmax(self, values: torch.Tensor, mask: torch.Tensor, log: bool) -> torch.Tensor:
-        out = self._fused_softmax(values, mask, log)
-        return out if out is not None else super().softmax(values, mask, log)
+    def softmax(self, values: torch.Tensor, mask: torch.Tensor,
+                log: bool) -> tuple[torch.Tensor, bool]:
+        out = self._fused_softmax(values, mask, log)  # 0 where unspecified
+        return (out, True) if out is not None else super().softmax(values, mask, log)
 
     def _fused_softmax(self, values: torch.Tensor, mask: torch.Tensor,
                        log: bool) -> torch.Tensor | None:

@@ -86,11 +86,12 @@ class StridedGrouping(Grouping):
             _native.reduce_all(values.view(-1), flat, op)
         return None if out is None else out.view(self.out_shape)
 
-    def softmax(self, values: torch.Tensor, mask: torch.Tensor, log: bool) -> torch.Tensor:
+    def softmax(self, values: torch.Tensor, mask: torch.Tensor,
+                log: bool) -> tuple[torch.Tensor, bool]:
         if len(self.dims) != 1:
             return super().softmax(values, mask, log)
         filled = fill_unspecified(values, mask, -math.inf)  # weighs nothing
-        return (torch.log_softmax if log else torch.softmax)(filled, self.dims[0])
+        return (torch.log_softmax if log else torch.softmax)(filled, self.dims[0]), False
 
     def expand(self, out: torch.Tensor) -> torch.Tensor:
         if not self.keepdim:

@@ -34,6 +34,7 @@ import layouts._blocked as blocked
 import layouts._grouping as grouping
 import layouts._native as native
 import masked_sparse as ms
+from masked_sparse.ops._fill import is_zero_filled
 from tests.conftest import _to_layout, assert_masked_equal, check_invariants, dense_of
 
 INF, NAN = math.inf, math.nan
@@ -386,6 +387,11 @@ def test_softmax_in_one_native_call_matches_dense(monkeypatch, layout, dtype, di
     check_invariants(got)
     assert_masked_equal(got, want.to(dtype), mask)
     _same(got, getattr(torch, op)(ms.masked_tensor(data, mask), dim))
+    s = got._storage  # every unspecified stored element is +0.0 (the README's rule)
+    unspecified = s.values[~s.mask]
+    assert (unspecified == 0).all() and not torch.signbit(unspecified).any()
+    if along_lines:  # the kernel wrote those zeros: its output is the result, not filled
+        assert s.values is calls[0] and is_zero_filled(s.values, s.mask)  # again; tagged
 
 
 def test_softmax_of_a_sparse_vector_in_one_native_call(monkeypatch):

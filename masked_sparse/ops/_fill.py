@@ -88,9 +88,22 @@ def zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         out = _ZeroFill.apply(values, mask)
     else:
         out = _bitwise_zero_fill(values, mask)
+    return mark_zero_filled(out, mask)
+
+
+def mark_zero_filled(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``values``, which hold 0 at every element ``mask`` leaves unspecified (``zero_fill``'s
+    result, or a kernel's that wrote the zeros itself), tagged as such: a later
+    ``zero_fill`` with this mask is skipped (Note [Known zero fill]).
+
+    >>> import torch
+    >>> m = torch.tensor([True, False])
+    >>> is_zero_filled(mark_zero_filled(torch.tensor([1., 0.]), m), m)
+    True
+    """
     if not torch.compiler.is_compiling():
-        _ZERO_FILLED[out] = (mask, out._version)  # Note [Known zero fill]
-    return out
+        _ZERO_FILLED[values] = (mask, values._version)
+    return values
 
 
 def is_zero_filled(values: torch.Tensor, mask: torch.Tensor) -> bool:

@@ -31,16 +31,17 @@ from layouts import Grouping, Storage
 from .._registry import implements, op_name
 from .._tensor import dtype_of, ndim_of
 from . import reductions_args as A
-from ._fill import zero_fill
+from ._fill import mark_zero_filled, zero_fill
 from .reductions import run, source
 
 
 def k_softmax(g: Grouping, dtype: torch.dtype | None, log: bool) -> Storage:
     """The layout's softmax over the specified elements (the others weigh nothing); fully
-    masked slices and every unspecified element end as 0, masked."""
+    masked slices and every unspecified element end as 0, masked (filled here unless the
+    layout's kernel wrote the zeros)."""
     v, m = source(g, dtype)
-    out = g.softmax(v, m, log)
-    return g.restore(zero_fill(out, m))
+    out, zeroed = g.softmax(v, m, log)
+    return g.restore(mark_zero_filled(out, m) if zeroed else zero_fill(out, m))
 
 
 aten = torch.ops.aten
