@@ -251,6 +251,34 @@ def test_explicit_zeros_are_specified_and_duplicates_summed():
         assert back.nnz == 3 and np.array_equal(back.toarray(), dense)  # (2, 2) sums to 0, kept
 
 
+@pytest.mark.parametrize("order", ["canonical", "unsorted", "duplicates", "flag-lies"])
+@pytest.mark.parametrize("shape", [(7,), (5, 6), (3, 4, 5)], ids=str)
+def test_coo_input_in_any_order(order, shape):
+    """A COO input already sorted and unique is taken without scipy's sort (its copy
+    forgets the flag); one out of order, with duplicates, or whose has_canonical_format
+    flag is wrong, is sorted and summed: all agree with the dense sum of the entries."""
+    rng = np.random.default_rng(len(shape))
+    size = int(np.prod(shape))
+    flat = np.sort(rng.choice(size, size // 2, replace=False))
+    if order in ("unsorted", "flag-lies"):
+        flat = flat[::-1].copy()
+    if order == "duplicates":
+        flat = np.sort(np.concatenate([flat, flat[:3]]))
+    vals = rng.standard_normal(flat.size)
+    m = sp.coo_array((vals, np.unravel_index(flat, shape)), shape=shape)
+    if order == "flag-lies":
+        m.has_canonical_format = True
+    before = [c.copy() for c in m.coords]
+    mt = ms.from_scipy(m)
+    dense = np.zeros(size)
+    np.add.at(dense, flat, vals)
+    spec = np.zeros(size, dtype=bool)
+    spec[flat] = True
+    assert_masked_equal(mt, torch.from_numpy(dense.reshape(shape)),
+                        torch.from_numpy(spec.reshape(shape)), rtol=0, atol=0)
+    assert all(np.array_equal(b, c) for b, c in zip(before, m.coords))  # m untouched
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("shape", [(0, 0), (3, 0), (0, 4), (3, 4)])
 @pytest.mark.parametrize("layout", [None, *LAYOUTS], ids=["default", *LAYOUT_IDS])

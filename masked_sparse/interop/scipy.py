@@ -82,11 +82,28 @@ def _compressed_storage(m: Any, dtype: torch.dtype | None, layout: Any) -> Stora
 
 def _coo_storage(m: Any, dtype: torch.dtype | None) -> Storage:
     coo = _dia_as_coo(m) if m.format == "dia" else m.asformat("coo", copy=True)
+    if _sorted_unique(coo):  # scipy's copy forgets that it is: no sort (0.3 s at 2M entries)
+        coo.has_canonical_format = True
     coo.sum_duplicates()
     coords = np.stack(coo.coords)
     values = array_to_tensor(coo.data, "from_scipy", dtype)
     return layouts.get_layout(torch.sparse_coo).build(
         (_index(coords),), values, torch.ones(values.shape, dtype=torch.bool), m.shape)
+
+
+def _sorted_unique(coo: Any) -> bool:
+    """True when the coordinates of a scipy COO array are in row-major order without a
+    duplicate (scipy's canonical format), checked in O(nnz).
+
+    >>> import numpy as np, scipy.sparse as sp
+    >>> _sorted_unique(sp.coo_array((np.ones(2), ([1, 0], [0, 1])), shape=(2, 2)))
+    False
+    """
+    try:
+        keys = np.ravel_multi_index(coo.coords, coo.shape)
+    except ValueError:  # more elements than one int64 key counts: let scipy sort
+        return False
+    return bool(np.all(keys[1:] > keys[:-1]))
 
 
 def from_scipy(m: Any, *, layout: Any = None, dtype: torch.dtype | None = None
