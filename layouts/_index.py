@@ -139,6 +139,21 @@ def rows_from_crow(crow: torch.Tensor, nnz: int | None = None) -> torch.Tensor:
     return cached(crow, "rows", compute)
 
 
+def sort_key(keys: torch.Tensor, bound: int) -> torch.Tensor:
+    """``keys`` (integers in ``[0, bound)``) in the narrowest signed type that holds them:
+    torch sorts int16 keys ~4x and int32 keys ~2x faster than int64 (2M keys, one thread:
+    18 / 36 / 81 ms stable).
+
+    >>> sort_key(torch.tensor([3, 1]), 20000).dtype
+    torch.int16
+    """
+    if bound <= 1 << 15:
+        return keys.to(torch.int16)
+    if bound <= 1 << 31:
+        return keys.to(torch.int32)
+    return keys
+
+
 def crow_from_rows(rows: torch.Tensor, nrows: int) -> torch.Tensor:
     """``crow_indices`` of a CSR matrix whose (sorted) element rows are ``rows``."""
     return torch._convert_indices_from_coo_to_csr(rows, nrows, out_int32=rows.dtype == torch.int32)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from . import _shape_coo as coo
-from ._index import crow_from_rows, rows_from_crow
+from ._index import crow_from_rows, rows_from_crow, sort_key
 from .registry import Kernel, Storage, get_layout
 
 aten = torch.ops.aten
@@ -58,9 +58,10 @@ def _transpose(axis: int, s: Storage, dim0: int, dim1: int) -> Storage:
     ptr, idx = s.index
     outer = rows_from_crow(ptr, idx.numel())
     # Entries are sorted by (outer, inner); a stable sort by inner gives (inner, outer) order.
-    new_outer, perm = torch.sort(idx, stable=True)
-    new_ptr = crow_from_rows(new_outer, s.shape[1 - axis])
-    return s.layout.build((new_ptr, outer[perm]), *_take(s, perm), (s.shape[1], s.shape[0]))
+    new_outer, perm = torch.sort(sort_key(idx, s.shape[1 - axis]), stable=True)
+    new_ptr = crow_from_rows(new_outer.to(idx.dtype), s.shape[1 - axis])
+    return s.layout.build((new_ptr, outer.index_select(0, perm)), *_take(s, perm),
+                          (s.shape[1], s.shape[0]))
 
 
 def _permute(axis: int, s: Storage, dims: tuple[int, ...]) -> Storage:

@@ -460,3 +460,44 @@ def test_coo_index_select_long_dim_matches_torch_sparse(dim):
     check_invariants(out, torch.sparse_coo)
     assert_masked_equal(out, data.index_select(dim, index).to_dense(),
                         mask.index_select(dim, index).to_dense())
+
+
+@pytest.mark.parametrize("shape, dims", [
+    ((40_000, 3), (1, 0)), ((3, 40_000), (1, 0)),  # one-coordinate sort: int16 / int32 keys
+    ((5, 7, 3), (1, 2, 0)), ((300, 3, 400), (1, 2, 0)),  # full keys: int16 / int32
+    ((70_000, 3, 70_000), (2, 1, 0)),  # full keys past 2**31: int64
+    ((300, 3, 400), (2, 0, 1)), ((3, 300, 40_000), (2, 0, 1))], ids=str)
+def test_coo_permute_of_wide_dims_matches_torch_sparse(shape, dims):
+    """COO permutes sort on the narrowest key type (``layouts._index.sort_key``) and, when
+    the dims after the first keep their order, by the first coordinate alone: the result
+    is torch's permuted and coalesced tensor, entry for entry, for key bounds on each side
+    of the int16 and int32 limits."""
+    g = torch.Generator().manual_seed(len(shape) + shape[-1])
+    idx = torch.stack([torch.randint(0, n, (400,), generator=g) for n in shape])
+    data = torch.sparse_coo_tensor(idx, torch.randn(400, generator=g), shape).coalesce()
+    mask = torch.sparse_coo_tensor(data._indices(), torch.rand(data._nnz(), generator=g) > 0.3,
+                                   shape).coalesce()
+    out = ms.masked_tensor(data, mask).permute(*dims)
+    check_invariants(out, torch.sparse_coo)
+    for got, ref in [(out.get_data(), data), (out.get_mask(), mask)]:
+        want = ref.permute(*dims).coalesce()
+        assert torch.equal(got.indices(), want.indices())
+        assert torch.equal(got.values(), want.values())
+
+
+@pytest.mark.parametrize("shape", [(40_000, 3), (3, 40_000)], ids=str)
+def test_csr_transpose_of_wide_dims_matches_torch(shape):
+    """A CSR transpose sorts the column index on its narrowest key type (int16 below 32768
+    columns, int32 above): the result is torch's transposed tensor, entry for entry."""
+    g = torch.Generator().manual_seed(shape[1])
+    idx = torch.stack([torch.randint(0, n, (400,), generator=g) for n in shape])
+    data = torch.sparse_coo_tensor(idx, torch.randn(400, generator=g), shape).coalesce()
+    mask = torch.sparse_coo_tensor(data._indices(), torch.rand(data._nnz(), generator=g) > 0.3,
+                                   shape).coalesce()
+    out = ms.masked_tensor(data, mask).to_sparse_csr().t()
+    check_invariants(out, torch.sparse_csr)
+    for got, ref in [(out.get_data(), data), (out.get_mask(), mask)]:
+        want = ref.t().coalesce().to_sparse_csr()
+        assert torch.equal(got.crow_indices(), want.crow_indices())
+        assert torch.equal(got.col_indices(), want.col_indices())
+        assert torch.equal(got.values(), want.values())
