@@ -163,7 +163,8 @@ def _specified_coo(storage: Storage) -> tuple[torch.Tensor, torch.Tensor]:
         # Hybrid COO: the dense trailing dims become index dims of the scipy array.
         nz = mask.nonzero()
         return torch.cat([indices[:, nz[:, 0]], nz[:, 1:].t()]), values[mask]
-    return indices[:, mask], values[mask]
+    kept = mask.nonzero().squeeze(1)  # once: a boolean index per tensor is 2-5x slower
+    return indices.gather(1, kept.expand(indices.shape[0], -1)), values.index_select(0, kept)
 
 
 def to_scipy(mt: MaskedTensor, format: str = "csr", *, matrix: bool = False) -> Any:
