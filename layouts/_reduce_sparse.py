@@ -345,10 +345,11 @@ class CooGrouping(Grouping):
 
     def _fused_softmax(self, values: torch.Tensor, mask: torch.Tensor,
                        log: bool) -> torch.Tensor | None:
-        """``softmax`` of a single group in one native call (the line grouping's: along
-        its lines), or None (:meth:`_one_call`; there is no native softmax over group ids:
-        the softmax section of ``_native.c`` says why)."""
-        return self._one_call(values, mask, lambda: _native.softmax(values, mask, log), None)
+        """``softmax`` in one native call: of a single group, over the group ids (the
+        line grouping's: along its lines), or None (:meth:`_one_call`)."""
+        return self._one_call(
+            values, mask, lambda: _native.softmax(values, mask, log),
+            lambda index: _native.softmax(values, mask, log, index=index, n=self.ngroups))
 
     def _fused_dev(self, dev: str, values: torch.Tensor, mask: torch.Tensor,
                    center: torch.Tensor) -> torch.Tensor | None:

@@ -835,3 +835,51 @@ def test_sumexp_of_special_values():
         got = native.deviations_lines("sumexp", values.to(dtype), mask,
                                       torch.zeros(6, dtype=dtype), offsets)
         torch.testing.assert_close(got, want.to(dtype), equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32, torch.uint16], ids=str)
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_softmax_over_group_ids_is_the_lines_kernel_per_group(build, dtype, index_dtype, log):
+    """The scatter softmax takes the lines kernel's steps over each group's elements in
+    storage order: the lines kernel's result on the elements sorted by group (a stable
+    sort keeps their order) to a few ulp (the lines kernel sums 8 lanes, the scatter
+    kernel in storage order), the same NaNs, on groups with NaN, +-inf, all -inf, one
+    element, no specified element, and lengths that are no multiple of 8."""
+    g = torch.Generator().manual_seed(7)
+    n, groups = 999, 37
+    values = (torch.randn(n, generator=g) * 30).to(dtype)
+    for x in (math.nan, math.inf, -math.inf):
+        values[torch.randint(0, n, (5,), generator=g)] = x
+    index = torch.randint(0, groups - 3, (n,), generator=g)
+    index[:3] = torch.tensor([groups - 3, groups - 2, groups - 1])  # one element each
+    mask = torch.rand(n, generator=g) < 0.7
+    mask[index == 5] = False  # a group without a specified element
+    values[index == 6] = -math.inf  # a group all -inf: NaN, as torch.softmax
+    mask[0] = True
+    got = native.softmax(values, mask, log, index=index.to(index_dtype), n=groups)
+    order = torch.sort(index, stable=True).indices
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long),
+                         torch.bincount(index, minlength=groups).cumsum(0)])
+    want = native.softmax(values[order], mask[order], log, offsets)
+    assert got is not None and want is not None
+    assert torch.equal(got[order].isnan(), want.isnan())
+    ulp = torch.finfo(dtype).eps  # log_softmax: d - log(total), |d| up to ~200 here
+    torch.testing.assert_close(got[order], want, rtol=4 * ulp, atol=4 * ulp * 256 * log,
+                               equal_nan=True)
+    assert (got[~mask] == 0).all() and not torch.signbit(got[~mask]).any()
+    reference = torch.where(mask, values.double(), -math.inf)
+    for group in (0, 1, groups - 1):  # and against torch, per group
+        at = index == group
+        want_g = getattr(torch, "log_softmax" if log else "softmax")(reference[at], 0)
+        torch.testing.assert_close(torch.where(mask[at], got[at].double(), 0.0),
+                                   torch.where(mask[at], want_g, 0.0), equal_nan=True,
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_softmax_over_group_ids_raises_on_an_out_of_range_group(build):
+    values, mask = torch.randn(20), torch.ones(20, dtype=torch.bool)
+    index = torch.zeros(20, dtype=torch.long)
+    index[13] = 4
+    with pytest.raises(RuntimeError, match="out of range"):
+        native.softmax(values, mask, False, index=index, n=4)
