@@ -43,10 +43,9 @@ from ._grouping import (
     plain_eager,
     reduce_dense,
     reduced_shape,
-    sort_order,
     start,
 )
-from ._index import cached, crow_from_rows, linearize, rows_from_crow
+from ._index import cached, crow_from_rows, linearize, rows_from_crow, sort_key
 from ._reduce_strided import fused_masked_sum
 from .registry import Storage, get_layout
 
@@ -503,8 +502,11 @@ class CooGrouping(Grouping):
         if ev.numel() == 0:
             return ev.new_zeros(out_shape), torch.zeros(out_shape, dtype=torch.long,
                                                          device=ev.device)
-        order = sort_order(ev, em, 0)
-        order = order[torch.argsort(eg[order], stable=True)]
+        # By value (NaN last, ties by position), then by group with the specified elements
+        # first: one stable sort of a narrow (group, tier) key, not one per level.
+        order = torch.argsort(ev.detach(), stable=True)
+        key = sort_key((eg * 2).add_(~em), 2 * nout).index_select(0, order)
+        order = order.index_select(0, torch.argsort(key, stable=True))
         counts = torch.bincount(eg, minlength=nout)
         starts = counts.cumsum(0) - counts
         at = order[(starts + rank.reshape(-1).clamp(min=0)).clamp(max=ev.numel() - 1)]
