@@ -842,13 +842,15 @@ static inline __m512d exp_dev8(__m512d x) {
  * (on an Intel Xeon the simd loop ran in 256-bit halves: 2M float64 entries into 20000
  * groups 13.3 -> 6.5 ms). */
 #if VECTOR
-#define GATHER8_f64(g, p) _mm512_i64gather_pd(g, p, 8)
-#define GATHER8_f32(g, p) _mm512_cvtps_pd(_mm512_i64gather_ps(g, p, 4))
+/* 8 elements of a T array at int64 lanes g, as doubles (GATHERT8 below: as T) */
+#define GATHERD8_f64(g, p) _mm512_i64gather_pd(g, p, 8)
+#define GATHERD8_f32(g, p) _mm512_cvtps_pd(_mm512_i64gather_ps(g, p, 4))
 #define EXP_LIST(T, c)                                                                   \
     do {                                                                                 \
         for (int q = 0; q < (((c) + 7) & ~7); q += 8) {                                  \
             __m512i g8 = _mm512_loadu_si512(gs + q);                                     \
-            __m512d d8 = _mm512_sub_pd(_mm512_loadu_pd(xs + q), GATHER8_##T(g8, center)); \
+            __m512d c8 = GATHERD8_##T(g8, center);                                       \
+            __m512d d8 = _mm512_sub_pd(_mm512_loadu_pd(xs + q), c8);                     \
             _mm512_storeu_pd(xs + q, exp_dev8(d8));                                      \
         }                                                                                \
     } while (0)
@@ -1074,13 +1076,14 @@ SOFTMAX_KERNELS(f64)
 SOFTMAX_KERNELS(f32)
 
 /* Into nout groups of an index (columns of a row-major matrix): the steps of
- * softmax_range over each group's elements in storage order (its totals summed in that
- * order, where softmax_range adds 8 lanes: they may differ in the last bit). The max pass (tops: each
- * group's top, the scatter max kernel, which checks every index); then d, e and out per
- * element, e added to its group's double sum (the caller's scratch `sums`) in storage
- * order; then each group's total rounded to T (its log for log_softmax) into tops, and out
- * divided (shifted) by it, 0 where unspecified. With AVX-512 the element passes take 8 a
- * step, the tops and totals gathered, exp_dev8, the sums added one lane at a time. */
+ * softmax_range over each group's elements in storage order (the totals summed in that
+ * order, where softmax_range adds 8 lanes: they may differ in the last bit). The max pass
+ * (tops: each group's top, the scatter max kernel, which checks every index); then d, e
+ * and out per element, e added to its group's double sum (the caller's scratch `sums`) in
+ * storage order; then each group's total rounded to T (its log for log_softmax) into
+ * tops, and out divided (shifted) by it, 0 where unspecified. With AVX-512 the element
+ * passes take 8 a step, the tops and totals gathered, exp_dev8, the sums added one lane at
+ * a time. */
 #if VECTOR
 #define GATHERT8_f64(g, p) _mm512_i64gather_pd(g, p, 8)
 #define GATHERT8_f32(g, p) _mm512_i64gather_ps(g, p, 4)
