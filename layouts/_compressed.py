@@ -42,6 +42,7 @@ from ._linalg import compressed_mask_any, compressed_mm
 from ._lines import compressed_lines
 from ._reduce_sparse import CompressedGrouping, masked_arg
 from ._shape_compressed import shape_ops
+from ._validate import first_unsorted_in_lines
 from .registry import Layout, Storage, get_layout, takes_layout
 
 
@@ -236,8 +237,7 @@ class Compressed:
         if idx.numel() and (bool((idx < 0).any()) or bool((idx >= grid[1]).any())):
             raise ValueError(f"{name} masked tensor: {idx_name} out of bounds for shape "
                              f"{tuple(shape)}{unit}")
-        keys = linearize((rows_from_crow(ptr, idx.numel()), idx), grid)
-        if bool((keys[1:] <= keys[:-1]).any()):
+        if first_unsorted_in_lines(ptr, idx) is not None:
             raise ValueError(f"{name} masked tensor: {idx_name} must be sorted and distinct "
                              f"within each {self.line}")
 

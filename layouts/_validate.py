@@ -138,12 +138,26 @@ def _check_compressed(t: torch.Tensor, op: str, what: str) -> None:
         raise ValueError(f"{op}: {p} decreases from {int(ptr[at])} to {int(ptr[at + 1])} at "
                          f"position {at + 1}; it must be non-decreasing; {fix}")
     _check_range(idx, n_inner, op, i, f"the number of {other}s", fix)
-    if nnz > 1:
-        # Sorted and distinct within each line: idx increases everywhere but where a new
-        # line starts (the pointers), checked without building per-element line numbers.
-        bad = idx[1:] <= idx[:-1]
-        starts = ptr[1:-1] - 1
-        bad[starts[(starts >= 0) & (starts < nnz - 1)]] = False
-        if bool(bad.any()):
-            raise ValueError(f"{op}: {i} must be sorted and distinct within each {line}, "
-                             f"but position {_first_bad(bad) + 1} is not; {fix}")
+    at = first_unsorted_in_lines(ptr, idx)
+    if at is not None:
+        raise ValueError(f"{op}: {i} must be sorted and distinct within each {line}, "
+                         f"but position {at} is not; {fix}")
+
+
+def first_unsorted_in_lines(ptr: torch.Tensor, idx: torch.Tensor) -> int | None:
+    """The first position of ``idx`` not above the one before it in its line (the lines
+    given by the pointers ``ptr``, valid), or None: whether the inner indices of a
+    compressed tensor are sorted and distinct within each line, in O(nnz) -- ``idx``
+    increases everywhere but where a new line starts, checked without building per-element
+    line numbers.
+
+    >>> first_unsorted_in_lines(torch.tensor([0, 2, 4]), torch.tensor([0, 3, 1, 1]))
+    3
+    """
+    nnz = idx.numel()
+    if nnz < 2:
+        return None
+    bad = idx[1:] <= idx[:-1]
+    starts = ptr[1:-1] - 1
+    bad[starts[(starts >= 0) & (starts < nnz - 1)]] = False
+    return _first_bad(bad) + 1 if bool(bad.any()) else None
