@@ -86,16 +86,17 @@ def _check_coo(t: torch.Tensor, op: str, what: str) -> None:
         _check_range(indices[d], size, op, f"the {what}'s indices[{d}]",
                      f"dim {d} has size {size}", fix)
     if t.is_coalesced() and indices.shape[1] > 1 and math.prod(shape) < 2**62:
-        at = _first_unsorted(indices, shape)
+        at = first_unsorted(indices, shape)
         if at is not None:
             raise ValueError(f"{op}: the {what} is flagged coalesced but its indices are not "
                              f"sorted and distinct (column {at}); build it without "
                              f"is_coalesced=True, or {fix}")
 
 
-def _first_unsorted(indices: torch.Tensor, shape: tuple[int, ...],
-                    chunk: int = 1 << 18) -> int | None:
-    """The first column whose row-major key is not above the previous one, or None.
+def first_unsorted(indices: torch.Tensor, shape: tuple[int, ...],
+                   chunk: int = 1 << 18) -> int | None:
+    """The first column of a COO index whose row-major key is not above the previous one,
+    or None: whether it is sorted and distinct (coalesced), in O(nnz).
 
     Keys are built a chunk at a time: small temporaries stay in the allocator's cache
     (one 8 MB key tensor per call costs more in fresh pages than the comparison itself).

@@ -22,6 +22,7 @@ from ._linalg import coo_mm as _mm
 from ._lines import sparse_lines
 from ._reduce_sparse import coo_grouping, masked_arg
 from ._shape_coo import SHAPE_OPS as _SHAPE_OPS
+from ._validate import first_unsorted
 from .registry import Layout, Storage, register_layout, takes_layout
 
 
@@ -100,11 +101,12 @@ def _validate(storage: Storage, full: bool = False) -> None:
         raise ValueError(f"sparse_coo masked tensor: values {tuple(values.shape)} and mask "
                          f"{tuple(mask.shape)} must have shape {expected}")
     if full and indices.numel():
-        sparse_shape = torch.tensor(shape[: indices.shape[0]], device=indices.device)
-        if bool((indices < 0).any()) or bool((indices >= sparse_shape[:, None]).any()):
-            raise ValueError(f"sparse_coo masked tensor: indices out of bounds for {tuple(shape)}")
-        keys = linearize(indices, _sparse_shape(storage))
-        if bool((keys[1:] <= keys[:-1]).any()):
+        for row, size in zip(indices, _sparse_shape(storage)):
+            low, high = torch.aminmax(row)
+            if int(low) < 0 or int(high) >= size:
+                raise ValueError(f"sparse_coo masked tensor: indices out of bounds for "
+                                 f"{tuple(shape)}")
+        if first_unsorted(indices, _sparse_shape(storage)) is not None:
             raise ValueError("sparse_coo masked tensor: indices are not coalesced (sorted and "
                              "unique); call .coalesce() on the input first")
 

@@ -109,9 +109,12 @@ def test_validate_catches_broken_invariants():
     coo.validate(unsorted)  # O(1) checks pass
     with pytest.raises(ValueError, match="not coalesced"):
         coo.validate(unsorted, full=True)
-    with pytest.raises(ValueError, match="out of bounds"):
-        coo.validate(coo.build((torch.tensor([[5]]),), torch.ones(1),
-                               torch.ones(1, dtype=torch.bool), (2,)), full=True)
+    for bad, shape in (([[5]], (2,)), ([[2]], (2,)), ([[-1]], (2,)),  # the edges too
+                       ([[0, 1], [0, 3]], (2, 3)), ([[0, 2], [0, 0]], (2, 3))):
+        with pytest.raises(ValueError, match="out of bounds"):
+            n = len(bad[0])
+            coo.validate(coo.build((torch.tensor(bad),), torch.ones(n),
+                                   torch.ones(n, dtype=torch.bool), shape), full=True)
     csr = layouts.get_layout("sparse_csr")
     with pytest.raises(ValueError, match="must be 2-D"):
         csr.validate(csr.build((torch.tensor([0, 1]), torch.tensor([0])), torch.ones(1),
