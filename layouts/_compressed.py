@@ -234,9 +234,11 @@ class Compressed:
         if ptr[0] != 0 or ptr[-1] != idx.numel() or bool((ptr[1:] < ptr[:-1]).any()):
             raise ValueError(f"{name} masked tensor: {ptr_name} must start at 0, be "
                              f"non-decreasing and end at nnz")
-        if idx.numel() and (bool((idx < 0).any()) or bool((idx >= grid[1]).any())):
-            raise ValueError(f"{name} masked tensor: {idx_name} out of bounds for shape "
-                             f"{tuple(shape)}{unit}")
+        if idx.numel():
+            low, high = torch.aminmax(idx)
+            if int(low) < 0 or int(high) >= grid[1]:
+                raise ValueError(f"{name} masked tensor: {idx_name} out of bounds for shape "
+                                 f"{tuple(shape)}{unit}")
         if first_unsorted_in_lines(ptr, idx) is not None:
             raise ValueError(f"{name} masked tensor: {idx_name} must be sorted and distinct "
                              f"within each {self.line}")

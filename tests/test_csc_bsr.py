@@ -125,9 +125,13 @@ def test_validate_catches_broken_invariants():
     with pytest.raises(ValueError, match="ccol_indices must start at 0"):
         CSC.validate(CSC.build((torch.tensor([0, 3]), torch.tensor([0, 1])), ones, _bool(1, 1),
                                (2, 1)), full=True)
-    with pytest.raises(ValueError, match="out of bounds"):
-        CSC.validate(CSC.build((torch.tensor([0, 1]), torch.tensor([5])), torch.ones(1),
-                               _bool(1), (2, 1)), full=True)
+    for row in (5, 2, -1):  # above, at and below the bounds
+        with pytest.raises(ValueError, match="out of bounds"):
+            CSC.validate(CSC.build((torch.tensor([0, 1]), torch.tensor([row])), torch.ones(1),
+                                   _bool(1), (2, 1)), full=True)
+    empty = CSC.build((torch.tensor([0, 0, 0]), torch.tensor([], dtype=torch.long)),
+                      torch.ones(0), torch.zeros(0, dtype=torch.bool), (0, 2))
+    CSC.validate(empty, full=True)  # no row index to be out of bounds of no rows
     with pytest.raises(ValueError, match="do not fit shape"):
         CSC.validate(CSC.build((torch.tensor([0, 1]), torch.tensor([0])), torch.ones(1),
                                _bool(1), (1, 3)))
