@@ -36,11 +36,13 @@ one without it is arranged through its COO form.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
-from ._index import linearize, rows_from_crow
+from . import _native
+from ._index import linearize, rows_from_crow, sort_key
 from .registry import Storage, get_layout
 
 SCANS = ("cumsum", "cumprod", "cummax", "cummin", "logcumsumexp")
@@ -202,9 +204,11 @@ class SparseLines(Lines):
                 key = linearize(indices[others], tuple(shape[d] for d in others))
             else:
                 key = torch.zeros(indices.shape[1], dtype=torch.long, device=indices.device)
-            if dim != sd - 1:
-                self.order = torch.argsort(key * shape[dim] + indices[dim])
-                indices, key = indices[:, self.order], key[self.order]
+            if dim != sd - 1:  # unique keys: any sort orders them
+                self.order = torch.argsort(sort_key(key * shape[dim] + indices[dim],
+                                                    math.prod(shape[:sd])))
+                indices = indices.index_select(1, self.order)
+                key = key.index_select(0, self.order)
             self._indices = indices
             self.coord = indices[dim]
             self.lengths = torch.unique_consecutive(key, return_counts=True)[1]
@@ -310,7 +314,12 @@ class SparseLines(Lines):
         return out, extra
 
     def _restarting_sum(self, v: torch.Tensor) -> torch.Tensor | None:
-        """The cumsum of each line by one running sum (Note [Padded lines]), or None."""
+        """The cumsum of each line by one running sum (Note [Padded lines]), or None: in one
+        native pass where it applies (a running sum per line, torch.cumsum's bits)."""
+        offsets = torch.cat([self.starts, self.starts.new_tensor([self.nnz])])
+        native = _native.cumsum_lines(v, offsets)
+        if native is not None:
+            return native
         if v.dtype not in (torch.float32, torch.float16, torch.bfloat16) and (
                 v.is_floating_point() or v.is_complex()):
             return None

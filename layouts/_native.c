@@ -1144,6 +1144,26 @@ SOFTMAX_KERNELS(f32)
 SOFTMAX_SCATTER(f64, i64) SOFTMAX_SCATTER(f64, i32) SOFTMAX_SCATTER(f64, u16)
 SOFTMAX_SCATTER(f32, i64) SOFTMAX_SCATTER(f32, i32) SOFTMAX_SCATTER(f32, u16)
 
+/* -- running sums along lines ----------------------------------------------------------
+ * Per line (offsets from 0 to n, every element in one line, in order), the running sum of
+ * v restarting at the line, in double, rounded to T at every element: torch.cumsum's steps
+ * on each line (its CPU kernel accumulates float32 in double too), so bit for bit its
+ * result. The caller has filled unspecified elements with 0. */
+#define CUMSUM_KERNEL(T)                                                                 \
+    int ms_lines_cumsum_##T(const T *v, int64_t n, const int64_t *offsets,               \
+                            int64_t nlines, T *out) {                                    \
+        if (offsets[0] != 0 || offsets[nlines] != n) return -1;                          \
+        for (int64_t i = 0; i < nlines; i++) {                                           \
+            int64_t a = offsets[i], b = offsets[i + 1];                                  \
+            if (a > b) return -1; /* from 0 to n, non-decreasing: within [0, n] */       \
+            double s = 0;                                                                \
+            for (int64_t j = a; j < b; j++) out[j] = (T)(s += (double)v[j]);             \
+        }                                                                                \
+        return 0;                                                                        \
+    }
+CUMSUM_KERNEL(f64)
+CUMSUM_KERNEL(f32)
+
 /* -- mean and variance in one call -----------------------------------------------------
  * Per line (all: one line of every element; scatter: per group of an index), the masked
  * mean and variance step for step as the composed paths (Grouping.masked_mean /

@@ -231,6 +231,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
                                            [p, p, n, flag, p])
         _SOFTMAX["lines", dtype] = _declared(lib, f"ms_lines_softmax_{suffix}",
                                              [p, p, n, p, n, p, n, flag, p])
+        _CUMSUM[dtype] = _declared(lib, f"ms_lines_cumsum_{suffix}", [p, n, p, n, p])
         _SOFTMAX["scatter", dtype] = {
             index: _declared(lib, f"ms_scatter_softmax_{suffix}_{i}",
                              [p, p, n, p, flag, p, p, p, n])
@@ -275,9 +276,10 @@ _DEV: dict[tuple[str, str, torch.dtype], Any] = {}
 _LSE: dict[tuple[str, torch.dtype], Any] = {}  # (kind, dtype) -> logsumexp, as in _KERNELS
 _SOFTMAX: dict[tuple[str, torch.dtype], ctypes._CFuncPtr] = {}  # (kind, dtype) -> softmax
 _MOMENTS: dict[tuple[str, torch.dtype], Any] = {}  # (kind, dtype) -> mean / var, as _LSE
+_CUMSUM: dict[torch.dtype, ctypes._CFuncPtr] = {}  # dtype -> running sums along lines
 #: the tables :func:`_declare` fills (a test that loads another build swaps them all)
 _TABLES = ("_KERNELS", "_COUNT_SCATTER", "_NARROW", "_FIRST", "_ARG", "_FILL", "_DEV",
-           "_LSE", "_SOFTMAX", "_MOMENTS")
+           "_LSE", "_SOFTMAX", "_MOMENTS", "_CUMSUM")
 
 
 def available() -> bool:
@@ -784,6 +786,28 @@ def softmax(values: torch.Tensor, mask: torch.Tensor, log: bool,
         return None
     _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *lines, int(log),
                   out.data_ptr()), what)
+    return out
+
+
+def cumsum_lines(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor | None:
+    """Per line (``offsets`` from 0 to the number of values: every element in one line, in
+    order) the running sum of ``values``, restarting at each line, accumulated in double and
+    rounded to the values' type at every element: ``torch.cumsum`` of each line, bit for
+    bit (its CPU kernel accumulates float32 in double too). None where the native kernels do
+    not apply (other dtypes or shapes, autograd, torch.func, compiling, other devices).
+
+    >>> out = cumsum_lines(torch.tensor([1., 2., 3., 4.]), torch.tensor([0, 2, 4]))
+    >>> out is None or out.tolist() == [1.0, 3.0, 3.0, 7.0]
+    True
+    """
+    kernel = _CUMSUM.get(values.dtype) if (
+        values.dim() == 1 and values.is_contiguous() and _eager_cpu(values)
+        and _library() is not None) else None
+    if kernel is None or offsets.shape[0] == 0 or not _index_ok(offsets, offsets.shape[0]):
+        return None
+    out = torch.empty_like(values)
+    _check(kernel(values.data_ptr(), values.shape[0], offsets.data_ptr(),
+                  offsets.shape[0] - 1, out.data_ptr()), "cumsum")
     return out
 
 

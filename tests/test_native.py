@@ -883,3 +883,13 @@ def test_softmax_over_group_ids_raises_on_an_out_of_range_group(build):
     index[13] = 4
     with pytest.raises(RuntimeError, match="out of range"):
         native.softmax(values, mask, False, index=index, n=4)
+
+
+@pytest.mark.parametrize("offsets", [[0, 3, 2, 5], [1, 5], [0, 4], [0, 6]], ids=str)
+def test_cumsum_lines_raises_on_bad_offsets(offsets):
+    """Line offsets that decrease, or do not run from 0 to the number of values, raise
+    (the kernel would read or write outside the values otherwise)."""
+    if not native.available():
+        pytest.skip(f"native kernels: {native.status()}")
+    with pytest.raises(RuntimeError, match="out of range"):
+        native.cumsum_lines(torch.ones(5), torch.tensor(offsets))

@@ -160,3 +160,34 @@ def test_random_shapes_and_masks(case, op):
     layout, shape, dim, density, seed = case
     mt, data, mask = masked(shape, layout, seed=seed, density=density)
     check(op, mt, data, mask, dim)
+
+
+@pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr", "sparse_csc"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("dim", [0, 1])
+def test_cumsum_is_torch_cumsum_bit_for_bit(monkeypatch, layout, dtype, dim):
+    """A cumsum along the stored lines is one native pass (``_native.cumsum_lines``, where
+    the kernels are loaded): each line's running sum in double, rounded at every element,
+    as torch's CPU cumsum computes it -- the same bits as ``torch.cumsum`` of the dense
+    data with unspecified elements 0, with inf and NaN inside lines (which the restarting
+    sum declines), long and short lines."""
+    import layouts._native as native
+
+    calls = []
+    kernel = native.cumsum_lines
+    monkeypatch.setattr(native, "cumsum_lines",
+                        lambda *a, **kw: calls.append(kernel(*a, **kw)) or calls[-1])
+    g = torch.Generator().manual_seed(11)
+    data = (torch.randn(40, 300, generator=g) * 1e3).to(dtype)
+    data[3, 5], data[7, 11], data[9, 2] = math.inf, math.nan, -math.inf
+    mask = torch.rand(40, 300, generator=g) < 0.7
+    mask[5] = False  # a fully masked line
+    mt, _, _ = masked(data.shape, layout, dtype, data=data, mask=mask, stored_masked=0.2)
+    out = torch.cumsum(mt, dim)
+    want = torch.cumsum(torch.where(mask, data, torch.zeros((), dtype=dtype)), dim)
+    got = out.to_dense().get_data()
+    assert torch.equal(got[mask].isnan(), want[mask].isnan())
+    ok = ~want[mask].isnan()
+    assert torch.equal(got[mask][ok], want[mask][ok])  # bit for bit, not to a tolerance
+    if native.available():
+        assert calls and all(c is not None for c in calls)
