@@ -296,7 +296,7 @@ class SparseLines(Lines):
              fill: Any) -> torch.Tensor:
         rows = int(row[-1]) + 1 if row.numel() else 0
         block = v.new_full((rows, width) + tuple(v.shape[1:]), fill)
-        return block.index_put((row, slot), v)
+        return block.index_put_((row, slot), v)  # in place: the block is new
 
     # -- scans -------------------------------------------------------------------------
     def scan(self, values, op):
@@ -378,18 +378,19 @@ class SparseLines(Lines):
         # topk keeps only the first k slots of each line: their (line, slot), computed once
         kept_slots = None if k is None else _slots(self.lengths.clamp(max=k))
         for (elems, row, slot, width), lines in zip(self._blocks(), self._buckets()):
-            part_v = v if elems is None else v[elems]
-            part_m = m if elems is None else m[elems]
+            part_v = v if elems is None else v.index_select(0, elems)
+            part_m = m if elems is None else m.index_select(0, elems)
             block_v = self._pad(part_v.detach(), row, slot, width, 0)
             tier = self._pad((~part_m).to(torch.uint8), row, slot, width, 2)  # padding last
             if k is None:
                 order = stable_order(block_v, tier == 0, 1, descending, tier)
                 first = self.starts[row] if elems is None else elems - slot
-                at = order[row, slot] + first  # the element that lands in each slot
+                # the element that lands in each slot
+                at = order.view(-1).index_select(0, row * width + slot) + first
                 if elems is None:
                     perm = at
                 else:
-                    perm[elems] = at
+                    perm.index_copy_(0, elems, at)
                 continue
             order = _top_order(block_v, tier, descending, k)
             if order is None:
@@ -411,10 +412,13 @@ class SparseLines(Lines):
         shape = list(self.source.shape)
         shape[self.dim] = shape[self.dim] if k is None else k
         if self.dim != indices.shape[0] - 1:  # back to row-major (coalesced) order
-            row_major = torch.argsort(linearize(indices, tuple(shape[: indices.shape[0]])))
-            perm, indices = perm[row_major], indices[:, row_major]
-        coo = get_layout("sparse_coo").build((indices,), v[perm], m[perm], shape)
-        positions = self.coord[perm]
+            sparse_shape = tuple(shape[: indices.shape[0]])
+            row_major = torch.argsort(sort_key(linearize(indices, sparse_shape),
+                                               math.prod(sparse_shape)))
+            perm, indices = perm.index_select(0, row_major), indices.index_select(1, row_major)
+        coo = get_layout("sparse_coo").build((indices,), v.index_select(0, perm),
+                                             m.index_select(0, perm), shape)
+        positions = self.coord.index_select(0, perm)
         if self.source.layout is coo.layout:
             return coo, positions
         try:  # the input's layout when it can hold the result (Note [Sorted layout])
