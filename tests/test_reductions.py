@@ -553,9 +553,9 @@ def test_hypothesis_random_shapes(shape, case, name, keepdim, data, seed):
        dtype=st.sampled_from([torch.float32, torch.float64]), data=st.data(),
        seed=st.integers(0, 1000))
 def test_hypothesis_softmax_random_shapes(shape, case, log, dtype, data, seed):
-    """softmax / log_softmax along any dim of random shapes and masks (the native call
-    along the stored lines, the composed route across them): the float64 reference of
-    the specified elements, the others -inf."""
+    """softmax / log_softmax along any dim of random shapes and masks (one native call
+    along or across the stored lines, the composed route where it does not apply): the
+    float64 reference of the specified elements, the others -inf."""
     if case == "csr" and len(shape) != 2:
         case = "coo"
     dim = data.draw(st.integers(-len(shape), len(shape) - 1))

@@ -274,15 +274,6 @@ def _native_calls(monkeypatch, *names: str) -> list:
     return calls
 
 
-def _deviation_passes(monkeypatch, kernels: str = "deviations") -> list:
-    """The native passes of ``masked_sqdev`` / ``masked_sumexp`` (kernels "deviations") or
-    ``masked_logsumexp`` ("logsumexp"), recorded (:func:`_native_calls`)."""
-    return _native_calls(monkeypatch, *(f"{kernels}_{kind}" for kind in KINDS))
-
-
-KINDS = ("all", "lines", "scatter")
-
-
 def _special_matrix(dtype, specials, scale, layout):
     """:func:`_matrix` times ``scale`` (differences that over- and underflow ``exp``) with
     a one-element row, as a sparse ``layout`` MaskedTensor; its data and mask."""
@@ -353,7 +344,8 @@ def test_logsumexp_in_one_native_pass_matches_dense(monkeypatch, layout, dtype, 
     max, sum of ``exp(v - max)``, log): the float64 reference ``torch.logsumexp`` of the
     specified values (the others -inf), with empty, fully masked and one-element groups,
     +-inf and NaN, and values whose differences over- and underflow ``exp`` (``scale``)."""
-    passes = _deviation_passes(monkeypatch, "logsumexp")
+    passes = _native_calls(monkeypatch, "logsumexp_all", "logsumexp_lines",
+                           "logsumexp_scatter")
     mt, data, mask = _special_matrix(dtype, specials, scale, layout)
     dims = (0, 1) if dim is None else dim
     got = torch.logsumexp(mt, dims, keepdim=keepdim)
