@@ -702,6 +702,17 @@ def logsumexp_scatter(values: torch.Tensor, mask: torch.Tensor, index: torch.Ten
     return out
 
 
+def _kind_and_kernel(table: dict, values: torch.Tensor, mask: torch.Tensor,
+                     offsets: torch.Tensor | None, index: torch.Tensor | None) -> tuple:
+    """For the functions that take the kind of call from their arguments: "all" (neither
+    ``offsets`` nor ``index``), "lines" (``offsets``) or "scatter" (``index``), and that
+    kind's kernel in ``table`` for the values' dtype, None where the kernels do not apply
+    (:func:`_applies`)."""
+    kind = "all" if offsets is None and index is None else "lines" if index is None else \
+        "scatter"
+    return kind, table.get((kind, values.dtype)) if _applies(values, mask) else None
+
+
 def moments(values: torch.Tensor, mask: torch.Tensor, correction: float | None,
             offsets: torch.Tensor | None = None, which: torch.Tensor | None = None,
             index: torch.Tensor | None = None, counts: torch.Tensor | None = None
@@ -719,9 +730,7 @@ def moments(values: torch.Tensor, mask: torch.Tensor, correction: float | None,
     >>> out is None or [t.tolist() for t in out] == [[2.0], [2.0], [True]]
     True
     """
-    kind = "all" if offsets is None and index is None else "lines" if index is None else \
-        "scatter"
-    kernel = _MOMENTS.get((kind, values.dtype)) if _applies(values, mask) else None
+    kind, kernel = _kind_and_kernel(_MOMENTS, values, mask, offsets, index)
     if kernel is None:
         return None
     groups: tuple = ()
@@ -762,13 +771,11 @@ def softmax(values: torch.Tensor, mask: torch.Tensor, log: bool,
     of Note [Native exp]. None where the native kernels do not apply.
 
     >>> v, m = torch.tensor([1., float("nan"), 3.]), torch.tensor([True, False, True])
-    >>> out = softmax(v, m, False)
-    >>> out is None or torch.allclose(out, torch.tensor([1., 0., 3.]).softmax(0) * m)
+    >>> out = softmax(v, m, False)  # over 1 and 3; 0 at the unspecified NaN
+    >>> out is None or torch.allclose(out, torch.tensor([0.1192, 0., 0.8808]), atol=1e-4)
     True
     """
-    kind = "all" if offsets is None and index is None else "lines" if index is None else \
-        "scatter"
-    kernel = _SOFTMAX.get((kind, values.dtype)) if _applies(values, mask) else None
+    kind, kernel = _kind_and_kernel(_SOFTMAX, values, mask, offsets, index)
     if kernel is None:
         return None
     out = torch.empty_like(values)
@@ -803,11 +810,11 @@ def cumsum_lines(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor | 
     kernel = _CUMSUM.get(values.dtype) if (
         values.dim() == 1 and values.is_contiguous() and _eager_cpu(values)
         and _library() is not None) else None
-    if kernel is None or offsets.shape[0] == 0 or not _index_ok(offsets, offsets.shape[0]):
+    args = None if kernel is None else _line_args(offsets, None)
+    if args is None:
         return None
     out = torch.empty_like(values)
-    _check(kernel(values.data_ptr(), values.shape[0], offsets.data_ptr(),
-                  offsets.shape[0] - 1, out.data_ptr()), "cumsum")
+    _check(kernel(values.data_ptr(), values.shape[0], *args[:2], out.data_ptr()), "cumsum")
     return out
 
 
