@@ -67,6 +67,7 @@ class MaskedTensor(torch.Tensor):
         sparse layout, repeated calls without autograd return the same tensor until it is
         changed in place or asked for a gradient (Note [The data tensor is built once]).
 
+        >>> import torch, masked_sparse as ms
         >>> mt = ms.masked_tensor(torch.tensor([1., 2.]), torch.tensor([True, False]))
         >>> mt.get_data()
         tensor([1., 2.])
