@@ -842,14 +842,14 @@ static inline __m512d exp_dev8(__m512d x) {
  * (on an Intel Xeon the simd loop ran in 256-bit halves: 2M float64 entries into 20000
  * groups 13.3 -> 6.5 ms). */
 #if VECTOR
-/* 8 elements of a T array at int64 lanes g, as doubles (GATHERT8 below: as T) */
-#define GATHERD8_f64(g, p) _mm512_i64gather_pd(g, p, 8)
-#define GATHERD8_f32(g, p) _mm512_cvtps_pd(_mm512_i64gather_ps(g, p, 4))
+/* 8 elements of a T array p at the int64 lanes g */
+#define GATHERT8_f64(g, p) _mm512_i64gather_pd(g, p, 8)
+#define GATHERT8_f32(g, p) _mm512_i64gather_ps(g, p, 4)
 #define EXP_LIST(T, c)                                                                   \
     do {                                                                                 \
         for (int q = 0; q < (((c) + 7) & ~7); q += 8) {                                  \
             __m512i g8 = _mm512_loadu_si512(gs + q);                                     \
-            __m512d c8 = GATHERD8_##T(g8, center);                                       \
+            __m512d c8 = WIDEN_##T(GATHERT8_##T(g8, center));                            \
             __m512d d8 = _mm512_sub_pd(_mm512_loadu_pd(xs + q), c8);                     \
             _mm512_storeu_pd(xs + q, exp_dev8(d8));                                      \
         }                                                                                \
@@ -1085,8 +1085,6 @@ SOFTMAX_KERNELS(f32)
  * passes take 8 a step, the tops and totals gathered, exp_dev8, the sums added one lane at
  * a time. */
 #if VECTOR
-#define GATHERT8_f64(g, p) _mm512_i64gather_pd(g, p, 8)
-#define GATHERT8_f32(g, p) _mm512_i64gather_ps(g, p, 4)
 #define VSUB8_f64(x, y) _mm512_sub_pd(x, y)
 #define VSUB8_f32(x, y) _mm256_sub_ps(x, y)
 #define VDIV8_f64(x, y) _mm512_div_pd(x, y)
