@@ -4,7 +4,7 @@ Run by hand, never part of the tests' timing::
 
     python -m benchmarks --quick            # or: python benchmarks/run.py --quick
     python -m benchmarks --json out.json --ratio-plot ratios.png
-    python -m benchmarks --readme README.md --plot benchmarks/scaling.png  # README's section
+    python -m benchmarks --readme README.md --plot benchmarks/scaling.png  # RESULTS.md + README
 
 Every benchmark module (``bench_*.py``) exposes ``cases()``: a list of
 ``(name, masked_sparse_fn, {baseline_name: fn})`` tuples (optionally a fourth element,

@@ -4,10 +4,12 @@ Options: ``--quick`` (shorter timing, same cases), ``--json PATH`` (every median
 and status), ``--plot PATH`` (the scaling chart, time against nnz from 1e3 to 1e7:
 :mod:`benchmarks.scaling`; needs matplotlib, the ``bench`` extra), ``--ratio-plot PATH``
 (a PNG bar chart of the ratios), ``--only TEXT`` (cases whose name contains TEXT),
-``--modules a,b``, and ``--readme [README.md]``: instead of the suite, the README's
-"Performance" section from one run (:mod:`benchmarks.readme`: scipy comparison, issue 19's
-goals, peak memory; with ``--plot``, the scaling chart too), printed and, given a path,
-written between its markers::
+``--modules a,b``, and ``--readme [README.md]``: instead of the suite, one run of the
+README preset (:mod:`benchmarks.readme`: scipy comparison, issue 19's goals, peak memory;
+with ``--plot``, the scaling chart too): the full tables go to ``benchmarks/RESULTS.md``,
+stamped with the machine, the date and the versions, and the README's "Performance"
+section (five summary lines and the chart) is printed and, given a path, written between
+its markers::
 
     python -m benchmarks --readme README.md --plot benchmarks/scaling.png
 
@@ -173,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ratio-plot", metavar="PATH",
                         help="write a PNG bar chart of the ratios of the cases run")
     parser.add_argument("--readme", metavar="README", nargs="?", const="",
-                        help="run the README preset and print its Performance section; "
-                             "given a file, also write the section between its markers")
+                        help="run the README preset: write the full tables to "
+                             "benchmarks/RESULTS.md and print the README's Performance "
+                             "section; given a file, also write it between its markers")
     parser.add_argument("--only", metavar="TEXT", help="run the cases whose name contains TEXT")
     parser.add_argument("--modules", metavar="A,B",
                         help=f"comma-separated modules (default: {','.join(module_names())})")

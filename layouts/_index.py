@@ -141,8 +141,8 @@ def rows_from_crow(crow: torch.Tensor, nnz: int | None = None) -> torch.Tensor:
 
 def sort_key(keys: torch.Tensor, bound: int) -> torch.Tensor:
     """``keys`` (integers in ``[0, bound)``) in the narrowest signed type that holds them:
-    torch sorts int16 keys ~4x and int32 keys ~2x faster than int64 (2M keys, one thread:
-    18 / 36 / 81 ms stable).
+    a narrower key is fewer bytes to move and compare in every pass of the sort
+    (``python -m benchmarks.bench_order`` times the sorts that use it).
 
     >>> sort_key(torch.tensor([3, 1]), 20000).dtype
     torch.int16

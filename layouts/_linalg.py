@@ -162,7 +162,8 @@ def _specified_coo(storage: Storage) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _any_by_line(line: torch.Tensor, mask: torch.Tensor, n: int) -> torch.Tensor:
     """Bool vector of length ``n``: True at the lines that hold a True ``mask`` entry (a uint8
-    ``amax`` scatter: ~20x faster than a weighted ``bincount`` or boolean indexing)."""
+    ``amax`` scatter: one pass over one byte per entry, where a weighted ``bincount`` or
+    boolean indexing allocate and convert; ``python -m benchmarks.bench_linalg``)."""
     out = torch.zeros(n, dtype=torch.uint8, device=mask.device)
     return out.scatter_reduce_(0, line.long(), mask.view(torch.uint8), "amax").view(torch.bool)
 
@@ -186,8 +187,8 @@ def compressed_mask_any(storage: Storage, dim: int, *, axis: int = 0) -> torch.T
     if 1 - dim != axis:
         return _any_by_line(idx, storage.mask, storage.shape[1 - dim])
     counts = torch.zeros(idx.numel() + 1, dtype=torch.int32, device=idx.device)
-    torch.cumsum(storage.mask, 0, dtype=torch.int32, out=counts[1:])  # int64 is 20x slower
-    at_ptr = counts.index_select(0, ptr)  # index_select: ~10x faster than counts[ptr]
+    torch.cumsum(storage.mask, 0, dtype=torch.int32, out=counts[1:])  # int32: half of int64's bytes
+    at_ptr = counts.index_select(0, ptr)  # index_select, not counts[ptr]: no advanced-indexing path
     return at_ptr[1:] > at_ptr[:-1]
 
 

@@ -7,8 +7,8 @@ reads it with ``at::vec::VecMask<float,1>::from(const bool*, count)``, a scalar 
 fills a stack array and reloads it as a vector (``ATen/cpu/vec/vec_mask.h``; there is no
 AVX2 / AVX-512 specialization), and ``mask.view(torch.uint8)`` does not help: a view of
 the same width is a ``ReinterpretView`` whose loader loads the bool buffer and bitcasts
-(``torch/_inductor/ir.py``). So ``torch.where(mask, x, 0).sum(1)`` compiled runs at
-~3 ns per element on one core, where the data alone takes 0.1 ns (torch 2.13, AVX-512).
+(``torch/_inductor/ir.py``). So a compiled ``torch.where(mask, x, 0).sum(1)`` spends its
+time in that scalar loop, not on the data (``python -m benchmarks.bench_compile``).
 
 A view to a dtype of *another* width is not a ``ReinterpretView``: Inductor calls
 ``aten.view.dtype`` itself (a free aliasing view), and the result is a real buffer of the
@@ -17,12 +17,13 @@ new dtype. ``mask.view(torch.int16).view(torch.uint8)`` therefore gives a uint8 
 and compared with 0 it is a ``VecMask<int32_t,1>``, which selects float lanes directly
 (compared as uint8 it would be a ``VecMask<uint8_t,1>``, whose cast to a float mask is a
 scalar loop again). The result is the same bool tensor, computed inside the kernel instead
-of loaded: exact, and ``where(vector_mask(m), x, 0).sum(1)`` runs ~10x faster than
-``where(m, x, 0).sum(1)``. The views need an even number of elements and a contiguous mask
+of loaded: exact, and ``where(vector_mask(m), x, 0).sum(1)`` reads the mask with vector
+loads where ``where(m, x, 0).sum(1)`` runs the scalar loop (``bench_compile`` compares
+them). The views need an even number of elements and a contiguous mask
 at an even storage offset; any other mask is returned as it is (slow, still exact), and so
 is a mask on another device (Triton loads bool buffers as bytes already) and one of fewer
 than 16384 elements (static size), where the two ``view`` calls of the compiled wrapper
-cost more than they save (~30% of a compiled ``sum(1)`` at 64x64, even at 128x128).
+cost more than they save (``bench_compile`` at 64x64 and 128x128).
 Callers use it only while torch.compile traces (``torch.compiler.is_compiling()``): eager
 kernels read bool masks at full speed.
 

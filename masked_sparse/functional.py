@@ -21,7 +21,7 @@ elements, every group then has a specified element, so the masked result is torc
 on the plain input, specified everywhere -- exactly what ``torch.masked`` computes for
 ``mask=None``. The functions run that op directly (:func:`_masked` returns the input itself,
 :func:`_specified` wraps the result): no full-size all-True mask, no fill pass, no mask
-reduction (a row sum runs 10x faster). The masked route stays where the two differ: an
+reduction (a row sum is torch's row sum). The masked route stays where the two differ: an
 empty input (its groups are empty: unspecified, not 0 or NaN); dtypes other than float32 /
 float64 (the masked ops order bools, refuse complex orders and non-float softmax with their
 own messages, give half-precision var / std in float32); and var / std, whose two passes

@@ -75,7 +75,7 @@ def ref_numpy_ma(name, data, mask, dim, keepdim, **kwargs):
 
 
 def expected_layout(layout, shape, dims, keepdim):
-    """The result layout of a reduction (README, "Semantics in brief"): full -> strided 0-d;
+    """The result layout of a reduction (docs/reductions.md): full -> strided 0-d;
     COO stays COO; CSR stays CSR for a 2-D keepdim result, else COO."""
     if layout == torch.strided:
         return torch.strided

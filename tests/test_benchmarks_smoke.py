@@ -12,6 +12,7 @@ import os
 import runpy
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -131,8 +132,9 @@ def test_time_targets_are_checked():
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux only")
 def test_readme_section_from_one_tiny_run(tmp_path):
-    """``--readme README --plot PNG`` on tiny operands: every part of the section, the chart,
-    the file's text outside the markers kept; the memory bound flags a densification."""
+    """``--readme README --plot PNG`` on tiny operands: every table in the results file,
+    stamped; the README's five summary lines and the chart, the file's text outside the
+    markers kept; the memory bound flags a densification."""
     pytest.importorskip("matplotlib")
     from benchmarks import memory, readme
 
@@ -143,17 +145,28 @@ def test_readme_section_from_one_tiny_run(tmp_path):
              "memory_layouts": ("coo",), "memory_ops": ("noop", "sqrt", "to_dense"),
              "scaling": (100,)}
     result = tmp_path / "out.json"
+    results = tmp_path / "RESULTS.md"
     text = readme.run("python -m benchmarks --readme", 0.001, str(target), str(plot),
-                      str(result), sizes=sizes, use_probe=False)
+                      str(result), sizes=sizes, use_probe=False, results_path=results)
     written = target.read_text()
     assert "old" not in written and text in written and written.endswith("## next\n")
-    assert plot.stat().st_size > 0
+    assert plot.stat().st_size > 0 and f"]({plot})" in text
+    summary = [line for line in text.splitlines() if line.startswith("- ")]
+    assert len(summary) == 5 and "benchmarks/RESULTS.md" in summary[-1]
+    assert "|" not in text  # the tables stay out of the README
+    full = results.read_text()
+    import numpy
+
+    for stamp in (f"torch {torch.__version__}", f"numpy {numpy.__version__}", "scipy ",
+                  "Python ", time.strftime("%Y-%m-%d")):
+        assert stamp in full and stamp in summary[-1]
     for heading in ("Against scipy.sparse", "÷ raw", "Fixed cost", "Peak extra memory",
                     "Scaling"):
-        assert heading in text
-    assert "| column max |" in text and "| argmax |" in text and "| COO dim=0 |" in text
+        assert heading in full
+    assert "| column max |" in full and "| argmax |" in full and "| COO dim=0 |" in full
     rows = {r["op"]: r for r in json.loads(result.read_text())["memory"]}
     assert rows["noop"]["peak"] < 2**20
     assert rows["sqrt"]["output"] == 20_000 * 4 and not rows["sqrt"]["flagged"]
     assert rows["to_dense"]["flagged"]  # a densification is over output + 4 x input
-    assert "over it: coo to_dense." in text and memory.BOUND_FACTOR == 4
+    assert "over it: coo to_dense." in full and memory.BOUND_FACTOR == 4
+    assert "coo to_dense" in summary[3]

@@ -1,4 +1,4 @@
-"""Every layout gives the same answer on +inf, -inf and NaN (DESIGN.md): each reduction and
+"""Every layout gives the same answer on +inf, -inf and NaN (docs/design.md): each reduction and
 softmax-like op, along each dim and in full, on rows and columns holding infinities and NaN
 (specified, and under the mask), against the strided result and against torch's own op on
 the specified elements of each group.

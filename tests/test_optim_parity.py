@@ -208,7 +208,7 @@ def test_sparse_adam_equals_torch_sparse_adam(scale, kwargs, hybrid):
 
 def test_adam_is_not_sparse_adam_on_tiny_gradients():
     """ms.optim.Adam keeps dense Adam's eps placement: on ~1e-7 gradients it differs from
-    SparseAdam by a large fraction of lr (README, "Optimizers"), SparseAdam does not."""
+    SparseAdam by a large fraction of lr (docs/optimizers.md), SparseAdam does not."""
     grads = embedding_grads(8, 1e-7)
     ref, _ = run(torch.optim.SparseAdam, dict(lr=0.01), grads)
     adam, _ = run(ms.optim.Adam, dict(lr=0.01), grads)

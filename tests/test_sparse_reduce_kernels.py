@@ -379,7 +379,7 @@ def test_softmax_in_one_native_call_matches_dense(monkeypatch, layout, dtype, di
     check_invariants(got)
     assert_masked_equal(got, want.to(dtype), mask)
     _same(got, getattr(torch, op)(ms.masked_tensor(data, mask), dim))
-    s = got._storage  # every unspecified stored element is +0.0 (the README's rule)
+    s = got._storage  # every unspecified stored element is +0.0 (the zero fill's rule)
     unspecified = s.values[~s.mask]
     assert (unspecified == 0).all() and not torch.signbit(unspecified).any()
     if layout != "csc" or along_lines:  # the kernel wrote those zeros (CSC across its

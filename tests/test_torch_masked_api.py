@@ -275,7 +275,7 @@ def test_torch_load_without_import_readme_fix(tmp_path):
     path = tmp_path / "ckpt.pt"
     mt = make_masked((3, 4), torch.sparse_csr)[0]
     torch.save({"w": mt}, path)
-    # In a process that never imported masked_sparse the load fails; the README's one line
+    # In a process that never imported masked_sparse the load fails; docs/interop.md's one line
     # (import masked_sparse before torch.load) fixes it.
     base = "import torch\n"
     load = f"sd = torch.load({str(path)!r}, weights_only=True)\n"

@@ -272,7 +272,7 @@ def _reduce_gathered(e: Entries, values: torch.Tensor, op: str, fill, plan: Plan
     pad = e.sparse_numel
     parts = [e.keys.to(key_dtype(pad)), values] + ([e.mask] if plan.masks else [])
     gathered = all_gather_packed(parts, [pad, fill, False], plan.counts, group)
-    keys, values = gathered[0], gathered[1].contiguous()   # index_add_ runs 2x faster on it
+    keys, values = gathered[0], gathered[1].contiguous()   # index_add_ reads it contiguously
     mask = gathered[2] if plan.masks else None
     keys, where = torch.unique(keys.long(), sorted=True, return_inverse=True)
     out = values.new_full((keys.numel(),) + tuple(values.shape[1:]), fill)

@@ -90,8 +90,13 @@ def from_numpy(array: Any, *, mask: Any = None, layout: Any = torch.strided,
     dtype : torch.dtype, optional
         Cast the data to this dtype.
 
-    Raises ``TypeError`` for other inputs and unsupported dtypes (object, str, datetime,
-    structured, longdouble), ``ValueError`` for a mask of the wrong shape.
+    Raises
+    ------
+    TypeError
+        For other inputs and unsupported dtypes (object, str, datetime, structured,
+        longdouble).
+    ValueError
+        For a mask of the wrong shape.
 
     Examples
     --------

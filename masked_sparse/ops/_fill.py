@@ -27,8 +27,8 @@ def _bitwise_zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     product with the (compacted) mask, or for a full-size mask the layouts' exact fill
     (native, else bitwise: then for float64 only)."""
     small = compact(mask)
-    # (Non-contiguous values too: the layouts' bitwise fill, 0.44 ms at 1M float32 strided
-    # by 2, against 2.9 ms for the integer product.)
+    # (Non-contiguous values too: there the layouts' bitwise fill beats the integer product;
+    # Note [Bitwise fill].)
     if small is mask and (values.dtype == torch.float64
                           or layouts.native_status() == "available"):
         return layouts.fill_unspecified(values, mask, 0)
@@ -65,15 +65,14 @@ def zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
     Note [Zero fill by bits]
     ~~~~~~~~~~~~~~~~~~~~~~~~
-    ``torch.where(mask, values, 0)`` takes a slow path on CPU for its bool condition (~3 ns
-    per element once the data leaves the cache, measured on torch 2.13); ``values * mask`` is
-    faster but keeps NaN and inf under the mask. Multiplying the float's *bits*, viewed as an
-    integer of the same width, by the 0/1 mask is exact (the bits survive or become +0.0),
-    one pass with no temporary: 2-14x faster than ``where`` at 1e5-2e6 float32 elements.
-    CPUs have no vector int64 multiply, so float64 with a full-size mask takes the layouts'
-    bitwise AND instead (Note [Bitwise fill]: 2.5 ms against the product's 24 ms and
-    ``where``'s 8.5 ms at 2M elements); with the native kernels every full-size mask takes
-    the layouts' one-pass fill (1M float32: 0.12 ms against the product's 0.24 ms). A mask
+    ``torch.where(mask, values, 0)`` takes a slow path on CPU for its bool condition (it
+    branches on the mask element by element); ``values * mask`` is vectorized but keeps NaN
+    and inf under the mask. Multiplying the float's *bits*, viewed as an integer of the same
+    width, by the 0/1 mask is exact (the bits survive or become +0.0), one vectorized pass
+    with no temporary. CPUs have no vector int64 multiply, so float64 with a full-size mask
+    takes the layouts' bitwise AND instead (Note [Bitwise fill]); with the native kernels
+    every full-size mask takes the layouts' one-pass fill. ``python -m benchmarks.bench_core``
+    and ``bench_goals`` time ``to_tensor(0)``, which runs this fill. A mask
     broadcast over some dims (stride 0, e.g. an attention mask expanded over heads) is read
     once per stored element. Other dtypes (integers, complex), and a mask that ``values``
     would have to broadcast to, use ``torch.where``; so does compiled code, where Inductor

@@ -2,7 +2,7 @@
 
 Note [Masks of gradients]
 ~~~~~~~~~~~~~~~~~~~~~~~~~
-Outside backward, binary ops demand equal masks (README, "Semantics in brief"). Inside a
+Outside backward, binary ops demand equal masks (docs/semantics.md). Inside a
 backward pass the only way two masks can differ is a gradient that is *narrower* than the
 tensor it belongs to: ``where`` gives unchosen positions no gradient (Note [Gradient of
 where]). A gradient's unspecified position means "nothing flows here", so while a graph task runs

@@ -69,7 +69,8 @@ def get_data(mt: MaskedTensor) -> torch.Tensor:
 # Note [The data tensor is built once]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # The data of a sparse MaskedTensor is a torch sparse tensor over its own index and values
-# tensors (no copy), and torch's sparse constructors cost 2-2.5 µs, most of ``get_data``.
+# tensors (no copy), and torch's sparse constructor is most of the cost of ``get_data``
+# (``benchmarks/bench_goals.py`` times a first and a repeated call).
 # A MaskedTensor's storage never changes under it (an in-place op gives it a new storage
 # object), so the plain call keeps the tensor it built with the storage it was built from
 # and returns it again while that storage is the MaskedTensor's: the same tensor object,

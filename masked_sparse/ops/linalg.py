@@ -1,7 +1,7 @@
 """Matrix products with masked operands: ``mm``, ``mv``, ``bmm``, ``matmul`` / ``@``,
 ``addmm``, ``baddbmm``, ``F.linear`` and two-operand ``einsum``, on every layout.
 
-Semantics (DESIGN.md), written once here for every layout -- *unspecified means absent from
+Semantics (docs/design.md), written once here for every layout -- *unspecified means absent from
 the sum*:
 
 - ``out[..., i, j]`` sums ``a[..., i, l] * b[..., l, j]`` over the ``l`` where every masked

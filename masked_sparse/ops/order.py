@@ -1,7 +1,7 @@
 """Ordering along one dim on every layout: ``sort``, ``argsort``, ``msort``, ``topk``,
 ``kthvalue``.
 
-Semantics (DESIGN.md), written once here for every layout:
+Semantics (docs/design.md, docs/scans-sorting.md), written once here for every layout:
 
 - only specified elements are ordered (stable: ties keep their input order; NaN as torch
   places it -- last ascending, first descending); unspecified elements come after them in

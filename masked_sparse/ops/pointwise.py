@@ -1,6 +1,6 @@
 """Pointwise ops: one generic kernel for every aten op tagged ``torch.Tag.pointwise``.
 
-Semantics (README, "Semantics in brief"), written once here for every layout:
+Semantics (docs/design.md, docs/semantics.md), written once here for every layout:
 
 - unary: the op runs on the values; mask and index tensors are kept (the same objects);
 - MaskedTensor with MaskedTensor: both must have the same shape and specified set, else
@@ -28,7 +28,7 @@ def _equal_bool(x: torch.Tensor, y: torch.Tensor) -> bool:
     """``torch.equal`` for two bool tensors of one shape, 8 bytes at a time where it can.
 
     ``torch.equal`` costs about the same per element whatever the dtype, so a contiguous
-    bool mask is compared as int64 words (8x fewer elements). Identical bytes are equal
+    bool mask is compared as int64 words (an eighth of the elements). Identical bytes are equal
     masks; a difference is confirmed by ``torch.equal`` itself (non-canonical bool bytes).
     """
     if x.numel() % 8 == 0 and x.numel() and x.is_contiguous() and y.is_contiguous():
@@ -159,8 +159,9 @@ def _try_layout(coo: Storage, like: Storage) -> Storage:
 def broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
     """True when ``shape`` broadcasts to ``target`` exactly (the result has ``target``).
 
-    The same answer as ``torch.broadcast_shapes(shape, target) == target``, which costs
-    ~100 µs per call in torch 2.x (a Python reference implementation); this costs ~0.2 µs.
+    The same answer as ``torch.broadcast_shapes(shape, target) == target``, which runs a
+    Python reference implementation on every call; this compares the dims directly (it is
+    on every binary op's route: ``python -m benchmarks.profile_overhead``).
 
     >>> broadcasts_to((3, 1), (2, 3, 4)), broadcasts_to((2, 4), (3, 4))
     (True, False)

@@ -1,6 +1,6 @@
 """Reductions on every layout, along any dims, never densifying a sparse input.
 
-Semantics (README, "Semantics in brief", RFC-0027), written once here for every layout:
+Semantics (docs/design.md, docs/reductions.md, RFC-0027), written once here for every layout:
 
 - only specified elements take part: unspecified ones are replaced by the op's identity
   (0 for sums, 1 for products, -inf / the dtype's min for maxima, ...) *before* any

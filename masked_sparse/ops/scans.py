@@ -1,7 +1,7 @@
 """Scans along one dim on every layout: ``cumsum``, ``cumprod``, ``cummax``, ``cummin``,
 ``logcumsumexp``.
 
-Semantics (DESIGN.md), written once here for every layout:
+Semantics (docs/design.md, docs/scans-sorting.md), written once here for every layout:
 
 - the value at a specified position is the scan over the *specified* elements of its line
   up to it: unspecified ones are replaced by the op's identity (0, 1, -inf / the dtype's

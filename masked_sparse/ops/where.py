@@ -1,6 +1,6 @@
 """``torch.where`` on MaskedTensors, in every layout.
 
-Semantics (README, "Semantics in brief"), written once here for every layout:
+Semantics (docs/design.md, docs/semantics.md), written once here for every layout:
 
 - the result element at a position comes from the operand that ``cond`` chooses there, and so
   does its mask: ``mask = where(cond, mask_a, mask_b)``;
