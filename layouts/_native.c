@@ -21,12 +21,49 @@
  *
  * Every index read from memory is checked before it is used; a kernel returns -1 at the
  * first one out of range (and the caller raises), never reads or writes out of bounds.
- * Nothing is allocated here; the caller owns every array. Compiled for the machine it runs
- * on (-march=native: the vector width of the CPU; _native.py keys the build by CPU).
+ * Nothing is allocated here; the caller owns every array.
+ *
+ * Built at install (setup.py), never at run time: this one file is compiled once per
+ * instruction set -- baseline (SSE2 on x86-64, the only build elsewhere: aarch64 and others),
+ * "avx2" (-mavx2 -mfma ...: the compiler's loops in 256-bit vectors) and "avx512" (the
+ * explicit AVX-512 code below) -- into one shared library each, with the same symbols.
+ * _native.py loads the baseline build first, asks it (ms_cpu_isa) what this CPU runs, then
+ * loads the widest build the CPU runs, so one install (or wheel) serves every x86-64 CPU.
+ * Whole builds rather than function-level target attributes: every kernel, helper and
+ * macro stays written once, compiled by the same rules for each target (the explicit code
+ * keyed on the compiler's own __AVX512F__ & co.), and the dispatch costs nothing per call
+ * (ctypes binds each symbol of the chosen build once).
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+/* The version of the kernels' signatures: _native.py's _ABI must equal it, else the build
+ * is refused (a stale build of another version). Bump both when a signature changes. */
+#define MS_ABI 1
+int ms_abi_version(void) { return MS_ABI; }
+
+/* The instruction set this build was compiled for: 2 explicit AVX-512 code, 1 AVX2 (the
+ * portable loops, 256-bit), 0 baseline. Defined below, once VECTOR is known. */
+int ms_built_isa(void);
+
+/* What this CPU (and its operating system, which must save the wide registers) runs, by
+ * the same scale: the build _native.py loads is the widest with ms_built_isa() <= this. */
+int ms_cpu_isa(void) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") &&
+               __builtin_cpu_supports("popcnt");
+    if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512cd"))
+        return 2;
+    return avx2 ? 1 : 0;
+#else
+    return 0;
+#endif
+}
 
 #define LONG_RUN 256 /* portable code: runs at least this long are one simd loop */
 #define LANES 16     /* shorter runs of at least CHUNKS_op elements: LANES accumulators */
@@ -120,8 +157,7 @@ KEEP(f32)
  *   which read nothing past the run: no scalar tail, and a short run (a sparse row) is
  *   one such block, its steps into one accumulator (no join of the others).
  */
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) &&           \
-    !defined(MASKED_SPARSE_PORTABLE)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define VECTOR 1
 #include <immintrin.h>
 #define VECTOR_RUN 1 /* every run but an empty one: a short run is its partial block */
@@ -309,7 +345,8 @@ static inline __mmask64 mask_bits_tail(const uint8_t *m, int64_t left) {
 /* A run of at least VECTOR_RUN elements: one OpenMP simd loop. */
 #define VECTOR_LOOP(T, OP)                                                               \
     do {                                                                                 \
-        const ACC_##OP(T) start = s;                                                     \
+        const ACC_##OP(T) start = s; /* what PICK_max / PICK_min read */                 \
+        (void)start;                                                                     \
         SIMD(OP)                                                                         \
         for (int64_t i = a; i < b; i++) {                                                \
             T x = PICK_##OP(T, v[i], m[i], other, start);                                \
@@ -317,6 +354,16 @@ static inline __mmask64 mask_bits_tail(const uint8_t *m, int64_t left) {
         }                                                                                \
     } while (0)
 #endif
+
+int ms_built_isa(void) {
+#if VECTOR
+    return 2;
+#elif defined(__AVX2__)
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 /* OP over where(m, v, identity)[a:b]; `other` is the bits an unspecified element reads.
  * A run of VECTOR_RUN elements or more is one vector loop (VECTOR_LOOP: with AVX-512, the
