@@ -61,6 +61,10 @@ class BuildKernels(build_ext):
         self.parallel = None  # build_extension swaps build_temp: one variant at a time
         self._built: dict[str, str] = {}  # isa -> the library's path under build_lib
         super().run()  # builds into build_lib, then copies in place for --inplace / -e
+        if not self._built:
+            print(f"warning: the native kernels were not built ({SOURCE}: no C compiler, or "
+                  "it failed); masked_sparse will run its torch-op implementation",
+                  file=sys.stderr)
         self._write_manifest(Path(self.build_lib) / "layouts")
         if self.inplace:
             self._write_manifest(self._package_dir())
@@ -88,9 +92,6 @@ class BuildKernels(build_ext):
             kernels[isa] = {"file": os.path.basename(built), "size": len(data),
                             "sha256": hashlib.sha256(data).hexdigest()}
         if not kernels:
-            print(f"warning: the native kernels were not built ({SOURCE}: no C compiler, "
-                  "or it failed); masked_sparse will run its torch-op implementation",
-                  file=sys.stderr)
             return
         source = Path(SOURCE).read_bytes()
         abi = int(re.search(rb"#define MS_ABI (\d+)", source).group(1))

@@ -112,6 +112,7 @@ import functools
 import hashlib
 import json
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -166,11 +167,22 @@ def _library() -> ctypes.CDLL | None:
         _why_not = "; ".join(problems)
         warnings.warn(f"masked_sparse's native kernels are not loaded ({_why_not}): "
                       f"reductions run the slower torch-op implementation; {_FIX}",
-                      NativeKernelsWarning, stacklevel=3)
+                      NativeKernelsWarning, stacklevel=_caller_level())
     elif problems:
         warnings.warn(f"masked_sparse's native kernels: {'; '.join(problems)}; running the "
-                      f"{_isa} build instead; {_FIX}", NativeKernelsWarning, stacklevel=3)
+                      f"{_isa} build instead; {_FIX}", NativeKernelsWarning,
+                      stacklevel=_caller_level())
     return lib
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside this library and torch, for the
+    warning of its caller: the user's line that first reduced, not a line of the library."""
+    inside = (str(_DIR), str(_DIR.parent / "masked_sparse"), os.path.dirname(torch.__file__))
+    frame, level = sys._getframe(2), 2  # the caller of _library, as warnings counts
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level if frame is not None else 2
 
 
 def _load(directory: Path, cap: int = len(_ISAS) - 1) -> tuple[ctypes.CDLL | None, str, list]:
