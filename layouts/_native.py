@@ -506,13 +506,11 @@ def first(values: torch.Tensor, mask: torch.Tensor, x: torch.Tensor) -> int | No
 # updating both). NaN counts as the extreme and the first NaN wins (torch's rule); "first"
 # is the smallest position, compared explicitly (not the storage order). A group without a
 # specified element reads 0 and 0 (what an unspecified output element holds: the caller
-# needs no fill pass). Positions are int64 (``Grouping.positions``). Measured (one thread,
-# 10000 x 10000 float32, 1M stored entries, half specified): argmax along rows 7.3 -> 0.4
-# ms (the line kernel ~0.3 ms: 0.1 the max, 0.2 the AVX-512 scan; a scalar scan took 0.9),
-# along columns 8.3 -> 2.9 ms (the scatter kernel ~2 ms: a branch per element on "not
-# below the top" mispredicts at every new maximum, yet the branch-free variants measured
-# 1.5-3x slower: they store every element's update, or read the values twice); at 1000
-# entries 97-114 -> 30-48 us.
+# needs no fill pass). Positions are int64 (``Grouping.positions``). Along rows the line
+# kernel's max and AVX-512 scan replace the dozen passes (a scalar scan was slower); along
+# columns the scatter kernel branches on "not below the top", which mispredicts at every
+# new maximum, yet the branch-free variants measured slower: they store every element's
+# update, or read the values twice. ``benchmarks/bench_reductions.py`` times both.
 
 
 def _arg_ok(values: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> bool:
@@ -626,17 +624,17 @@ def count_scatter(mask: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tens
 # Note [Narrow group indices]
 # A scatter pass (a column sum: element j into group index[j]) reads per stored element its
 # value, its mask byte and its int64 group index: 17 bytes for a float64, where scipy reads
-# 12 (an int32 index). The loop waits on memory, so a narrower index is faster: into 20000
-# groups, 2M elements scatter in 2.6 ms from a uint16 index, 3.6 ms from int64 (unrolling
-# and prefetching the output measured no gain; the index is what pays). The groupings keep
+# 12 (an int32 index). The loop waits on memory, so a narrower index is faster
+# (``benchmarks/bench_scipy.py``'s column sums; unrolling and prefetching the output
+# measured no gain; the index is what pays). The groupings keep
 # one narrowed copy per index tensor and reduction (``cached``: an index written in place
 # is narrowed again, never read stale): +2 bytes per stored element (uint16, at most 65536
 # groups), else +4 (int32), O(nnz) memory while the index lives. It holds group ids, not
 # key slots: a grouping over key slots (columns) maps each slot to its group in the same
 # pass (``remap``), so the kernels write the groups directly and no selection of the
-# present slots follows (1.5-3 µs less per small column reduction). The first eager scatter
-# over an index without autograd makes it, in one pass (0.6 ms at 2M, less than it saves
-# on that first kernel) that also checks the range: an index with an element out of range
+# present slots follows (torch ops fewer per small column reduction). The first eager
+# scatter over an index without autograd makes it, in one pass (less than it saves on that
+# first kernel) that also checks the range: an index with an element out of range
 # is not narrowed, and its own kernel raises. The kernels read an int32 index as given
 # too, and an int32 CSR's column reductions never build the int64 copy of its column index
 # (the slot keys are built only for torch passes).
