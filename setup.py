@@ -7,8 +7,9 @@ and the library runs its torch-op implementation (it says so with a
 
 The one C file is compiled once per instruction set into plain shared libraries that
 ``layouts/_native.py`` loads with ``ctypes`` (no Python C API, no torch headers):
-``layouts/_native_kernels.so`` (baseline: SSE2 on x86-64, the only build on aarch64 and
-others), and on x86-64 ``_native_kernels_avx2.so`` and ``_native_kernels_avx512.so``. The
+``layouts/_native_kernels.portable.so`` (baseline: SSE2 on x86-64, the only build on
+aarch64 and others), and on x86-64 ``_native_kernels.avx2.so`` and
+``_native_kernels.avx512.so`` (a dot in the name: no importer takes them for modules). The
 loader asks the baseline build which one the CPU runs, so one build (and a wheel) serves
 every x86-64 CPU: never ``-march=native``. Next to them the build writes
 ``_native_kernels.json``, the manifest the loader checks every file against (size and
@@ -44,17 +45,19 @@ if platform.machine().lower() in ("x86_64", "amd64"):
 
 
 def _name(isa: str) -> str:
-    return "layouts._native_kernels" + ("" if isa == "portable" else f"_{isa}")
+    return f"layouts._native_kernels_{isa}"
 
 
 class BuildKernels(build_ext):
-    """``build_ext`` for the kernels: plain ``.so`` names (they are no Python modules: a
-    ctypes library has no ABI tag), one object directory per variant (they compile the same
-    source), and the manifest next to the libraries it lists."""
+    """``build_ext`` for the kernels: library names that are no module names
+    (``_native_kernels.avx2.so``: a ctypes library, no ABI tag, and nothing an importer or
+    ``pkgutil`` would take for a module), one object directory per variant (they compile
+    the same source), and the manifest next to the libraries it lists."""
 
     def get_ext_filename(self, fullname: str) -> str:
-        if fullname.rpartition(".")[2].startswith("_native_kernels"):  # also the bare name
-            return os.path.join(*fullname.split(".")) + ".so"
+        *package, name = fullname.split(".")  # (called with the bare name too)
+        if name.startswith("_native_kernels_"):
+            return os.path.join(*package, f"_native_kernels.{name[16:]}.so")
         return super().get_ext_filename(fullname)
 
     def run(self) -> None:

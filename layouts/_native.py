@@ -66,9 +66,11 @@ extensions, so that installing succeeds without a C compiler; ``pip install -e .
 them in place, as ``python setup.py build_ext --inplace`` does), never at import or first
 use, and nothing is written outside the package. The C file is compiled once per
 instruction set into plain shared libraries loaded with ``ctypes`` (no Python C API, no
-torch headers: nothing ties a build to a Python or torch version): ``_native_kernels.so``
-(baseline: SSE2 on x86-64, the only build on aarch64 and others),
-``_native_kernels_avx2.so`` and ``_native_kernels_avx512.so``. Whole builds per instruction
+torch headers: nothing ties a build to a Python or torch version):
+``_native_kernels.portable.so`` (baseline: SSE2 on x86-64, the only build on aarch64 and
+others), ``_native_kernels.avx2.so`` and ``_native_kernels.avx512.so`` (the dot in the name:
+no module name, so that no importer, ``pkgutil`` included, takes one for a Python module).
+Whole builds per instruction
 set rather than ``target`` attributes on functions: every kernel, helper and macro stays
 written once and the explicit AVX-512 code keys on the compiler's own ``__AVX512F__``, the
 choice is made once per process (ctypes binds the symbols of one build, no dispatch per
