@@ -181,7 +181,10 @@ def _caller_level() -> int:
     """The ``stacklevel`` of the first frame outside this library and torch, for the
     warning of its caller: the user's line that first reduced, not a line of the library."""
     inside = (str(_DIR), str(_DIR.parent / "masked_sparse"), os.path.dirname(torch.__file__))
-    frame, level = sys._getframe(2), 2  # the caller of _library, as warnings counts
+    try:
+        frame, level = sys._getframe(2), 2  # the caller of _library, as warnings counts
+    except ValueError:  # (no such frame)
+        return 2
     while frame is not None and frame.f_code.co_filename.startswith(inside):
         frame, level = frame.f_back, level + 1
     return level if frame is not None else 2
@@ -240,7 +243,7 @@ def _open(directory: Path, builds: dict, isa: str) -> ctypes.CDLL:
         raise _Refused(f"{path} is damaged: its size or SHA-256 is not what the build wrote "
                        f"({len(data)} bytes, {entry['size']} built; truncated or modified)")
     try:
-        lib = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL)
+        lib = ctypes.CDLL(str(path), mode=getattr(os, "RTLD_LOCAL", 0))  # (its own symbols)
         for name in ("ms_abi_version", "ms_built_isa", "ms_cpu_isa"):
             getattr(lib, name).argtypes, getattr(lib, name).restype = [], ctypes.c_int
         abi, built = lib.ms_abi_version(), lib.ms_built_isa()
