@@ -202,7 +202,7 @@ def _load(directory: Path, cap: int = len(_ISAS) - 1) -> tuple[ctypes.CDLL | Non
                            f"this version of masked_sparse takes {_ABI}: a stale build")
     except FileNotFoundError:
         return None, "", [f"no build in {directory} (the package was installed without a "
-                          "working C compiler)"]
+                          "working C compiler, or this source checkout was never built)"]
     except (OSError, ValueError, KeyError, TypeError) as error:
         return None, "", [f"{directory / _MANIFEST} is unreadable ({error!r})"]
     except _Refused as error:

@@ -3,8 +3,10 @@
 Each kernel is compared with its definition written in torch ops on random inputs
 (hypothesis: sizes, densities, empty and fully masked groups, NaN and +-inf specified or
 not): ``reduce(where(mask, values, identity))`` per group. Out-of-range indices raise
-instead of reading memory; without a compiler (or with ``MASKED_SPARSE_NATIVE=0``) the
-library says why and the reductions take the composed path, with the same results.
+instead of reading memory. Without the built kernels (none, a damaged or a stale build:
+Note [Shipping the native kernels]; or ``MASKED_SPARSE_NATIVE=0``) the library says why,
+warns once where it was not a choice, and the reductions take the composed path, with the
+same results.
 """
 
 from __future__ import annotations
