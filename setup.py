@@ -72,6 +72,16 @@ class BuildKernels(build_ext):
         if self.inplace:
             self._write_manifest(self._package_dir())
 
+    def copy_extensions_to_source(self) -> None:
+        """Unlink each in-place library before the copy: a process that has the old one
+        loaded keeps its file (a copy over it would truncate it under the process's mapping,
+        which dies of SIGBUS at its next touch of a page)."""
+        for ext in self.extensions:
+            target = self._package_dir() / os.path.basename(self.get_ext_filename(ext.name))
+            if target.exists():
+                target.unlink()
+        super().copy_extensions_to_source()
+
     def build_extension(self, ext: Extension) -> None:
         temp = self.build_temp
         self.build_temp = os.path.join(temp, ext.name)
