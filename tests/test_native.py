@@ -534,16 +534,19 @@ def test_a_build_without_a_symbol_is_refused_and_nothing_changes(tmp_path):
     assert out[-1].startswith("a symbol is missing"), out
 
 
-@pytest.mark.parametrize("stale", ["library ABI", "manifest ABI", "C source", "ISA"])
+@pytest.mark.parametrize("stale", ["library ABI", "manifest ABI", "C source", "ISA",
+                                   "garbled manifest", "missing library"])
 def test_a_mismatched_build_is_refused(stale, tmp_path, monkeypatch):
     """A build of another version: kernels of another ABI (``ms_abi_version()``, or the
-    manifest's), a C source edited since the build, or a library that is not the build the
-    manifest names: refused, with the reason."""
+    manifest's), a C source edited since the build, a library that is not the build the
+    manifest names; or a garbled manifest, a library it lists gone: refused, with the
+    reason, and the kernels loaded before stay."""
     import json
 
     manifest = _copy_build(tmp_path)
     want = {"library ABI": "holds kernels of ABI", "manifest ABI": "is for kernels of ABI",
-            "C source": "of another version of _native.c", "ISA": "not the portable build"}
+            "C source": "of another version of _native.c", "ISA": "not the portable build",
+            "garbled manifest": "is unreadable", "missing library": "is unreadable"}
     if stale == "library ABI":  # the Python side moved on: the library's ABI is old
         manifest["abi"] = native._ABI + 1
         (tmp_path / native._MANIFEST).write_text(json.dumps(manifest))
@@ -554,6 +557,10 @@ def test_a_mismatched_build_is_refused(stale, tmp_path, monkeypatch):
     elif stale == "C source":
         with open(tmp_path / "_native.c", "a") as source:
             source.write("/* edited */\n")
+    elif stale == "garbled manifest":
+        (tmp_path / native._MANIFEST).write_text('{"abi": 1, "kernels": {')
+    elif stale == "missing library":
+        (tmp_path / manifest["kernels"]["portable"]["file"]).unlink()
     else:
         other = [isa for isa in manifest["kernels"] if isa != "portable"]
         if not other:
