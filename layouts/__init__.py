@@ -27,6 +27,7 @@ from ._grouping import Grouping, fill_unspecified, identity, plain_eager, zero_u
 from ._index import all_true, linearize
 from ._linalg import sparse_mm, sparse_sparse_mm, specified_lines
 from ._lines import Lines, lines_along
+from ._native import NativeKernelsWarning
 from ._native import status as native_status
 from ._reduce_sparse import group_by
 from ._size import storage_nbytes
@@ -49,6 +50,7 @@ __all__ = [
     "Kernel",
     "Layout",
     "Lines",
+    "NativeKernelsWarning",
     "SAME_WIDTH_INT",
     "Storage",
     "check_sparse_input",

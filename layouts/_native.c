@@ -21,12 +21,49 @@
  *
  * Every index read from memory is checked before it is used; a kernel returns -1 at the
  * first one out of range (and the caller raises), never reads or writes out of bounds.
- * Nothing is allocated here; the caller owns every array. Compiled for the machine it runs
- * on (-march=native: the vector width of the CPU; _native.py keys the build by CPU).
+ * Nothing is allocated here; the caller owns every array.
+ *
+ * Built at install (setup.py), never at run time: this one file is compiled once per
+ * instruction set -- baseline (SSE2 on x86-64, the only build elsewhere: aarch64 and others),
+ * "avx2" (-mavx2 -mfma ...: the compiler's loops in 256-bit vectors) and "avx512" (the
+ * explicit AVX-512 code below) -- into one shared library each, with the same symbols.
+ * _native.py loads the baseline build first, asks it (ms_cpu_isa) what this CPU runs, then
+ * loads the widest build the CPU runs, so one install (or wheel) serves every x86-64 CPU.
+ * Whole builds rather than function-level target attributes: every kernel, helper and
+ * macro stays written once, compiled by the same rules for each target (the explicit code
+ * keyed on the compiler's own __AVX512F__ & co.), and the dispatch costs nothing per call
+ * (ctypes binds each symbol of the chosen build once).
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+/* The version of the kernels' signatures: _native.py's _ABI must equal it, else the build
+ * is refused (a stale build of another version). Bump both when a signature changes. */
+#define MS_ABI 1
+int ms_abi_version(void) { return MS_ABI; }
+
+/* The instruction set this build was compiled for: 2 explicit AVX-512 code, 1 AVX2 (the
+ * portable loops, 256-bit), 0 baseline. Defined below, once VECTOR is known. */
+int ms_built_isa(void);
+
+/* What this CPU (and its operating system, which must save the wide registers) runs, by
+ * the same scale: the build _native.py loads is the widest with ms_built_isa() <= this. */
+int ms_cpu_isa(void) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") &&
+               __builtin_cpu_supports("popcnt");
+    if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512cd"))
+        return 2;
+    return avx2 ? 1 : 0;
+#else
+    return 0;
+#endif
+}
 
 #define LONG_RUN 256 /* portable code: runs at least this long are one simd loop */
 #define LANES 16     /* shorter runs of at least CHUNKS_op elements: LANES accumulators */
@@ -87,7 +124,7 @@ KEEP(f32)
 #define JOIN_max(a, b) ((a) = (b) > (a) ? (b) : (a))
 #define JOIN_min(a, b) ((a) = (b) < (a) ? (b) : (a))
 /* An element as the simd loop reads it: max / min select (a masked move in vector code,
- * 1.3-1.4x faster there than the bit logic); the others by bits. */
+ * cheaper there than the bit logic); the others by bits. */
 #define PICK_sum(T, x, k, other, start) keep_##T(x, k, other)
 #define PICK_sumsq(T, x, k, other, start) keep_##T(x, k, other)
 #define PICK_prod(T, x, k, other, start) keep_##T(x, k, other)
@@ -97,22 +134,22 @@ KEEP(f32)
 #define SIMD(OP) PRAGMA(omp simd reduction(LANES_##OP : s) reduction(| : nan))
 
 /* -- explicit AVX-512 ------------------------------------------------------------------
- * Where the compiler targets AVX-512 (F, BW, VL: -march=native on a Zen 4 or a recent
- * Xeon), every run is reduced by hand-written vector code rather than by what the
- * compiler makes of the portable loops below (1.4-2x faster at 1M elements, 1.5-4x on
- * rows of 8-250; Note [Native reductions]); -DMASKED_SPARSE_PORTABLE (the environment's
- * MASKED_SPARSE_NATIVE=portable), or another CPU, keeps the portable loops only.
+ * Where the compiler targets AVX-512 (F, BW, VL: the "avx512" build of setup.py), every
+ * run is reduced by hand-written vector code rather than by what the compiler makes of
+ * the portable loops below (faster on long runs and most of all on short rows, where the
+ * compiler's loops pay their setup and scalar tail: benchmarks/bench_native.py and
+ * bench_scipy.py; Note [Native reductions]); the other builds (MASKED_SPARSE_NATIVE=avx2
+ * or =portable, or another CPU) keep the portable loops only.
  * A run goes 64 elements at a time, in steps of one vector each:
  * - a step's mask: vptestmb turns its 8 or 16 mask bytes into mask bits (a mask register;
- *   cheaper on Zen 4 than one test of 64 bytes and shifts of the mask register);
+ *   cheaper than one test of 64 bytes and shifts of the mask register);
  * - the step's values are loaded whole and joined to the accumulator under that mask
  *   (masked add / fma / mul / max): an unspecified lane leaves the accumulator as it is,
  *   whatever it holds (NaN, inf);
  * - sums widen 8 elements to 8 doubles (vcvtps2pd for float32: the bound of a float32
- *   sum, ~4 elements a cycle); prod, max, min step 64 bytes of values at a time;
- * - 4 independent accumulators hide the latency of each fma / mul / max (at most one
- *   step a cycle); fewer to join at the end of every row (8 measured 5-10% slower on
- *   rows of 64-400);
+ *   sum); prod, max, min step 64 bytes of values at a time;
+ * - 4 independent accumulators hide the latency of each fma / mul / max; fewer to join
+ *   at the end of every row (8 measured slower on rows of tens to hundreds);
  * - max / min: a masked compare "unordered" collects the NaNs apart (a NaN result at the
  *   end) and max(x, acc) takes acc where x is NaN; +-0 and +-inf compare as the scalar
  *   step does (x > acc ? x : acc);
@@ -120,8 +157,7 @@ KEEP(f32)
  *   which read nothing past the run: no scalar tail, and a short run (a sparse row) is
  *   one such block, its steps into one accumulator (no join of the others).
  */
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) &&           \
-    !defined(MASKED_SPARSE_PORTABLE)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define VECTOR 1
 #include <immintrin.h>
 #define VECTOR_RUN 1 /* every run but an empty one: a short run is its partial block */
@@ -256,12 +292,12 @@ static inline __mmask64 mask_bits_tail(const uint8_t *m, int64_t left) {
  * loop's cost. Per step of 8: the 8 indices as 64-bit lanes (sign-extended), all checked
  * at once (specified or not); the specified lanes' indices and values (as doubles)
  * compressed to the front of two registers (vpcompressq / vcompresspd: the register
- * forms; compressing to memory is slow on Zen 4) and stored at the end of a block's
+ * forms; compressing to memory is slow on some CPUs) and stored at the end of a block's
  * list; then the list's entries, in storage order, one scalar step each. The same sums in
  * the same order as the portable loop. The index and values are prefetched 1024 elements
- * ahead: without, the loads of a block wait behind the previous block's list (int64 index,
- * float64 values: 1.4x slower than the scalar loop; with, 0.8x). Measured on a Zen 4, 2M
- * elements 90% specified into 20000 groups: 0.7-0.85x the scalar loop's time. */
+ * ahead: without, the loads of a block wait behind the previous block's list (with an
+ * int64 index and float64 values, slower than the scalar loop; with, faster:
+ * benchmarks/bench_scipy.py's column sums and means). */
 #define IDX8_i64(p) _mm512_loadu_si512(p)
 #define IDX8_i32(p) _mm512_cvtepi32_epi64(_mm256_loadu_si256((const __m256i *)(p)))
 #define IDX8_u16(p) _mm512_cvtepu16_epi64(_mm_loadu_si128((const __m128i *)(p)))
@@ -309,7 +345,8 @@ static inline __mmask64 mask_bits_tail(const uint8_t *m, int64_t left) {
 /* A run of at least VECTOR_RUN elements: one OpenMP simd loop. */
 #define VECTOR_LOOP(T, OP)                                                               \
     do {                                                                                 \
-        const ACC_##OP(T) start = s;                                                     \
+        const ACC_##OP(T) start = s; /* what PICK_max / PICK_min read */                 \
+        (void)start;                                                                     \
         SIMD(OP)                                                                         \
         for (int64_t i = a; i < b; i++) {                                                \
             T x = PICK_##OP(T, v[i], m[i], other, start);                                \
@@ -317,6 +354,16 @@ static inline __mmask64 mask_bits_tail(const uint8_t *m, int64_t left) {
         }                                                                                \
     } while (0)
 #endif
+
+int ms_built_isa(void) {
+#if VECTOR
+    return 2;
+#elif defined(__AVX2__)
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 /* OP over where(m, v, identity)[a:b]; `other` is the bits an unspecified element reads.
  * A run of VECTOR_RUN elements or more is one vector loop (VECTOR_LOOP: with AVX-512, the
@@ -367,11 +414,11 @@ typedef uint16_t u16;
  * every index checked before it is used (sign-extended first: a negative int32 is out of
  * range). Unrolled and prefetched variants measured no faster: the loop waits on the
  * read-modify-write of out[g] (out of L1 for thousands of groups), not on its own
- * instructions; a narrower index is what pays (2M elements into 20000 groups: 3.6 ->
- * 2.6 ms from int64 to uint16). A sorted index (runs of one group) waits on the previous
- * element's store instead, 2-3x slower: runs are the lines kernel's work (a variant that
- * reduced runs in a register here cost 5-30% on a random index). With AVX-512 a sum
- * skips the unspecified elements' read-modify-write (VSCATTER_BLOCKS; 0.7-0.85x the time). */
+ * instructions; a narrower index is what pays (fewer bytes read per element). A sorted
+ * index (runs of one group) waits on the previous element's store instead: runs are the
+ * lines kernel's work (a variant that reduced runs in a register here cost time on a
+ * random index). With AVX-512 a sum skips the unspecified elements' read-modify-write
+ * (VSCATTER_BLOCKS). */
 #define SCATTER(T, OP, I)                                                                \
     int ms_scatter_##OP##_##T##_##I(const T *v, const uint8_t *m, int64_t n,             \
                                     const I *index, T identity, ACC_##OP(T) *out,        \
@@ -508,7 +555,7 @@ NARROW(u16)
 /* out[j] = m[j] ? v[j] : f over the values' bits (B-bit unsigned integers: every float
  * bit pattern, NaN payloads and -0.0 included, is copied as it is): where(mask, values,
  * fill) in one pass, vectorized by the compiler into masked blends (Note [Bitwise fill] in
- * _grouping.py: torch's CPU where branches on its condition, 4-6 ns per element on a
+ * _grouping.py: torch's CPU where branches on its condition, which mispredicts on a
  * random mask). */
 #define FILL(B)                                                                          \
     void ms_fill_u##B(const uint##B##_t *v, const uint8_t *m, int64_t n, uint##B##_t f,    \
@@ -523,7 +570,7 @@ FILL(64)
 /* -- the first specified element equal to x ------------------------------------------- */
 /* The index of the first j with m[j] and v[j] == x (with x NaN: v[j] NaN), or -1: where an
  * arg-extreme is, once its value is known (a full argmax: the max kernel, then this scan,
- * instead of torch's argmax of the filled values, 15x slower on float32). Blocks of 64
+ * instead of torch's argmax of the filled values, a fill and a slower scan). Blocks of 64
  * elements are tested with no exit (a loop the compiler vectorizes); the block holding a
  * hit is then scanned element by element. */
 #define FIRST(T)                                                                         \
@@ -563,7 +610,7 @@ FIRST(f32)
  *
  * Neither branches on the mask or on a comparison (on random data one would mispredict
  * every few elements; written as conditionals, the compiler made branches of them and
- * the scatter ran 2x slower): the mask and the hits are bit logic, as in keep_T. */
+ * the scatter ran slower): the mask and the hits are bit logic, as in keep_T. */
 #define BEATS_max(x, t) ((x) > (t))
 #define BEATS_min(x, t) ((x) < (t))
 #define BELOW_max(x, t) ((x) < (t)) /* false where either is NaN */
@@ -579,7 +626,8 @@ static inline int64_t pos_where(int64_t p, int k) {
  * with t NaN (`nan`, a constant where inlined). Hits are few (one a line, mostly). With
  * AVX-512: one vector of values a step, its mask bytes tested into mask bits (masked
  * loads past the end of the line: no scalar tail) and compared under them, the rare hits
- * looked into bit by bit; 8x faster than the scalar loop (1M float32 in lines of 100).
+ * looked into bit by bit (far fewer steps than the scalar loop: the argmax rows of
+ * benchmarks/bench_reductions.py).
  * Else a scalar loop that tests each value first (a branch that predicts well), then its
  * mask (the compiler made slower scalar code of a blocked, branch-free test). */
 #if VECTOR
@@ -697,12 +745,11 @@ ARG_KERNELS(f32, min)
  * -708], [700, 709.8]; tests/test_native.py sweeps 4e5 and the edges), both builds: at most
  * 1 ULP (91% equal), exact at 0, +-inf, NaN, 0 below the underflow threshold, inf above the
  * overflow one. One implementation for float32 and float64 values (widened, as the sums
- * are): at 1M float32 elements, 50% specified, the sumexp kernel takes 1.1x torch.exp's
- * time on a Zen 4 (0.5x on float64), 2.7x on an Intel Xeon with one 512-bit FMA port
- * (0.26x on float64: torch's float64 exp is scalar there). A float32 exp (16 lanes,
- * degree-6 polynomial) measured 2.1x faster but 20 float32 ULP from exp(v - c) (the
+ * are); benchmarks/bench_reductions.py times logsumexp (on a CPU with one 512-bit FMA
+ * port the kernel costs more relative to torch's float32 exp). A float32 exp
+ * (16 lanes, degree-6 polynomial) measured faster but 20 float32 ULP from exp(v - c) (the
  * deviation rounded to float32); with the reduction in double and the polynomial in
- * float32 it was 1 ULP but the compiler's code 3-5x slower: not kept. */
+ * float32 it was 1 ULP but the compiler's code slower: not kept. */
 static inline double exp_dev(double x) {
     const double shifter = 0x1.8p52;
     x = x < -800.0 ? -800.0 : x;
@@ -750,9 +797,8 @@ static inline double exp_dev(double x) {
 /* exp_dev of 8 lanes in AVX-512 instructions, step for step the scalar function with
  * each `a * b + c` as one fma (as the compiler contracts the scalar code): bit for bit
  * the same results (4e5 points, tests/test_native.py). The scalar function in a simd
- * loop over an array of 8 took 2x as long on an Intel build (-march=rocketlake
- * vectorizes it in 256-bit halves; the 512-bit store and the halves' loads defeat store
- * forwarding). max_pd(lo, x) and min_pd(hi, x) return x where x is NaN, as the scalar
+ * loop over an array of 8 was slower on an Intel build (the compiler vectorized it in
+ * 256-bit halves; the 512-bit store and the halves' loads defeat store forwarding). max_pd(lo, x) and min_pd(hi, x) return x where x is NaN, as the scalar
  * comparisons do. */
 static inline __m512d exp_dev8(__m512d x) {
     const __m512d shifter = _mm512_set1_pd(0x1.8p52);
@@ -834,13 +880,12 @@ static inline __m512d exp_dev8(__m512d x) {
 
 /* The scatter kernels' blocks of 64 (DEV_VSCATTER_op). sqdev squares each entry as it
  * adds it to its group (in the entries' loop: a vector pass over a block's list, with a
- * gather of the centers, measured 1.05-1.5x slower); sumexp takes exp_dev of a whole
+ * gather of the centers, measured slower); sumexp takes exp_dev of a whole
  * block's list first, 8 entries a step, to a multiple of 8 entries: those past c, from
  * earlier blocks or zeroed, hold checked groups. The portable build leaves the steps to
- * the compiler (an omp simd loop: 0.5-0.7x the time of a scalar exp_dev per entry, 1M
- * elements into 10000 groups); the AVX-512 one gathers the 8 centers and takes exp_dev8
- * (on an Intel Xeon the simd loop ran in 256-bit halves: 2M float64 entries into 20000
- * groups 13.3 -> 6.5 ms). */
+ * the compiler (an omp simd loop, faster than a scalar exp_dev per entry); the AVX-512
+ * one gathers the 8 centers and takes exp_dev8 (the compiler's simd loop may run in
+ * 256-bit halves, as on an Intel build). */
 #if VECTOR
 /* 8 elements of a T array p at the int64 lanes g */
 #define GATHERT8_f64(g, p) _mm512_i64gather_pd(g, p, 8)
@@ -995,11 +1040,11 @@ LSE_KERNELS(f32)
  * total, the sum of e over its specified elements in double rounded to T; then e / total
  * (softmax) or d - log(total) (log_softmax) where specified, 0 elsewhere. out receives e
  * (softmax) or d (log_softmax), then the result in place. The mask is never a branch
- * (bit logic, keep_T: a branch on a random mask cost 3-4 ns an element). Over a group
- * index (columns: ms_scatter_softmax below) the same steps in three passes; a first
- * version with the compiler's exp loops measured 1.6x the composed route at 1M float32
- * elements, the explicit AVX-512 passes 0.5x (3.3 against 6.3-7.3 ms; 2M float64 into
- * 20000 groups 8.5 against 54 ms; 2000 elements 33 against 85 us). */
+ * (bit logic, keep_T: a branch on a random mask mispredicts). Over a group index
+ * (columns: ms_scatter_softmax below) the same steps in three passes; a first version
+ * with the compiler's exp loops was slower than the composed route on large inputs, the
+ * explicit AVX-512 passes are faster (benchmarks/bench_reductions.py's softmax over
+ * columns). */
 #if VECTOR
 /* The sum of e = exp(v - top) (d = v - top in T, e rounded to T) over the specified
  * elements of [a, b), 8 a step: out receives d (take_log) or e (softmax; 0 where

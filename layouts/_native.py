@@ -4,8 +4,8 @@ Note [Native reductions]
 ~~~~~~~~~~~~~~~~~~~~~~~~
 A masked reduction of stored values composed from torch ops makes several passes: fill the
 unspecified values with the identity (Note [Bitwise fill]), then reduce (``segment_reduce``,
-``index_add_``, ``scatter_reduce_``), and each torch call costs about a microsecond before
-it starts. scipy.sparse reduces in one compiled loop. The kernels of ``_native.c`` do the
+``index_add_``, ``scatter_reduce_``), and each torch call has a fixed cost before it
+starts. scipy.sparse reduces in one compiled loop. The kernels of ``_native.c`` do the
 same for a mask: per group, ``reduce(where(mask, values, identity))`` in one pass, the
 mask applied by bit logic (no branch to mispredict), for
 
@@ -18,30 +18,24 @@ and op ``sum``, ``sumsq`` (the sum of squares), ``prod``, ``amax``, ``amin`` on 
 float64 values, plus mask counts, and ``sqdev`` (:func:`deviations_all` & co.): per group the sum
 of the squared deviations of the specified elements from a center per group, the second
 pass of a variance (``Grouping.masked_sqdev``) in one pass instead of five torch ops
-(expand the means, subtract, fill, square, sum): at 1000 stored entries ``var`` costs
-0.65-0.9x its composed time, at 1M 0.15-0.4x (``var()`` 0.3x ``values.var()``); and
+(expand the means, subtract, fill, square, sum); and
 ``sumexp`` (:func:`deviations_all` & co.), the same with ``exp`` for the square: the second pass
 of a logsumexp (``Grouping.masked_sumexp``) instead of expand, subtract, fill, exp, sum,
 with the C file's own exp (Note [Native exp]: no libm call, so that the loops vectorize;
-within 1 ULP of ``torch.exp`` in float64). 1M float32 entries, half specified: the kernel
-alone ~1.1x ``torch.exp(values)`` (0.5x on float64), ``logsumexp`` 0.3-0.7x its composed
-time, full ~1.05x ``torch.logsumexp(values, 0)`` (a Zen 4; 2.7x and 1.3x on an Intel Xeon
-with one 512-bit FMA port). A whole logsumexp (:func:`logsumexp_all` & co.: the max pass,
-the sumexp pass and the log in one call, ``Grouping.masked_logsumexp``) saves the torch
-ops between the passes: 22-30 µs at 1000 entries instead of 50-65; so does a whole
-variance (:func:`moments`: count, sum, mean, squared deviations, ``Grouping.masked_var``;
-a mean alone, ``masked_mean``, stops after the mean),
-20-30 µs instead of 46-63 (the sqdev pass serves the composed route where the one call
-does not apply), and a softmax along the stored lines (:func:`softmax`:
-``Grouping.softmax``), 35-40 µs instead of 68-75, and 0.28x the raw torch route at 1M (was
-0.63x); its output holds the zeros already, so the caller keeps it instead of filling a
-copy (25-30 µs; 1M float32 rows 2.0-2.3 -> 1.7 ms, 2M float64 rows of ~20: 9.8-10.4 ->
-5.4-5.8 ms, and one output-sized allocation less); across the lines (columns), over the
-group ids, 33 µs instead of 85 at 2000 entries, 3.3 ms instead of 6.3-7.3 at 1M.
+within 1 ULP of ``torch.exp`` in float64). Whole operations in one call save the torch ops
+between their passes: a logsumexp (:func:`logsumexp_all` & co.: the max pass, the sumexp
+pass and the log, ``Grouping.masked_logsumexp``), a variance (:func:`moments`: count, sum,
+mean, squared deviations, ``Grouping.masked_var``; a mean alone, ``masked_mean``, stops
+after the mean; the sqdev pass serves the composed route where the one call does not
+apply), and a softmax along the stored lines (:func:`softmax`: ``Grouping.softmax``; its
+output holds the zeros already, so the caller keeps it instead of filling a copy: one
+output-sized allocation less) or across them (columns), over the group ids.
+``benchmarks/bench_native.py`` times the kernels against the raw torch ops and the composed
+route, ``benchmarks/bench_scipy.py`` the reductions against scipy.sparse.
 
 Sums accumulate in double (a row sum and a column sum of
-the same entries agree, whatever the cancellation; float accumulation in blocks measured
-1.8x faster on float32 but lost 254 -> 0 on a 256-long row with +-1e8 ends); products in
+the same entries agree, whatever the cancellation; float accumulation in blocks was
+faster on float32 but lost 254 -> 0 on a 256-long row with +-1e8 ends); products in
 the value type, as torch's do (an intermediate overflow is inf on both paths). Results
 equal the composed path's up to summation order (``tests/test_native.py`` checks the
 kernels against ``torch.where`` and ``scatter_reduce``,
@@ -50,34 +44,61 @@ kernels against ``torch.where`` and ``scatter_reduce``,
 On a CPU with AVX-512 (F, BW, VL) the runs of ``all`` and ``lines`` go through
 hand-written vector code (the C file's "explicit AVX-512" section): the mask bytes become
 a mask register (``vptestmb``) that the masked add / fma / mul / max obey, 64 elements a
-block in independent accumulators, the last partial block read by masked loads. Measured
-on a Zen 4, one thread, kernel alone, 1M elements 90% specified: float32 sum 1.5x
-``values.sum()`` (bound by the widening to double, about 4 elements a cycle), amax /
-amin / prod 1.1-1.2x the raw op, float64 1.1-1.2x (memory bound), counts 7-10x faster
-than before; rows of 8-250 elements 1.5-4x faster than the portable code (``bench_scipy``'s
-row sums / max / min of 20-element rows 1.5-2.5x: ~0.4x scipy's time);
-``benchmarks/bench_native.py`` times the full reductions. The sums' scatter kernels
-(column sums, means) there skip the unspecified elements: per 8, the specified indices and
-values are compressed into a list (``vpcompressq``), and only the list's entries update
-their group (an unspecified one adds +0.0, which changes no group): 2M elements 90%
-specified into 20000 groups, 0.77-0.89x the scalar loop's time; ``bench_scipy``'s column
-sums 1.05-1.07x -> 0.84-0.85x scipy's time.
-Elsewhere the portable loops run (an OpenMP simd loop from 256 elements, 16 lanes below);
-``MASKED_SPARSE_NATIVE=portable`` builds those only, and the tests run both builds.
+block in independent accumulators, the last partial block read by masked loads (a short
+row is one such block, with no scalar tail); a float32 sum is bound by its widening to
+double. The sums' scatter kernels (column sums, means) there skip the unspecified
+elements: per 8, the specified indices and values are compressed into a list
+(``vpcompressq``), and only the list's entries update their group (an unspecified one adds
++0.0, which changes no group), in storage order: the same sums as the scalar loop.
+Elsewhere the portable loops run (an OpenMP simd loop from 256 elements, 16 lanes below),
+in 256-bit vectors on a CPU with AVX2.
 
-The C source is compiled on first use with the system C compiler (``$CC``, else ``cc``)
-into ``$MASKED_SPARSE_CACHE`` (default ``~/.cache/masked_sparse``) for this CPU
-(``-march=native``; a build is keyed by a hash of the source, flags and CPU) and loaded
-with ``ctypes``: no torch headers, about a second of compiling once per machine. Without a
-compiler (or with ``MASKED_SPARSE_NATIVE=0``) every caller runs its composed torch path:
-:func:`status` says which. The kernels check every index they read and return an error
-instead of touching memory out of bounds.
+The kernels check every index they read and return an error instead of touching memory
+out of bounds. They run forward only, on CPU, eager: autograd, torch.func, torch.compile
+and other devices take the composed path. They are one-threaded: on many cores, where
+torch parallelizes some of its scatter and segment ops, the composed path may catch up on
+large inputs (``bench_scipy`` runs at one thread and at several).
 
-They run forward only, on CPU, eager: autograd, torch.func, torch.compile and other
-devices take the composed path. They are one-threaded. At 2M stored entries they take
-0.3-0.8x the composed path's time at one thread and at two (``bench_scipy``'s matrix, row
-and column sums, means, max, full sum); on many cores, where torch parallelizes some of its
-scatter and segment ops, the composed path may catch up on large inputs.
+Note [Shipping the native kernels]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+The kernels are built when the package is installed (``setup.py``: optional setuptools
+extensions, so that installing succeeds without a C compiler; ``pip install -e .`` builds
+them in place, as ``python setup.py build_ext --inplace`` does), never at import or first
+use, and nothing is written outside the package. The C file is compiled once per
+instruction set into plain shared libraries loaded with ``ctypes`` (no Python C API, no
+torch headers: nothing ties a build to a Python or torch version):
+``_native_kernels.portable.so`` (baseline: SSE2 on x86-64, the only build on aarch64 and
+others), ``_native_kernels.avx2.so`` and ``_native_kernels.avx512.so`` (the dot in the name:
+no module name, so that no importer, ``pkgutil`` included, takes one for a Python module).
+Whole builds per instruction
+set rather than ``target`` attributes on functions: every kernel, helper and macro stays
+written once and the explicit AVX-512 code keys on the compiler's own ``__AVX512F__``, the
+choice is made once per process (ctypes binds the symbols of one build, no dispatch per
+call), and no flag names the build machine's CPU (no ``-march=native``): a wheel runs on any
+x86-64 CPU. At first use :func:`_library` loads the baseline build, asks it which the CPU
+runs (``ms_cpu_isa``: ``__builtin_cpu_supports``, the OS's support of the wide registers
+included), then loads the widest such build. ``MASKED_SPARSE_NATIVE=portable`` (or
+``avx2``) caps the choice, so that the tests run every build this CPU takes;
+``MASKED_SPARSE_NATIVE=0`` turns the kernels off.
+
+Before a library is opened it is checked against the manifest the build wrote next to it
+(``_native_kernels.json``): its size and SHA-256 (``dlopen`` of a truncated file can kill
+the process with SIGBUS when a page past its end is touched: it is refused unread), and the
+hash of the C source it was built from (a stale in-place build, ``_native.c`` edited since,
+is refused rather than run as the old kernels); once open, ``ms_abi_version()`` must equal
+:data:`_ABI`, ``ms_built_isa()`` the manifest's name for it, and every symbol
+:func:`_declare` binds must be there. A build that fails a check is refused and the next
+narrower one tried.
+
+Without loaded kernels (not built, or refused) every caller runs its composed torch path
+(the same results up to summation order, slower), and the first call that could have used
+them warns once, with a :class:`NativeKernelsWarning` naming the reason and the fix. At
+first use rather than at import: importing reads no library and opens none, and a process
+that never reduces is not told about kernels it would not run. ``MASKED_SPARSE_NATIVE=0``
+does not warn: it is a choice (the way to run the torch-op path that other devices take),
+and :func:`status` says so. :func:`status` (``layouts.native_status()``) says which
+implementation runs: ``"available (avx512)"``, ``"available (avx2)"``,
+``"available (portable)"``, or why none.
 
 >>> import torch
 >>> v, m = torch.tensor([1., float("nan"), 3.]), torch.tensor([True, False, True])
@@ -91,13 +112,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import json
 import os
-import platform
-import shlex
-import shutil
-import subprocess
 import sys
-import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -105,9 +123,13 @@ import torch
 
 from ._grouping import plain_eager, start
 
-_SOURCE = Path(__file__).with_name("_native.c")
-_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp-simd")
-_NATIVE = ("-march=native",)  # the CPU's vector width (2x on AVX2), on Linux
+_DIR = Path(__file__).parent  # where the build puts the kernels and their manifest
+_MANIFEST = "_native_kernels.json"
+_ABI = 1  # = MS_ABI in _native.c: the version of the kernels' signatures
+_ISAS = ("portable", "avx2", "avx512")  # ms_built_isa() / ms_cpu_isa(): 0, 1, 2
+_FIX = ("to build them, install the package again with a C compiler (gcc or clang) on the "
+        "PATH: `pip install -e .` in a source checkout, or `python setup.py build_ext "
+        "--inplace` there")
 _SUFFIX = {torch.float64: "f64", torch.float32: "f32"}
 _C_TYPE = {torch.float64: ctypes.c_double, torch.float32: ctypes.c_float}
 _OPS = {"sum": "sum", "sumsq": "sumsq", "prod": "prod", "amax": "max", "amin": "min"}
@@ -118,75 +140,134 @@ _INDEX = {torch.uint16: "u16", torch.int32: "i32", torch.int64: "i64"}
 # named in an error
 _DEVIATIONS = {"sqdev": "var", "sumexp": "logsumexp"}
 _why_not = ""  # why the library is not available (``status``)
+_isa = ""  # the instruction set of the loaded build (``status``)
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("MASKED_SPARSE_CACHE")
-    if root:
-        return Path(root)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "masked_sparse"
+class NativeKernelsWarning(UserWarning):
+    """The native kernels are not loaded (not built at install, or the build was refused):
+    the reductions run their torch-op implementation, slower. Said once per process, at
+    the first call that could have used them (Note [Shipping the native kernels])."""
 
 
-def _cpu() -> str:
-    """What identifies this CPU's instruction set: a build for one CPU (``-march=native``)
-    is never loaded on another that shares the cache directory."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            return "".join(sorted({line for line in info
-                                   if line.startswith(("model name", "flags"))}))
-    except OSError:
-        return platform.processor()
-
-
-def _compile(compiler: list[str], flags: tuple[str, ...], target: Path) -> None:
-    """Compile the source into ``target``, atomically (a finished file or none: processes
-    starting together each compile into their own temporary file and rename)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        subprocess.run([*compiler, *flags, "-o", tmp, str(_SOURCE), "-lm"], check=True,
-                       capture_output=True, timeout=300)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+class _Refused(Exception):
+    """Why a build is not loaded (a message for :class:`NativeKernelsWarning`)."""
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    """The loaded kernels, compiled first if this machine has no build yet; None (and the
-    reason in ``_why_not``) when disabled or when no build works: callers compose torch
-    ops instead."""
-    global _why_not
+    """The loaded kernels of this CPU's build, their tables filled (:func:`_declare`); None
+    (and the reason in ``_why_not``) when disabled or when no build passes the checks:
+    callers compose torch ops instead. Note [Shipping the native kernels]."""
+    global _why_not, _isa
     setting = os.environ.get("MASKED_SPARSE_NATIVE", "1")
-    if setting == "0":
-        _why_not = "disabled by MASKED_SPARSE_NATIVE=0"
+    if setting == "0":  # a choice: no warning (Note [Shipping the native kernels])
+        _why_not, _isa = "disabled by MASKED_SPARSE_NATIVE=0", ""
         return None
-    # MASKED_SPARSE_NATIVE=portable: the portable loops only, no explicit AVX-512 code.
-    extra = ("-DMASKED_SPARSE_PORTABLE",) if setting == "portable" else ()
-    if sys.platform not in ("linux", "darwin"):
-        _why_not = f"no native build on {sys.platform}"
-        return None
-    compiler = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or "gcc"]
-    errors = []
-    # -march=native where the compiler takes it (the CPU's vector width), else portable.
-    for flags in ((_FLAGS + _NATIVE, _FLAGS) if sys.platform == "linux" else (_FLAGS,)):
-        flags += extra
+    cap = _ISAS.index(setting) if setting in _ISAS else len(_ISAS) - 1
+    lib, _isa, problems = _load(_DIR, cap)
+    if lib is None:
+        _why_not = "; ".join(problems)
+        warnings.warn(f"masked_sparse's native kernels are not loaded ({_why_not}): "
+                      f"reductions run the slower torch-op implementation; {_FIX}",
+                      NativeKernelsWarning, stacklevel=_caller_level())
+    elif problems:
+        warnings.warn(f"masked_sparse's native kernels: {'; '.join(problems)}; running the "
+                      f"{_isa} build instead; {_FIX}", NativeKernelsWarning,
+                      stacklevel=_caller_level())
+    return lib
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside this library and torch, for the
+    warning of its caller: the user's line that first reduced, not a line of the library."""
+    inside = (str(_DIR), str(_DIR.parent / "masked_sparse"), os.path.dirname(torch.__file__))
+    try:
+        frame, level = sys._getframe(2), 2  # the caller of _library, as warnings counts
+    except ValueError:  # (no such frame)
+        return 2
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level if frame is not None else 2
+
+
+def _load(directory: Path, cap: int = len(_ISAS) - 1) -> tuple[ctypes.CDLL | None, str, list]:
+    """The widest build in ``directory`` that this CPU runs (at most ``_ISAS[cap]``) and
+    that passes every check, declared (its kernels in the tables); its instruction set;
+    the reasons any build was refused. ``(None, "", reasons)`` when none loads."""
+    try:
+        manifest = json.loads((directory / _MANIFEST).read_text())
+        builds, source = manifest["kernels"], manifest["source_sha256"]
+        if manifest["abi"] != _ABI:
+            raise _Refused(f"{directory / _MANIFEST} is for kernels of ABI {manifest['abi']}, "
+                           f"this version of masked_sparse takes {_ABI}: a stale build")
+    except FileNotFoundError:
+        return None, "", [f"no build in {directory} (the package was installed without a "
+                          "working C compiler, or this source checkout was never built)"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return None, "", [f"{directory / _MANIFEST} is unreadable ({error!r})"]
+    except _Refused as error:
+        return None, "", [str(error)]
+    c_file = directory / "_native.c"
+    if c_file.exists() and hashlib.sha256(c_file.read_bytes()).hexdigest() != source:
+        return None, "", [f"the build in {directory} is of another version of {c_file.name} "
+                          "(edited or updated since it was built): rebuild it"]
+    problems = []
+    try:
+        base = _open(directory, builds, "portable")
+        widest = min(base.ms_cpu_isa(), cap)
+    except _Refused as error:
+        return None, "", [str(error)]
+    for isa in reversed(_ISAS[:widest + 1]):
+        if isa not in builds:
+            continue
         try:
-            key = hashlib.sha256(_SOURCE.read_bytes() + repr(
-                (flags, compiler, platform.machine(), _cpu())).encode()).hexdigest()
-            target = _cache_dir() / f"native-{key[:16]}.so"
-            if not target.exists():
-                _compile(compiler, flags, target)
-            return _declare(ctypes.CDLL(str(target)))
-        except (OSError, subprocess.SubprocessError) as error:
-            detail = getattr(error, "stderr", b"") or b""
-            errors.append(f"{type(error).__name__}: {error} "
-                          f"{detail.decode(errors='replace')[:300]}")
-    _why_not = "; ".join(errors)
-    return None
+            lib = base if isa == "portable" else _open(directory, builds, isa)
+            _declare_all(lib)
+            return lib, isa, problems
+        except _Refused as error:
+            problems.append(str(error))
+    return None, "", problems
+
+
+def _open(directory: Path, builds: dict, isa: str) -> ctypes.CDLL:
+    """The library of build ``isa``, opened once its bytes match the manifest and checked:
+    its ABI and instruction set; raises :class:`_Refused`."""
+    try:
+        entry = builds[isa]
+        path = directory / entry["file"]
+        data = path.read_bytes()
+        ok = len(data) == entry["size"] and hashlib.sha256(data).hexdigest() == entry["sha256"]
+    except (OSError, KeyError, TypeError) as error:
+        raise _Refused(f"the {isa} build in {directory} is unreadable ({error!r})") from None
+    if not ok:
+        raise _Refused(f"{path} is damaged: its size or SHA-256 is not what the build wrote "
+                       f"({len(data)} bytes, {entry['size']} built; truncated or modified)")
+    try:
+        lib = ctypes.CDLL(str(path), mode=getattr(os, "RTLD_LOCAL", 0))  # (its own symbols)
+        for name in ("ms_abi_version", "ms_built_isa", "ms_cpu_isa"):
+            getattr(lib, name).argtypes, getattr(lib, name).restype = [], ctypes.c_int
+        abi, built = lib.ms_abi_version(), lib.ms_built_isa()
+    except (OSError, AttributeError) as error:
+        raise _Refused(f"{path} does not load ({error})") from None
+    if abi != _ABI:
+        raise _Refused(f"{path} holds kernels of ABI {abi}, this version of masked_sparse "
+                       f"takes {_ABI}: a stale build")
+    if _ISAS[built:built + 1] != (isa,):
+        raise _Refused(f"{path} is not the {isa} build the manifest lists (its "
+                       f"ms_built_isa() is {built})")
+    return lib
+
+
+def _declare_all(lib: ctypes.CDLL) -> None:
+    """:func:`_declare` into fresh tables, installed only once every symbol is there (a
+    missing one leaves the tables as they were); raises :class:`_Refused`."""
+    before = {table: globals()[table] for table in _TABLES}
+    globals().update({table: {} for table in _TABLES})
+    try:
+        _declare(lib)
+    except AttributeError as error:  # ctypes: "...: undefined symbol: ms_..."
+        globals().update(before)
+        raise _Refused(f"a symbol is missing ({error})") from None
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -289,8 +370,10 @@ def available() -> bool:
 
 
 def status() -> str:
-    """``"available"``, or why the native kernels are not (the composed torch path runs)."""
-    return "available" if _library() is not None else _why_not
+    """``"available (ISA)"`` with the instruction set of the loaded build (``avx512``,
+    ``avx2`` or ``portable``), or why the native kernels are not (the composed torch path
+    runs). Note [Shipping the native kernels]."""
+    return f"available ({_isa})" if _library() is not None else _why_not
 
 
 def _eager_cpu(t: torch.Tensor) -> bool:
@@ -428,13 +511,11 @@ def first(values: torch.Tensor, mask: torch.Tensor, x: torch.Tensor) -> int | No
 # updating both). NaN counts as the extreme and the first NaN wins (torch's rule); "first"
 # is the smallest position, compared explicitly (not the storage order). A group without a
 # specified element reads 0 and 0 (what an unspecified output element holds: the caller
-# needs no fill pass). Positions are int64 (``Grouping.positions``). Measured (one thread,
-# 10000 x 10000 float32, 1M stored entries, half specified): argmax along rows 7.3 -> 0.4
-# ms (the line kernel ~0.3 ms: 0.1 the max, 0.2 the AVX-512 scan; a scalar scan took 0.9),
-# along columns 8.3 -> 2.9 ms (the scatter kernel ~2 ms: a branch per element on "not
-# below the top" mispredicts at every new maximum, yet the branch-free variants measured
-# 1.5-3x slower: they store every element's update, or read the values twice); at 1000
-# entries 97-114 -> 30-48 us.
+# needs no fill pass). Positions are int64 (``Grouping.positions``). Along rows the line
+# kernel's max and AVX-512 scan replace the dozen passes (a scalar scan was slower); along
+# columns the scatter kernel branches on "not below the top", which mispredicts at every
+# new maximum, yet the branch-free variants measured slower: they store every element's
+# update, or read the values twice. ``benchmarks/bench_reductions.py`` times both.
 
 
 def _arg_ok(values: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> bool:
@@ -548,17 +629,17 @@ def count_scatter(mask: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tens
 # Note [Narrow group indices]
 # A scatter pass (a column sum: element j into group index[j]) reads per stored element its
 # value, its mask byte and its int64 group index: 17 bytes for a float64, where scipy reads
-# 12 (an int32 index). The loop waits on memory, so a narrower index is faster: into 20000
-# groups, 2M elements scatter in 2.6 ms from a uint16 index, 3.6 ms from int64 (unrolling
-# and prefetching the output measured no gain; the index is what pays). The groupings keep
+# 12 (an int32 index). The loop waits on memory, so a narrower index is faster
+# (``benchmarks/bench_scipy.py``'s column sums; unrolling and prefetching the output
+# measured no gain; the index is what pays). The groupings keep
 # one narrowed copy per index tensor and reduction (``cached``: an index written in place
 # is narrowed again, never read stale): +2 bytes per stored element (uint16, at most 65536
 # groups), else +4 (int32), O(nnz) memory while the index lives. It holds group ids, not
 # key slots: a grouping over key slots (columns) maps each slot to its group in the same
 # pass (``remap``), so the kernels write the groups directly and no selection of the
-# present slots follows (1.5-3 µs less per small column reduction). The first eager scatter
-# over an index without autograd makes it, in one pass (0.6 ms at 2M, less than it saves
-# on that first kernel) that also checks the range: an index with an element out of range
+# present slots follows (torch ops fewer per small column reduction). The first eager
+# scatter over an index without autograd makes it, in one pass (less than it saves on that
+# first kernel) that also checks the range: an index with an element out of range
 # is not narrowed, and its own kernel raises. The kernels read an int32 index as given
 # too, and an int32 CSR's column reductions never build the int64 copy of its column index
 # (the slot keys are built only for torch passes).

@@ -3,8 +3,10 @@
 Each kernel is compared with its definition written in torch ops on random inputs
 (hypothesis: sizes, densities, empty and fully masked groups, NaN and +-inf specified or
 not): ``reduce(where(mask, values, identity))`` per group. Out-of-range indices raise
-instead of reading memory; without a compiler (or with ``MASKED_SPARSE_NATIVE=0``) the
-library says why and the reductions take the composed path, with the same results.
+instead of reading memory. Without the built kernels (none, a damaged or a stale build:
+Note [Shipping the native kernels]; or ``MASKED_SPARSE_NATIVE=0``) the library says why,
+warns once where it was not a choice, and the reductions take the composed path, with the
+same results.
 """
 
 from __future__ import annotations
@@ -28,20 +30,28 @@ DTYPES = [torch.float32, torch.float64]
 OPS = ["sum", "sumsq", "prod", "amax", "amin"]
 
 
-@pytest.fixture(scope="module", params=["native", "portable"])
+@pytest.fixture(scope="module", params=["native", "avx2", "portable"])
 def build(request):
-    """The kernels as built for this CPU (explicit AVX-512 code where it has it), then the
-    portable build (``MASKED_SPARSE_NATIVE=portable``: the loops the compiler vectorizes),
-    so that both vector paths meet the same tests."""
+    """The build this CPU loads (explicit AVX-512 code where it has it), then each narrower
+    build it runs (``MASKED_SPARSE_NATIVE=avx2``: the portable loops in 256-bit vectors,
+    ``=portable``: baseline x86-64, the loops the compiler vectorizes in SSE2), so that every
+    vector path meets the same tests (one install builds them all: Note [Shipping the
+    native kernels])."""
     if request.param == "native":
         yield
         return
+    native.status()  # (loads the build, if a test before cleared it)
+    best = native._isa
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MASKED_SPARSE_NATIVE", "portable")
+        patch.setenv("MASKED_SPARSE_NATIVE", request.param)
         for table in native._TABLES:  # what _declare fills
             patch.setattr(native, table, {})
         native._library.cache_clear()
         assert native.available(), native.status()
+        if native._isa != request.param or native._isa == best:
+            native._library.cache_clear()
+            pytest.skip(f"no {request.param} build apart from the native one on this CPU "
+                        f"({native.status()})")
         yield
     native._library.cache_clear()  # the next call loads this CPU's build again
 
@@ -392,25 +402,176 @@ def test_inputs_the_kernels_do_not_take_go_to_the_composed_path(kind):
 
 
 _SCRIPT = """
+import sys, warnings
+from pathlib import Path
+warnings.simplefilter("always")  # every warning printed: the kernels' must come once
 import torch, masked_sparse as ms, layouts._native as native
+if len(sys.argv) > 1:
+    native._DIR = Path(sys.argv[1])  # the kernels (and manifest) the test prepared
 d = torch.tensor([[1., float('nan'), 3.], [4., 5., 6.]])
 m = torch.tensor([[True, False, True], [False, True, True]])
+for _ in range(2):
+    mt = ms.masked_tensor(d, m).to_sparse_csr()
+    print(mt.sum(1).to_tensor(0).to_dense().tolist(),
+          mt.amax(0).to_tensor(0).to_dense().tolist())
 print(native.status())
-print(ms.masked_tensor(d, m).to_sparse_csr().sum(1).to_tensor(0).to_dense().tolist())
 """
 
 
-@pytest.mark.parametrize("env", [{"MASKED_SPARSE_NATIVE": "0"}, {"CC": "/bin/false"}],
-                         ids=["disabled", "no compiler"])
-def test_without_the_kernels_reductions_are_the_same(env, tmp_path):
-    """In a fresh process without the native kernels, the library says why and reduces
-    through the composed path."""
-    full_env = {**os.environ, **env, "MASKED_SPARSE_CACHE": str(tmp_path),
-                "PYTHONPATH": os.pathsep.join(sys.path)}
-    out = subprocess.run([sys.executable, "-c", _SCRIPT], env=full_env, capture_output=True,
-                         text=True, timeout=120, check=True).stdout.splitlines()
-    assert out[0] != "available"
-    assert out[1] == "[4.0, 11.0]"
+def _run(*args: str, env: dict | None = None) -> tuple[list[str], str]:
+    """:data:`_SCRIPT` in a fresh process (the kernels loaded there, or not): its lines of
+    output and its stderr; it must exit cleanly (a SIGBUS or a crash fails here)."""
+    full_env = {name: value for name, value in os.environ.items()
+                if name != "MASKED_SPARSE_NATIVE"}  # (the build fixture may have set it)
+    full_env.update(env or {}, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-c", _SCRIPT, *args], env=full_env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    out = done.stdout.splitlines()
+    assert out[:2] == ["[4.0, 11.0] [1.0, 5.0, 6.0]"] * 2, out  # the column max skips the NaN
+    return out, done.stderr
+
+
+def test_without_the_kernels_reductions_are_the_same_and_it_warns_once(tmp_path):
+    """Not built (no compiler at install: no manifest where the kernels belong): in a fresh
+    process the first reduction warns once, naming the reason and the fix, and every
+    reduction runs the composed path with the same results."""
+    out, err = _run(str(tmp_path))
+    assert out[-1].startswith("no build in")
+    assert err.count("NativeKernelsWarning") == 1, err
+    assert "no build in" in err and "pip install -e ." in err and "build_ext --inplace" in err
+
+
+def test_disabled_kernels_say_why_and_do_not_warn():
+    """``MASKED_SPARSE_NATIVE=0`` is a choice: the status says so, nothing warns."""
+    out, err = _run(env={"MASKED_SPARSE_NATIVE": "0"})
+    assert out[-1] == "disabled by MASKED_SPARSE_NATIVE=0"
+    assert "NativeKernelsWarning" not in err, err
+
+
+def _widest() -> str:
+    """The widest build of the package that this CPU runs (asked as the loader asks)."""
+    import ctypes
+    import json
+
+    builds = json.loads((native._DIR / native._MANIFEST).read_text())["kernels"]
+    level = ctypes.CDLL(str(native._DIR / builds["portable"]["file"])).ms_cpu_isa()
+    return max((isa for isa in builds if native._ISAS.index(isa) <= level),
+               key=native._ISAS.index)
+
+
+def test_the_installed_build_loads_without_a_warning():
+    """The build in the package passes its checks: the widest build the CPU runs."""
+    out, err = _run()
+    assert out[-1] == f"available ({_widest()})", out
+    assert "NativeKernelsWarning" not in err, err
+
+
+def _copy_build(directory):
+    """The package's build (its libraries, manifest and C source) copied to ``directory``;
+    the manifest as a dict."""
+    import json
+    import shutil
+
+    manifest = json.loads((native._DIR / native._MANIFEST).read_text())
+    for name in [native._MANIFEST, "_native.c",
+                 *(entry["file"] for entry in manifest["kernels"].values())]:
+        shutil.copyfile(native._DIR / name, directory / name)
+    return manifest
+
+
+def _rewrite(directory, manifest, isa, data: bytes) -> None:
+    """Build ``isa``'s library replaced by ``data``, the manifest updated to match it (so
+    that the checks after the hash are what refuse it)."""
+    import hashlib
+    import json
+
+    entry = manifest["kernels"][isa]
+    (directory / entry["file"]).write_bytes(data)
+    entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (directory / native._MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("which", ["widest", "portable"])
+def test_a_truncated_build_is_refused_before_it_is_opened(which, tmp_path):
+    """A truncated library, opened, can kill the process (SIGBUS on a page past its end):
+    its hash differs from the manifest's, so it is refused unread, with the warning. The
+    widest build truncated: the next narrower one runs; the baseline (which says what the
+    CPU runs) truncated: none, the composed path runs."""
+    manifest = _copy_build(tmp_path)
+    isa = _widest() if which == "widest" else "portable"
+    if isa == "portable" and which == "widest":
+        pytest.skip("this CPU runs the portable build only")
+    path = tmp_path / manifest["kernels"][isa]["file"]
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    out, err = _run(str(tmp_path))
+    assert err.count("NativeKernelsWarning") == 1, err
+    assert f"{path} is damaged" in err
+    if which == "widest":
+        assert out[-1].startswith("available (") and out[-1] != f"available ({isa})", out
+    else:
+        assert out[-1].startswith(f"{path} is damaged"), out
+
+
+def test_a_build_without_a_symbol_is_refused_and_nothing_changes(tmp_path):
+    """A library that lacks a kernel's symbol (here renamed in its symbol table, the
+    manifest rewritten to match) is refused at load, with the warning naming the symbol;
+    the kernels already loaded stay in place (no reduction raises later)."""
+    manifest = _copy_build(tmp_path)
+    data = (tmp_path / manifest["kernels"]["portable"]["file"]).read_bytes()
+    assert data.count(b"\0ms_all_sum_f64\0") >= 1
+    _rewrite(tmp_path, manifest, "portable",
+             data.replace(b"\0ms_all_sum_f64\0", b"\0xx_all_sum_f64\0"))
+    tables = [getattr(native, table) for table in native._TABLES]
+    lib, isa, problems = native._load(tmp_path, cap=0)
+    assert lib is None and isa == ""
+    assert len(problems) == 1 and "a symbol is missing" in problems[0]
+    assert "ms_all_sum_f64" in problems[0]
+    assert [getattr(native, table) for table in native._TABLES] == tables
+    assert all(a is b for a, b in zip(tables, [getattr(native, t) for t in native._TABLES]))
+    out, err = _run(str(tmp_path), env={"MASKED_SPARSE_NATIVE": "portable"})
+    assert err.count("NativeKernelsWarning") == 1 and "ms_all_sum_f64" in err, err
+    assert out[-1].startswith("a symbol is missing"), out
+
+
+@pytest.mark.parametrize("stale", ["library ABI", "manifest ABI", "C source", "ISA",
+                                   "garbled manifest", "missing library"])
+def test_a_mismatched_build_is_refused(stale, tmp_path, monkeypatch):
+    """A build of another version: kernels of another ABI (``ms_abi_version()``, or the
+    manifest's), a C source edited since the build, a library that is not the build the
+    manifest names; or a garbled manifest, a library it lists gone: refused, with the
+    reason, and the kernels loaded before stay."""
+    import json
+
+    manifest = _copy_build(tmp_path)
+    want = {"library ABI": "holds kernels of ABI", "manifest ABI": "is for kernels of ABI",
+            "C source": "of another version of _native.c", "ISA": "not the portable build",
+            "garbled manifest": "is unreadable", "missing library": "is unreadable"}
+    if stale == "library ABI":  # the Python side moved on: the library's ABI is old
+        manifest["abi"] = native._ABI + 1
+        (tmp_path / native._MANIFEST).write_text(json.dumps(manifest))
+        monkeypatch.setattr(native, "_ABI", native._ABI + 1)
+    elif stale == "manifest ABI":
+        manifest["abi"] = native._ABI + 1
+        (tmp_path / native._MANIFEST).write_text(json.dumps(manifest))
+    elif stale == "C source":
+        with open(tmp_path / "_native.c", "a") as source:
+            source.write("/* edited */\n")
+    elif stale == "garbled manifest":
+        (tmp_path / native._MANIFEST).write_text('{"abi": 1, "kernels": {')
+    elif stale == "missing library":
+        (tmp_path / manifest["kernels"]["portable"]["file"]).unlink()
+    else:
+        other = [isa for isa in manifest["kernels"] if isa != "portable"]
+        if not other:
+            pytest.skip("one build only on this machine")
+        data = (tmp_path / manifest["kernels"][other[0]]["file"]).read_bytes()
+        _rewrite(tmp_path, manifest, "portable", data)
+    tables = [getattr(native, table) for table in native._TABLES]
+    lib, isa, problems = native._load(tmp_path)
+    assert lib is None and isa == "" and len(problems) == 1
+    assert want[stale] in problems[0], problems
+    assert all(a is b for a, b in zip(tables, [getattr(native, t) for t in native._TABLES]))
 
 
 @pytest.mark.parametrize("n", [256, 1000, 1025, 1087])

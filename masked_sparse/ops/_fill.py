@@ -30,7 +30,7 @@ def _bitwise_zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     # (Non-contiguous values too: there the layouts' bitwise fill beats the integer product;
     # Note [Bitwise fill].)
     if small is mask and (values.dtype == torch.float64
-                          or layouts.native_status() == "available"):
+                          or layouts.native_status().startswith("available")):
         return layouts.fill_unspecified(values, mask, 0)
     return (values.view(layouts.SAME_WIDTH_INT[values.dtype]) * small).view(values.dtype)
 
