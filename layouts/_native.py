@@ -95,10 +95,10 @@ Without loaded kernels (not built, or refused) every caller runs its composed to
 them warns once, with a :class:`NativeKernelsWarning` naming the reason and the fix. At
 first use rather than at import: importing reads no library and opens none, and a process
 that never reduces is not told about kernels it would not run. ``MASKED_SPARSE_NATIVE=0``
-does not warn: it is a choice (the way to run the torch-op path that other devices take),
-and :func:`status` says so. :func:`status` (``layouts.native_status()``) says which
-implementation runs: ``"available (avx512)"``, ``"available (avx2)"``,
-``"available (portable)"``, or why none.
+(the way to run the torch-op path that other devices take) warns once too, naming the
+variable, so that a forgotten setting is never a silent slowdown. :func:`status`
+(``layouts.native_status()``) says which implementation runs: ``"available (avx512)"``,
+``"available (avx2)"``, ``"available (portable)"``, or why none.
 
 >>> import torch
 >>> v, m = torch.tensor([1., float("nan"), 3.]), torch.tensor([True, False, True])
@@ -160,8 +160,12 @@ def _library() -> ctypes.CDLL | None:
     callers compose torch ops instead. Note [Shipping the native kernels]."""
     global _why_not, _isa
     setting = os.environ.get("MASKED_SPARSE_NATIVE", "1")
-    if setting == "0":  # a choice: no warning (Note [Shipping the native kernels])
+    if setting == "0":  # said once too, as a missing build is (the issue's rule)
         _why_not, _isa = "disabled by MASKED_SPARSE_NATIVE=0", ""
+        warnings.warn("masked_sparse's native kernels are disabled by MASKED_SPARSE_NATIVE=0: "
+                      "reductions run the slower torch-op implementation (the one other "
+                      "devices take); unset MASKED_SPARSE_NATIVE to use them",
+                      NativeKernelsWarning, stacklevel=_caller_level())
         return None
     cap = _ISAS.index(setting) if setting in _ISAS else len(_ISAS) - 1
     lib, _isa, problems = _load(_DIR, cap)

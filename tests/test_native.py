@@ -442,11 +442,13 @@ def test_without_the_kernels_reductions_are_the_same_and_it_warns_once(tmp_path)
     assert "no build in" in err and "pip install -e ." in err and "build_ext --inplace" in err
 
 
-def test_disabled_kernels_say_why_and_do_not_warn():
-    """``MASKED_SPARSE_NATIVE=0`` is a choice: the status says so, nothing warns."""
+def test_disabled_kernels_say_why_once():
+    """``MASKED_SPARSE_NATIVE=0``: the status says so and the first reduction warns once,
+    naming the variable and how to undo it (a forgotten setting is no silent slowdown)."""
     out, err = _run(env={"MASKED_SPARSE_NATIVE": "0"})
     assert out[-1] == "disabled by MASKED_SPARSE_NATIVE=0"
-    assert "NativeKernelsWarning" not in err, err
+    assert err.count("NativeKernelsWarning") == 1, err
+    assert "unset MASKED_SPARSE_NATIVE" in err, err
 
 
 def _widest() -> str:
