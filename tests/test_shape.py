@@ -14,6 +14,8 @@ from conftest import LAYOUT_IDS, LAYOUTS, assert_masked_equal, check_invariants,
 import layouts
 import masked_sparse as ms
 
+pytestmark = pytest.mark.device_generic
+
 _I = torch.tensor
 SEL = torch.rand(4, 6, generator=torch.Generator().manual_seed(5)) > 0.5
 GATHER = torch.tensor([[0, 5], [1, 1], [2, 0], [5, 3]])
