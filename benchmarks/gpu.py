@@ -337,7 +337,7 @@ def embedding_steps(timer: Timer, device: torch.device, rows: int, dim: int = 64
         w = torch.nn.Parameter(torch.randn(rows, dim, device=device))
         mine, theirs = mine_cls([w], **kwargs), torch_cls([w], **kwargs)
 
-        def step(opt: Any) -> Fn:
+        def step(opt: Any, w: torch.Tensor = w) -> Fn:
             def run() -> None:
                 w.grad = grad
                 opt.step()
