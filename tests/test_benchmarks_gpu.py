@@ -16,6 +16,8 @@ if str(ROOT) not in sys.path:
 
 from benchmarks import gpu  # noqa: E402
 
+pytestmark = pytest.mark.filterwarnings("ignore:index_reduce\\(\\) is in beta")
+
 
 @pytest.mark.parametrize("layout", ["csr", "coo"])
 @pytest.mark.parametrize("op", gpu.OPS)
@@ -37,12 +39,15 @@ def test_baselines_compute_the_masked_reduction(layout, op, dim):
 def test_quick_cpu_run_writes_every_section(tmp_path):
     junit = tmp_path / "tests.xml"
     junit.write_text('<testsuites><testsuite tests="10" failures="1" errors="0" skipped="3" '
-                     'time="12.5"></testsuite></testsuites>')
+                     'time="12.5"><testcase classname="tests.test_x" name="test_y">'
+                     '<failure message="AssertionError: off by one&#10;more"/></testcase>'
+                     '</testsuite></testsuites>')
     out = tmp_path / "RESULTS-cpu.md"
     assert gpu.main(["--device", "cpu", "--quick", "--min-time", "0.0005", "--out", str(out),
                      "--tests", str(junit)]) == 0
     text = out.read_text()
     assert "- tests: 6 passed, 1 failed, 0 errors, 3 skipped (of 10, 12 s)" in text
+    assert "- `tests.test_x::test_y`: AssertionError: off by one\n" in text
     for heading in ("## Reductions", "### Raw kernels", "## Softmax", "## Pruned MLP",
                     "## Attention", "## Optimizer step"):
         assert heading in text
@@ -52,6 +57,14 @@ def test_quick_cpu_run_writes_every_section(tmp_path):
     assert "csr nnz=2k amax(dim=1)" in text and "SparseAdam step" in text
     rows = [line for line in text.splitlines() if line.startswith("| ") and " | " in line]
     assert not any("n/a" in row.split(" | ")[2] for row in rows if "masked" not in row), rows
+
+
+def test_a_stopped_run_reports_what_it_measured():
+    text = gpu.report(torch.device("cpu"), None, {"mlp": {
+        "case": "MLP", "masked": {"s": 2e-3}, "dense": {"s": 1e-3}}})
+    assert "| MLP | 2.000 ms | 2.00 |" in text
+    assert text.count("not run (the run stopped before it)") == 5  # the other sections
+    assert "- tests: not run" in text
 
 
 def test_cuda_absent_is_reported_not_crashed(capsys):
