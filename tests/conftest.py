@@ -43,7 +43,7 @@ FLOAT_DTYPES = [torch.float32, torch.float64]
 #: The device tests build on: ``--device`` (``cpu`` unless given). Set by pytest_configure.
 DEVICE = torch.device("cpu")
 DEVICE_ENV = "MASKED_SPARSE_TEST_DEVICE"  # tells subprocesses (the tutorials) the device
-_LIBRARY = ("layouts", "masked_sparse", "torch")
+_LIBRARY = ("layouts", "masked_sparse")
 _RANDOM = {torch.rand, torch.randn, torch.randint, torch.randperm}
 
 
@@ -51,9 +51,11 @@ class OnDevice(TorchFunctionMode):
     """Factory calls made by test code without ``device=`` build on ``device``.
 
     Random tensors are drawn on the CPU and moved, so a seed gives the same numbers on every
-    device (and a CPU ``torch.Generator`` keeps working). Calls from ``layouts`` /
-    ``masked_sparse`` (or torch itself) are left alone: a tensor an op builds must follow its
-    input's device explicitly, as it must for a user whose default device is the CPU.
+    device (and a CPU ``torch.Generator`` keeps working). torch's own Python code counts as
+    its caller's (``nn.Linear(...)`` in a test builds there, as under
+    ``torch.set_default_device``). Calls from ``layouts`` / ``masked_sparse`` are left
+    alone: a tensor an op builds must follow its input's device explicitly, as it must for a
+    user whose default device is the CPU.
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -63,11 +65,19 @@ class OnDevice(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if (func in _device_constructors() and kwargs.get("device") is None
-                and not sys._getframe(1).f_globals.get("__name__", "").startswith(_LIBRARY)):
+                and not _caller_module().startswith(_LIBRARY)):
             if func in _RANDOM:
                 return func(*args, **kwargs).to(self.device)
             kwargs = {**kwargs, "device": self.device}
         return func(*args, **kwargs)
+
+
+def _caller_module() -> str:
+    """The module of the code that called a factory, past torch's own Python frames."""
+    frame = sys._getframe(2)  # 0: this function, 1: __torch_function__
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("torch"):
+        frame = frame.f_back
+    return "" if frame is None else frame.f_globals.get("__name__", "")
 
 
 def device_absent(device: torch.device) -> str | None:
@@ -205,9 +215,11 @@ def check_invariants(mt: ms.MaskedTensor, layout=None) -> None:
 
 
 def assert_masked_equal(mt, data, mask, *, rtol=None, atol=None, equal_nan=True) -> None:
-    """``mt`` specifies exactly ``mask`` and agrees with ``data`` there."""
+    """``mt`` specifies exactly ``mask`` and agrees with ``data`` there, on ``data``'s
+    device."""
     assert isinstance(mt, ms.MaskedTensor), type(mt)
     got_data, got_mask = dense_of(mt)
+    assert got_data.device == data.device == got_mask.device, (got_data.device, data.device)
     assert torch.equal(got_mask, mask.expand(got_mask.shape)), (got_mask, mask)
     ref = torch.where(mask, data, torch.zeros((), dtype=data.dtype, device=data.device))
     got = torch.where(got_mask, got_data,

@@ -21,8 +21,10 @@ from conftest import DEVICE, OnDevice, device_absent, make_masked
 from torch.overrides import TorchFunctionMode
 from torch.utils._device import _device_constructors
 
+import layouts
 import layouts._native as native
 import masked_sparse as ms
+from masked_sparse._tensor import _wrap
 
 pytestmark = pytest.mark.device_generic
 
@@ -123,3 +125,26 @@ def _clip_nothing():
 def test_tensors_an_op_builds_follow_its_input(library_on_meta, case):
     out = FOLLOW[case]()
     assert _devices(out) <= {DEVICE.type}, (case, _devices(out))
+
+
+# -- what torch lacks on a device -----------------------------------------------------------
+def test_a_kernel_torch_lacks_on_the_device_names_the_op_the_device_and_the_way_out():
+    """torch has no sparse CSR matmul on meta (as it lacks kernels on CUDA for some ops and
+    dtypes): the error names the masked op, the device and the CPU as the way out."""
+    idx = torch.zeros(2, 5, dtype=torch.long, device="meta")
+    lay = layouts.get_layout("sparse_coo")
+    coo = _wrap(lay.build((idx,), torch.zeros(5, device="meta"),
+                          torch.ones(5, dtype=torch.bool, device="meta"), (3, 4)))
+    with pytest.raises(NotImplementedError, match=r"^matmul on meta: .*aten::addmm.*"
+                                                  r"mt\.cpu\(\)"):
+        coo @ torch.zeros(4, 2, device="meta")
+
+
+def test_other_errors_and_cpu_errors_pass_through_unchanged():
+    from masked_sparse._device import missing_kernel
+
+    meta, cpu = torch.empty(0, device="meta"), torch.empty(0)
+    lacking = NotImplementedError("Could not run 'aten::x' with arguments from the 'SparseCPU'")
+    assert missing_kernel(torch.sum, (cpu,), lacking) is None  # the CPU has every op
+    assert missing_kernel(torch.sum, (meta,), ValueError("sum: bad dim 3")) is None
+    assert missing_kernel(torch.sum, ([meta],), lacking) is not None  # a list of operands
