@@ -155,10 +155,16 @@ class MaskedTensor(torch.Tensor):
             from .ops.pointwise import resolve
 
             handler = resolve(func, args)
-        if _func.SAVED.stack:  # Note [MaskedTensors in torch.func]
-            with _func.restored():
-                return handler(func, *args, **(kwargs or {}))
-        return handler(func, *args, **(kwargs or {}))
+        try:
+            if _func.SAVED.stack:  # Note [MaskedTensors in torch.func]
+                with _func.restored():
+                    return handler(func, *args, **(kwargs or {}))
+            return handler(func, *args, **(kwargs or {}))
+        except (NotImplementedError, RuntimeError) as exc:  # torch lacks a kernel there?
+            lacking = missing_kernel(func, args, exc)
+            if lacking is None:
+                raise
+            raise lacking from exc
 
     # -- torch.compile / serialization ---------------------------------------------------
     def __reduce_ex__(self, proto: int) -> tuple:  # pickle, torch.save (weights_only=True)
