@@ -33,6 +33,7 @@ import platform
 import statistics
 import sys
 import time
+import traceback
 import warnings
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -420,12 +421,15 @@ def winners(rows: list[dict]) -> list[str]:
 def report(device: torch.device, tests: str | None, sections: dict[str, Any]) -> str:
     """The Markdown report; a section not (yet) run reads "not run"."""
     missing = ["not run (the run stopped before it)"]
-    sections = {"reductions": [], "softmax": [], **sections}
+    sections = {"reductions": [], "softmax": [], "errors": {}, **sections}
     out = [f"# masked_sparse on {device.type.upper()}", "",
            "Written by `python -m benchmarks.gpu` (see its docstring). Ratio = masked_sparse's "
            "time / the baseline's: below 1 means masked_sparse is faster. Medians of 5 "
            "synchronized rounds.", "", *environment(device), f"- tests: {tests_summary(tests)}",
            ""]
+    if sections["errors"]:
+        out += ["## Sections that failed on the device", "",
+                *(f"- {name}: {why}" for name, why in sections["errors"].items()), ""]
     failed = failed_tests(tests)
     if failed:
         out += ["## Tests that failed on the device", "", *failed, ""]
@@ -458,7 +462,9 @@ def run(device: torch.device, quick: bool, tests: str | None = None,
     else:
         sizes, soft, batch, att, emb = (1_000_000, 10_000_000), 1_000_000, 256, \
             (16, 8, 512, 64), 1_000_000
-    sections = {}
+    sections: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    sections["errors"] = errors
     steps = [("reductions", lambda: reductions(timer, device, sizes)),
              ("softmax", lambda: softmaxes(timer, device, soft)),
              ("mlp", lambda: mlp_step(timer, device, batch)),
@@ -466,11 +472,15 @@ def run(device: torch.device, quick: bool, tests: str | None = None,
              ("optim", lambda: embedding_steps(timer, device, emb))]
     for name, fn in steps:
         start = time.perf_counter()
-        sections[name] = fn()
+        try:
+            sections[name] = fn()
+        except Exception as exc:  # a setup step failed on this device: report it, go on
+            errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            traceback.print_exc()
         print(f"[benchmarks.gpu] {name}: {time.perf_counter() - start:.1f} s", flush=True)
         if out is not None:
             out.write_text(report(device, tests, sections))
-    for r in sections["reductions"]:
+    for r in sections.get("reductions", []):
         print(f"[benchmarks.gpu] {r['case']}: fastest raw kernel {r['winner']}", flush=True)
     return report(device, tests, sections)
 

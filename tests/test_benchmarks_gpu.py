@@ -67,6 +67,17 @@ def test_a_stopped_run_reports_what_it_measured():
     assert "- tests: not run" in text
 
 
+def test_a_failing_section_is_reported_and_the_others_run(monkeypatch, tmp_path):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel for this here\nsecond line")
+
+    monkeypatch.setattr(gpu, "mlp_step", broken)
+    text = gpu.run(torch.device("cpu"), quick=True, min_time=0.0005)
+    assert ("## Sections that failed on the device\n\n"
+            "- mlp: RuntimeError: no kernel for this here\n") in text
+    assert "SparseAdam step" in text  # the sections after it ran
+
+
 def test_cuda_absent_is_reported_not_crashed(capsys):
     if torch.cuda.is_available():
         pytest.skip("CUDA is here")
