@@ -70,11 +70,11 @@ def test_test_code_builds_on_the_device_and_the_library_keeps_its_default():
         assert library["made"].device.type == "cpu"
 
 
-def test_make_masked_builds_on_the_device_asked_for():
+def test_make_masked_builds_on_the_device_asked_for(device):
     mt, data, mask = make_masked((3, 4), device="meta")
     assert _devices(mt) == {"meta"} and data.device.type == mask.device.type == "meta"
-    coo, data, mask = make_masked((3, 4), torch.sparse_coo, seed=1)
-    assert _devices(coo) == {DEVICE.type} and data.device == DEVICE
+    coo, data, mask = make_masked((3, 4), torch.sparse_coo, seed=1)  # the device under test
+    assert device == DEVICE and _devices(coo) == {device.type} and data.device == device
     # The same seed gives the same numbers wherever the tensor is built.
     cpu = make_masked((3, 4), device="cpu")[1]
     assert torch.equal(cpu, make_masked((3, 4), device="cpu")[1])
