@@ -25,7 +25,7 @@ LOGS=${OUT:-benchmarks/out}
 mkdir -p "$LOGS"
 DEVICE=${DEVICE:-cuda}
 TESTS=${TESTS:-tests}
-TEST_TIMEOUT=${TEST_TIMEOUT:-270}
+TEST_TIMEOUT=${TEST_TIMEOUT:-250}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-170}
 # The CUDA paths never call the C kernels; this keeps a first-use compile (tens of seconds)
 # out of the few CPU steps the tests take.
