@@ -98,7 +98,7 @@ def permute(s: Storage, dims: tuple[int, ...]) -> Storage:
         out = _on_values(s, torch.permute, s.shape, vdims)
     if tuple(dims[:sd]) == tuple(range(sd)):
         return out.layout.build(out.index, out.values, out.mask, shape)
-    indices = s.index[0].index_select(0, torch.tensor(dims[:sd]))
+    indices = s.index[0].index_select(0, torch.tensor(dims[:sd], device=s.index[0].device))
     if list(dims[1:sd]) == sorted(dims[1:sd]):
         # The entries are sorted by the old dims; among those with one coordinate along
         # dims[0] they stay sorted by the others, so a stable sort by that coordinate alone

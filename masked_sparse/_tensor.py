@@ -32,6 +32,7 @@ import layouts
 from layouts import Storage
 
 from . import _func, _registry
+from ._device import missing_kernel
 from ._repr import storage_repr
 
 
@@ -133,7 +134,13 @@ class MaskedTensor(torch.Tensor):
             return _torch_function_outside_graph(func, args, kwargs)
         handler = _registry.FUNCTIONS.get(func)
         if handler is not None and not torch.compiler.is_exporting():
-            return handler(func, *args, **(kwargs or {}))
+            try:
+                return handler(func, *args, **(kwargs or {}))
+            except (NotImplementedError, RuntimeError) as exc:  # torch lacks a kernel there?
+                lacking = missing_kernel(func, args, exc)
+                if lacking is None:
+                    raise
+                raise lacking from exc
         if torch._C._are_functorch_transforms_active():  # Note [MaskedTensors in torch.func]
             return _func.dispatch_below(func, args, kwargs)
         with DisableTorchFunctionSubclass():
@@ -148,10 +155,16 @@ class MaskedTensor(torch.Tensor):
             from .ops.pointwise import resolve
 
             handler = resolve(func, args)
-        if _func.SAVED.stack:  # Note [MaskedTensors in torch.func]
-            with _func.restored():
-                return handler(func, *args, **(kwargs or {}))
-        return handler(func, *args, **(kwargs or {}))
+        try:
+            if _func.SAVED.stack:  # Note [MaskedTensors in torch.func]
+                with _func.restored():
+                    return handler(func, *args, **(kwargs or {}))
+            return handler(func, *args, **(kwargs or {}))
+        except (NotImplementedError, RuntimeError) as exc:  # torch lacks a kernel there?
+            lacking = missing_kernel(func, args, exc)
+            if lacking is None:
+                raise
+            raise lacking from exc
 
     # -- torch.compile / serialization ---------------------------------------------------
     def __reduce_ex__(self, proto: int) -> tuple:  # pickle, torch.save (weights_only=True)

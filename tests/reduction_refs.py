@@ -66,12 +66,13 @@ def ref_numpy_ma(name, data, mask, dim, keepdim, **kwargs):
     """``(values, mask)`` of the numpy.ma reduction (its mask means the opposite)."""
     nd = data.dim()
     axis = tuple(norm_dims(dim, nd))
-    arr = np.ma.masked_array(data.numpy(), ~mask.numpy())
+    arr = np.ma.masked_array(data.cpu().numpy(), ~mask.cpu().numpy())
     out = getattr(np.ma, name)(arr, axis=axis, keepdims=keepdim, **kwargs)
     shape = out_shape(data.shape, list(axis), keepdim)
     values = np.ma.getdata(out).reshape(shape)
     invalid = np.ma.getmaskarray(out).reshape(shape)
-    return torch.from_numpy(np.array(values)), ~torch.from_numpy(np.array(invalid))
+    return (torch.from_numpy(np.array(values)).to(data.device),
+            ~torch.from_numpy(np.array(invalid)).to(data.device))
 
 
 def expected_layout(layout, shape, dims, keepdim):

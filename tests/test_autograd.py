@@ -25,6 +25,8 @@ from conftest import (
 
 import masked_sparse as ms
 
+pytestmark = pytest.mark.device_generic
+
 SHAPE = (4, 5)
 F64 = torch.float64
 TO = {torch.strided: "to_dense", torch.sparse_coo: "to_sparse_coo",

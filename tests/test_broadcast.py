@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 import masked_sparse as ms
 
+pytestmark = pytest.mark.device_generic
+
 ALL = ["strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr"]
 TORCH_LAYOUT = {"strided": torch.strided, "sparse_coo": torch.sparse_coo,
                 "sparse_csr": torch.sparse_csr, "sparse_csc": torch.sparse_csc,

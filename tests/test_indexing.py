@@ -13,6 +13,8 @@ from test_shape import check_result, expected_layout
 import masked_sparse as ms
 from masked_sparse import masked_tensor
 
+pytestmark = pytest.mark.device_generic
+
 _I = torch.tensor
 
 INDEX_2D = {

@@ -49,6 +49,7 @@ class LayoutSuite:
     options by layout name, used whenever the suite converts into that layout).
     """
 
+    pytestmark = [pytest.mark.device_generic]  # subclasses too: ``pytest --device cuda``
     SHAPES: tuple[tuple[int, ...], ...] = ((4, 6), (6, 3))
     OPTIONS: dict[str, dict[str, Any]] = {"sparse_bsr": {"blocksize": (2, 3)}}
 

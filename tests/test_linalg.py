@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 
 import masked_sparse as ms
 
+pytestmark = pytest.mark.device_generic
+
 ALL = ["strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr"]
 SPARSE = ALL[1:]
 

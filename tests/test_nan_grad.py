@@ -17,6 +17,8 @@ from conftest import LAYOUT_IDS, LAYOUTS, check_invariants, dense_of
 import masked_sparse as ms
 from masked_sparse import as_masked_tensor, masked_tensor
 
+pytestmark = pytest.mark.device_generic
+
 
 def stored_all(t: torch.Tensor, layout) -> torch.Tensor:
     """``t`` in ``layout``, storing every position (zeros and NaNs included)."""

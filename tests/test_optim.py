@@ -13,11 +13,13 @@ import io
 
 import pytest
 import torch
-from conftest import make_masked
+from conftest import cpu_only, make_masked
 from torch.profiler import ProfilerActivity, profile
 
 import layouts
 import masked_sparse as ms
+
+pytestmark = pytest.mark.device_generic
 
 ROWS, DIM = 12, 6
 assert_close = torch.testing.assert_close
@@ -283,6 +285,7 @@ def test_masked_gradient_from_autograd_on_plain_parameter():
 # -- no densification ---------------------------------------------------------------------------
 @config_params
 @pytest.mark.parametrize("hybrid", [True, False], ids=["hybrid", "2d"])
+@cpu_only("reads allocations from the CPU profiler")
 def test_sparse_step_is_o_nnz(config, hybrid):
     """No op of a step on a sparse gradient allocates more than O(nnz) (a densified
     gradient or state slice of this 20_000 x 8 parameter would take 640 KB)."""

@@ -16,6 +16,8 @@ from conftest import make_masked
 
 import masked_sparse as ms
 
+pytestmark = pytest.mark.device_generic
+
 SHAPE = (6, 4)
 FORMS = ["dense", "coo uncoalesced", "coo hybrid", "csr", "csc", "bsr", "masked strided",
          "masked coo", "masked csr", "masked csc", "masked bsr"]

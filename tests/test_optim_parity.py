@@ -17,6 +17,8 @@ from conftest import make_masked
 
 import masked_sparse as ms
 
+pytestmark = pytest.mark.device_generic
+
 ROWS, DIM = 12, 6
 
 # name -> (ms class, torch class, kwargs); every option of each optimizer appears.

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 import masked_sparse as ms
 
+pytestmark = pytest.mark.device_generic
+
 ALL = ["strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr"]
 DTYPES = [torch.float32, torch.float64, torch.int64]
 

@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 
 import masked_sparse as ms
 
+pytestmark = pytest.mark.device_generic
+
 FLOAT_UNARY = {
     "abs": torch.abs, "neg": torch.neg, "positive": torch.positive, "sign": torch.sign,
     "sgn": torch.sgn, "signbit": torch.signbit, "exp": torch.exp, "exp2": torch.exp2,

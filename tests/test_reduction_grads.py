@@ -13,6 +13,8 @@ from reduction_refs import hybrid_coo, ref_groups
 
 import masked_sparse as ms
 
+pytestmark = pytest.mark.device_generic
+
 CASES = ["strided", "coo", "csr", "hybrid"]
 TORCH_LAYOUT = {"strided": torch.strided, "coo": torch.sparse_coo, "csr": torch.sparse_csr,
                 "hybrid": torch.sparse_coo}

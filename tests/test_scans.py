@@ -7,11 +7,13 @@ import math
 
 import pytest
 import torch
-from conftest import assert_masked_equal, check_invariants, make_masked
+from conftest import assert_masked_equal, check_invariants, cpu_only, make_masked
 from hypothesis import given
 from hypothesis import strategies as st
 
 import masked_sparse as ms
+
+pytestmark = pytest.mark.device_generic
 
 ALL = ["strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr"]
 SCANS = ["cumsum", "cumprod", "cummax", "cummin", "logcumsumexp"]
@@ -165,6 +167,7 @@ def test_random_shapes_and_masks(case, op):
 @pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr", "sparse_csc"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("dim", [0, 1])
+@cpu_only("the native pass, bit for bit with torch's CPU cumsum")
 def test_cumsum_is_torch_cumsum_bit_for_bit(monkeypatch, layout, dtype, dim):
     """A cumsum along the stored lines is one native pass (``_native.cumsum_lines``, where
     the kernels are loaded): each line's running sum in double, rounded at every element,

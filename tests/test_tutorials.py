@@ -20,17 +20,37 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
+from conftest import DEVICE, cpu_only
+
+pytestmark = pytest.mark.device_generic
 
 ROOT = Path(__file__).resolve().parents[1]
 TUTORIALS = sorted((ROOT / "tutorials").glob("*.py"))
 NAN = float("nan")
+#: Tutorials that need the CPU (``--device`` runs the others there through conftest's
+#: ``OnDevice``: what the tutorial builds goes to the device, as if it said so).
+CPU_ONLY = {"overview": "compares with numpy.ma through .numpy()",
+            "scipy_interop": "scipy.sparse interop", "distributed": "gloo processes"}
+_ON_DEVICE = """import runpy, sys, torch
+sys.path.insert(0, {tests!r})
+from conftest import OnDevice
+OnDevice(torch.device({device!r})).__enter__()
+runpy.run_path({path!r}, run_name="__main__")
+"""
+
+
+def _command(path: Path) -> list[str]:
+    if DEVICE.type == "cpu" or path.stem in CPU_ONLY:
+        return [sys.executable, str(path)]
+    code = _ON_DEVICE.format(tests=str(ROOT / "tests"), device=str(DEVICE), path=str(path))
+    return [sys.executable, "-c", code]
 
 
 @pytest.fixture(scope="session")
 def runs() -> dict[str, subprocess.CompletedProcess]:
     def run(path: Path) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
-                              timeout=300, cwd=ROOT)
+        return subprocess.run(_command(path), capture_output=True, text=True, timeout=300,
+                              cwd=ROOT)
 
     with ThreadPoolExecutor(max_workers=max(1, len(TUTORIALS))) as pool:
         return dict(zip((p.stem for p in TUTORIALS), pool.map(run, TUTORIALS)))
@@ -103,7 +123,9 @@ def row_reduce(data: np.ndarray, mask: np.ndarray, fn) -> list:
 
 
 # -- every tutorial runs ---------------------------------------------------------------------
-@pytest.mark.parametrize("path", TUTORIALS, ids=[p.stem for p in TUTORIALS])
+@pytest.mark.parametrize("path", [
+    pytest.param(p, marks=cpu_only(CPU_ONLY[p.stem])) if p.stem in CPU_ONLY else p
+    for p in TUTORIALS], ids=[p.stem for p in TUTORIALS])
 def test_tutorial_runs(runs, path):
     proc = runs[path.stem]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -113,6 +135,7 @@ def test_tutorial_runs(runs, path):
 
 
 # -- overview --------------------------------------------------------------------------------
+@cpu_only(CPU_ONLY["overview"])
 def test_overview(runs):
     out = output(runs, "overview")
     data = torch.arange(24.0).reshape(3, 2, 4)
@@ -321,6 +344,7 @@ def test_nan_grad(runs):
 
 
 # -- scipy_interop ---------------------------------------------------------------------------
+@cpu_only(CPU_ONLY["scipy_interop"])
 def test_scipy_interop(runs):
     out = output(runs, "scipy_interop")
     r = np.array(printed(out, "ratings (0 = not rated):\n", 48)).reshape(6, 8)
@@ -418,6 +442,7 @@ def test_attention(runs):
 
 
 # -- distributed -----------------------------------------------------------------------------
+@cpu_only(CPU_ONLY["distributed"])
 def test_distributed(runs):
     """2 processes under torchrun: masked collectives, and training equal to one process."""
     out = output(runs, "distributed")

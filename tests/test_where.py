@@ -15,12 +15,15 @@ from conftest import (
     LAYOUTS,
     assert_masked_equal,
     check_invariants,
+    cpu_only,
     dense_of,
     layout_params,
     make_masked,
 )
 
 import masked_sparse as ms
+
+pytestmark = pytest.mark.device_generic
 
 SHAPE = (4, 5)
 
@@ -231,6 +234,7 @@ def test_bad_arguments(layout):
         torch.where(a > 0)
 
 
+@cpu_only("numpy.ma reference through .numpy()")
 def test_dense_of_where_matches_numpy_ma():
     np = pytest.importorskip("numpy")
     a, da, ma, b, db, mb, cond = operands(torch.strided, seed=15)

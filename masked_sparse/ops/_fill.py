@@ -55,7 +55,8 @@ class _ZeroFill(torch.autograd.Function):
     def backward(ctx, grad):  # type: ignore[override]
         (mask,) = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph: stay differentiable (Note [Double backward])
-            return torch.where(mask, grad, torch.zeros((), dtype=grad.dtype)), None
+            zero = torch.zeros((), dtype=grad.dtype, device=grad.device)
+            return torch.where(mask, grad, zero), None
         return _bitwise_zero_fill(grad, mask), None
 
 

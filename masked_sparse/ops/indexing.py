@@ -90,7 +90,8 @@ def _is_int_scalar(it: Any) -> bool:
 def _getitem_rewrite(s: Storage, idx: Any) -> Storage:
     """``storage[idx]`` through ``select``/``slice``/``unsqueeze``/``index_select``."""
     items = idx if isinstance(idx, tuple) else (idx,)
-    items = tuple(torch.tensor(it) if isinstance(it, list) else it for it in items)
+    items = tuple(torch.tensor(it, device=s.values.device) if isinstance(it, list) else it
+                  for it in items)
     tensors = [it for it in items if isinstance(it, torch.Tensor) and not _is_int_scalar(it)]
     ndim = len(s.shape)
     if len(items) == 1 and tensors and tensors[0].dtype == torch.bool:

@@ -100,8 +100,8 @@ def clip_grad_norm_(parameters: torch.Tensor | Iterable[torch.Tensor], max_norm:
     with torch.no_grad():
         values = [_specified_values(g, "clip_grad_norm_") for g in grads]
         values = [v for v in values if v.numel()]  # no entry: nothing to take the norm of
-        if not values:
-            return torch.tensor(0.0)
+        if not values:  # the norm of no entry, on the gradients' device as torch's
+            return torch.zeros((), device=grads[0].device)
         first_device = values[0].device
         if foreach is not False and len({v.device for v in values}) == 1:
             norms = torch._foreach_norm(values, norm_type)

@@ -1,0 +1,511 @@
+"""``python -m benchmarks.gpu --device cuda``: masked_sparse on one device against the dense
+workaround, torch's own sparse ops and the raw torch kernels (issue 33).
+
+Sections (ratio = masked_sparse's time / the baseline's; below 1 means masked_sparse is
+faster; each time is the median of rounds, every round between two
+``torch.cuda.synchronize()`` calls on CUDA):
+
+- reductions of 1M and 10M stored entries (5% dense matrices, half of the stored entries
+  specified): ``sum`` / ``amax`` / ``mean`` along each dim, CSR and COO, against the dense
+  ``torch.where`` workaround, torch's sparse op where torch has one, and the fastest raw
+  kernel over the specified values among ``segment_reduce`` / ``scatter_reduce`` /
+  ``index_add`` (``index_reduce`` for extremes) -- printed as the winner per op, the figure
+  issue 33 item 4 decides by;
+- softmax along each dim (1M entries) against the ``-inf`` dense recipe and
+  ``torch.sparse.softmax``;
+- a pruned MLP train step (784-512-512-10, 90% of each weight masked, CSR weights) against
+  the dense ``W * M`` step;
+- attention with a key padding mask against ``scaled_dot_product_attention`` and the
+  ``-inf`` recipe (forward + backward);
+- an Adagrad / SparseAdam step on a 1M x 64 embedding against torch.optim's.
+
+``--device cpu --quick`` runs every case on tiny operands (the smoke test does). ``--out``
+writes the Markdown report (``benchmarks/RESULTS-cuda.md`` by default with ``--device
+cuda``); ``--tests JUNIT_XML`` puts the counts of a ``pytest --device ... --junitxml`` run
+into it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import platform
+import statistics
+import sys
+import time
+import traceback
+import warnings
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+if __package__ in (None, ""):  # ``python benchmarks/gpu.py``
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import masked_sparse as ms  # noqa: E402
+
+Fn = Callable[[], Any]
+RAW = ("segment_reduce", "scatter_reduce", "index_add")
+OPS = ("sum", "amax", "mean")
+DENSITY, SPECIFIED = 0.05, 0.5
+warnings.filterwarnings("ignore", r"index_reduce\(\) is in beta")
+
+
+# -- timing ---------------------------------------------------------------------------------
+class Timer:
+    """Median seconds per call of a function on ``device``, synchronized around each round."""
+
+    def __init__(self, device: torch.device, min_time: float, rounds: int = 5) -> None:
+        self.device, self.min_time, self.rounds = device, min_time, rounds
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def __call__(self, fn: Fn) -> float:
+        first = self._round(fn, 1)  # warm up (caches, allocator, kernels' first launch)
+        if first > 10 * self.min_time:  # a slow path: three calls say enough, and fast
+            return statistics.median(self._round(fn, 1) for _ in range(3))
+        n = 1
+        while True:
+            elapsed = self._round(fn, n)
+            if elapsed >= self.min_time / self.rounds or n >= 1 << 14:
+                break
+            n *= 4
+        return statistics.median(self._round(fn, n) / n for _ in range(self.rounds))
+
+    def _round(self, fn: Fn, n: int) -> float:
+        self.sync()
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        self.sync()
+        return time.perf_counter() - start
+
+
+def timed(timer: Timer, fn: Fn | str) -> dict[str, Any]:
+    """``{"s": seconds}``, or ``{"why": reason}`` where ``fn`` is a reason or raises."""
+    if isinstance(fn, str):
+        return {"why": fn}
+    try:
+        return {"s": timer(fn)}
+    except Exception as exc:  # an op torch (or masked_sparse) lacks on this device
+        return {"why": f"{type(exc).__name__}: {str(exc).splitlines()[0][:70]}"}
+
+
+def fmt_s(r: dict[str, Any]) -> str:
+    if "s" not in r:
+        return "unsupported"
+    s = r["s"]
+    return f"{s * 1e3:.3f} ms" if s >= 1e-4 else f"{s * 1e6:.1f} us"
+
+
+def ratio(mine: dict[str, Any], base: dict[str, Any]) -> str:
+    if "s" not in mine or "s" not in base:
+        return "n/a"
+    return f"{mine['s'] / base['s']:.2f}"
+
+
+# -- operands -------------------------------------------------------------------------------
+def matrix(nnz: int, device: torch.device, seed: int = 0) -> dict[str, Any]:
+    """A 5% dense matrix with ``nnz`` stored entries, half of them specified: masked COO and
+    CSR, the dense workaround's (data, mask) and the raw parts."""
+    cols = max(10, int(math.sqrt(nnz / DENSITY / 20)))  # 20x more rows than columns
+    rows = max(10, int(nnz / DENSITY / cols))
+    g = torch.Generator().manual_seed(seed)
+    lin = torch.randint(rows * cols, (int(nnz * 1.1) + 16,), generator=g).to(device)
+    lin = torch.unique(lin)
+    lin = lin[torch.randperm(lin.numel(), generator=g)[:nnz].to(device)].sort().values
+    r, c = lin // cols, lin % cols
+    n = lin.numel()
+    values = torch.randn(n, generator=g).to(device)
+    mask = (torch.rand(n, generator=g) < SPECIFIED).to(device)
+    idx = torch.stack([r, c])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        coo = ms.masked_tensor(
+            torch.sparse_coo_tensor(idx, values, (rows, cols), is_coalesced=True),
+            torch.sparse_coo_tensor(idx, mask, (rows, cols), is_coalesced=True))
+        csr = coo.to_sparse_csr()
+        spec = torch.sparse_coo_tensor(idx[:, mask], values[mask], (rows, cols),
+                                       is_coalesced=True)
+        spec_csr = spec.to_sparse_csr()
+    dense = torch.zeros(rows, cols, device=device).index_put_((r, c), values)
+    dmask = torch.zeros(rows, cols, dtype=torch.bool, device=device).index_put_((r, c), mask)
+    return {"coo": coo, "csr": csr, "spec_coo": spec, "spec_csr": spec_csr, "dense": dense,
+            "dmask": dmask, "rows": r, "cols": c, "values": values, "mask": mask,
+            "shape": (rows, cols), "nnz": n}
+
+
+# -- reductions -----------------------------------------------------------------------------
+def masked_op(op: str, mt: Any, dim: int) -> Fn:
+    if op == "mean":
+        return lambda: mt.mean(dim)
+    return lambda: getattr(torch, op)(mt, dim)
+
+
+def dense_op(op: str, m: dict[str, Any], dim: int) -> Fn:
+    d, k = m["dense"], m["dmask"]
+    if op == "sum":
+        return lambda: torch.where(k, d, 0).sum(dim)
+    if op == "amax":
+        return lambda: torch.where(k, d, -math.inf).amax(dim)
+    return lambda: torch.where(k, d, 0).sum(dim) / k.sum(dim)
+
+
+def torch_sparse_op(op: str, m: dict[str, Any], layout: str, dim: int) -> Fn:
+    """torch's own sparse op on the specified entries (what torch has of it)."""
+    t = m["spec_csr"] if layout == "csr" else m["spec_coo"]
+    if op == "sum":
+        if layout == "csr":  # torch reduces a CSR tensor along a dim only with keepdim
+            return lambda: t.sum(dim, keepdim=True)
+        return lambda: torch.sparse.sum(t, dim)
+    if op == "amax":
+        return lambda: torch.amax(t, dim)
+    return lambda: torch.mean(t, dim)
+
+
+def raw_ops(op: str, m: dict[str, Any], dim: int) -> dict[str, Fn]:
+    """The raw kernels over the stored values, unspecified ones filled with the op's
+    identity inside the timed call (as masked_sparse must); the group index, pointers and
+    the column-major order for ``segment_reduce`` along dim 0 are computed once outside (as
+    masked_sparse caches them per index)."""
+    v, k = m["values"], m["mask"]
+    rows, cols = m["shape"]
+    group = m["rows"] if dim == 1 else m["cols"]
+    n_groups = rows if dim == 1 else cols
+    order = None if dim == 1 else torch.argsort(m["cols"], stable=True)
+    counts = torch.bincount(group, minlength=n_groups)
+    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    fill = -math.inf if op == "amax" else 0.0
+
+    def filled() -> torch.Tensor:
+        x = torch.where(k, v, fill)
+        return x if order is None else x[order]
+
+    def count() -> torch.Tensor:  # the specified elements per group, for the mean
+        return k.to(v.dtype).new_zeros(n_groups).index_add_(0, group, k.to(v.dtype))
+
+    def segment() -> torch.Tensor:
+        out = torch.segment_reduce(filled(), "max" if op == "amax" else "sum", offsets=offsets)
+        return out / count() if op == "mean" else out
+
+    def scatter() -> torch.Tensor:
+        x = torch.where(k, v, fill)
+        start = v.new_full((n_groups,), fill)
+        out = start.scatter_reduce_(0, group, x, "amax" if op == "amax" else "sum")
+        return out / count() if op == "mean" else out
+
+    def index() -> torch.Tensor:
+        x = torch.where(k, v, fill)
+        if op == "amax":
+            return v.new_full((n_groups,), fill).index_reduce_(0, group, x, "amax")
+        out = v.new_zeros(n_groups).index_add_(0, group, x)
+        return out / count() if op == "mean" else out
+
+    return dict(zip(RAW, (segment, scatter, index)))
+
+
+def reductions(timer: Timer, device: torch.device, sizes: tuple[int, ...]) -> list[dict]:
+    out = []
+    for nnz in sizes:
+        m = matrix(nnz, device)
+        for layout in ("csr", "coo"):
+            for op in OPS:
+                for dim in (0, 1):
+                    mine = timed(timer, masked_op(op, m[layout], dim))
+                    raw = {name: timed(timer, fn) for name, fn in raw_ops(op, m, dim).items()}
+                    ok = {name: r for name, r in raw.items() if "s" in r}
+                    winner = min(ok, key=lambda name: ok[name]["s"]) if ok else None
+                    out.append({
+                        "case": f"{layout} nnz={_size(m['nnz'])} {op}(dim={dim})",
+                        "masked": mine, "dense": timed(timer, dense_op(op, m, dim)),
+                        "torch.sparse": timed(timer, torch_sparse_op(op, m, layout, dim)),
+                        "raw": raw, "winner": winner,
+                        "best raw": ok[winner] if winner else {"why": "none ran"}})
+        del m
+    return out
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:g}M" if n >= 1e6 else f"{n / 1e3:g}k" if n >= 1e3 else str(n)
+
+
+# -- softmax --------------------------------------------------------------------------------
+def softmaxes(timer: Timer, device: torch.device, nnz: int) -> list[dict]:
+    m = matrix(nnz, device, seed=1)
+    out = []
+    for layout in ("csr", "coo"):
+        for dim in (0, 1):
+            d = m["dense"].masked_fill(~m["dmask"], -math.inf)
+            out.append({
+                "case": f"{layout} nnz={_size(m['nnz'])} softmax(dim={dim})",
+                "masked": timed(timer, lambda mt=m[layout], dim=dim: torch.softmax(mt, dim)),
+                "dense": timed(timer, lambda d=d, dim=dim: torch.softmax(d, dim)),
+                "torch.sparse": timed(timer, lambda dim=dim: torch.sparse.softmax(
+                    m["spec_coo"], dim))})
+    return out
+
+
+# -- training -------------------------------------------------------------------------------
+def mlp_step(timer: Timer, device: torch.device, batch: int, sizes=(784, 512, 512, 10),
+             masked_fraction: float = 0.9) -> dict:
+    """One SGD train step of a pruned MLP: CSR masked weights against dense ``W * M``."""
+    g = torch.Generator().manual_seed(0)
+    weights = [torch.randn(o, i, generator=g) / math.sqrt(i) for i, o in zip(sizes, sizes[1:])]
+    masks = [torch.rand(w.shape, generator=g) >= masked_fraction for w in weights]
+    x = torch.randn(batch, sizes[0], generator=g).to(device)
+    y = torch.randint(sizes[-1], (batch,), generator=g).to(device)
+
+    layers = []
+    for w, k in zip(weights, masks):
+        lin = torch.nn.Linear(w.shape[1], w.shape[0]).to(device)
+        lin.weight = torch.nn.Parameter(ms.to_layout(
+            ms.masked_tensor(w.to(device), k.to(device)), torch.sparse_csr))
+        layers += [lin, torch.nn.ReLU()]
+    masked_net = torch.nn.Sequential(*layers[:-1])
+    masked_opt = ms.optim.SGD(masked_net.parameters(), lr=0.01)
+
+    dense_w = [torch.nn.Parameter(w.to(device)) for w in weights]
+    dense_b = [torch.nn.Parameter(torch.zeros(w.shape[0], device=device)) for w in weights]
+    dense_m = [k.to(device) for k in masks]
+    dense_opt = torch.optim.SGD(dense_w + dense_b, lr=0.01)
+
+    def masked() -> None:
+        masked_opt.zero_grad()
+        out = masked_net(x)
+        out = out.to_tensor(0) if isinstance(out, ms.MaskedTensor) else out
+        F.cross_entropy(out, y).backward()
+        masked_opt.step()
+
+    def dense() -> None:
+        dense_opt.zero_grad()
+        h = x
+        for i, (w, b, k) in enumerate(zip(dense_w, dense_b, dense_m)):
+            h = F.linear(h, w * k, b)
+            h = F.relu(h) if i < len(dense_w) - 1 else h
+        F.cross_entropy(h, y).backward()
+        dense_opt.step()
+
+    name = "-".join(map(str, sizes))
+    return {"case": f"MLP {name} train step, batch {batch}, {masked_fraction:.0%} masked",
+            "masked": timed(timer, masked), "dense": timed(timer, dense)}
+
+
+def attention(timer: Timer, device: torch.device, b: int, h: int, t: int, d: int) -> dict:
+    """Forward + backward of attention with a key padding mask."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(b, h, t, d, generator=g).to(device).requires_grad_()
+               for _ in range(3))
+    lengths = torch.randint(t // 2, t + 1, (b,), generator=g).to(device)
+    keys = torch.arange(t, device=device)[None, :] < lengths[:, None]  # (B, T)
+    mask = keys[:, None, None, :].expand(b, h, t, t)
+    scale = 1 / math.sqrt(d)
+
+    def masked() -> None:
+        scores = q @ k.transpose(-2, -1) * scale
+        out = torch.softmax(ms.as_masked_tensor(scores, mask), -1) @ v
+        out = out.to_tensor(0) if isinstance(out, ms.MaskedTensor) else out
+        out.sum().backward()
+
+    def recipe() -> None:
+        scores = (q @ k.transpose(-2, -1) * scale).masked_fill(~mask, -math.inf)
+        (torch.softmax(scores, -1) @ v).sum().backward()
+
+    def sdpa() -> None:
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
+
+    return {"case": f"attention B={b} H={h} T={t} D={d}, key padding, fwd+bwd",
+            "masked": timed(timer, masked), "dense": timed(timer, recipe),
+            "sdpa": timed(timer, sdpa)}
+
+
+def embedding_steps(timer: Timer, device: torch.device, rows: int, dim: int = 64,
+                    touched: int = 10_000) -> list[dict]:
+    """An optimizer step on a ``rows x dim`` embedding whose gradient holds ``touched`` rows
+    (hybrid COO, as ``nn.Embedding(sparse=True)`` makes it)."""
+    g = torch.Generator().manual_seed(0)
+    touched = min(touched, rows // 2)
+    lookups = torch.randperm(rows, generator=g)[:touched].to(device)
+    grad = torch.sparse_coo_tensor(lookups[None], torch.randn(touched, dim, generator=g)
+                                   .to(device), (rows, dim))
+    out = []
+    for name, mine_cls, torch_cls, kwargs in (
+            ("Adagrad", ms.optim.Adagrad, torch.optim.Adagrad, {"lr": 0.01}),
+            ("SparseAdam", ms.optim.SparseAdam, torch.optim.SparseAdam, {"lr": 0.001})):
+        w = torch.nn.Parameter(torch.randn(rows, dim, device=device))
+        mine, theirs = mine_cls([w], **kwargs), torch_cls([w], **kwargs)
+
+        def step(opt: Any, w: torch.Tensor = w) -> Fn:
+            def run() -> None:
+                w.grad = grad
+                opt.step()
+            return run
+
+        out.append({"case": f"{name} step, {_size(rows)} x {dim} embedding, {touched} rows",
+                    "masked": timed(timer, step(mine)), "torch": timed(timer, step(theirs))})
+    return out
+
+
+# -- report ---------------------------------------------------------------------------------
+def tests_summary(junit: str | None) -> str:
+    if not junit or not Path(junit).exists():
+        return "not run (no --tests JUnit XML)"
+    root = ET.parse(junit).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    a = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    passed = a["tests"] - a["failures"] - a["errors"] - a["skipped"]
+    return (f"{passed} passed, {a['failures']} failed, {a['errors']} errors, "
+            f"{a['skipped']} skipped (of {a['tests']}, {float(suite.get('time', 0)):.0f} s)")
+
+
+def failed_tests(junit: str | None, limit: int = 60) -> list[str]:
+    """``- test id: first line of the failure`` for each failed or erroring test."""
+    if not junit or not Path(junit).exists():
+        return []
+    out = []
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        bad = case.find("failure")
+        bad = case.find("error") if bad is None else bad
+        if bad is not None:
+            why = (bad.get("message") or "").splitlines()[:1] or [""]
+            out.append(f"- `{case.get('classname')}::{case.get('name')}`: {why[0][:150]}")
+    return out[:limit] + ([f"- ... and {len(out) - limit} more"] if len(out) > limit else [])
+
+
+def environment(device: torch.device) -> list[str]:
+    name = (torch.cuda.get_device_name(device) if device.type == "cuda"
+            else platform.processor() or platform.machine())
+    return [f"- device: {device} ({name})",
+            f"- torch {torch.__version__}, CUDA {torch.version.cuda}, Python "
+            f"{platform.python_version()}",
+            f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"]
+
+
+def table(rows: list[dict], baselines: tuple[str, ...]) -> list[str]:
+    head = ["case", "masked_sparse"] + [f"÷ {b}" for b in baselines]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["case"], fmt_s(r["masked"])]
+        for b in baselines:
+            cells.append(ratio(r["masked"], r[b]) if "s" in r[b]
+                         else f"unsupported ({r[b]['why']})" if "why" in r[b] else "n/a")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def raw_table(rows: list[dict]) -> list[str]:
+    lines = ["| case | " + " | ".join(RAW) + " | fastest |", "|" + "---|" * (len(RAW) + 2)]
+    for r in rows:
+        cells = [r["case"]] + [fmt_s(r["raw"][name]) for name in RAW]
+        lines.append("| " + " | ".join(cells + [r["winner"] or "none"]) + " |")
+    return lines
+
+
+def winners(rows: list[dict]) -> list[str]:
+    """The fastest raw kernel per op and dim, over sizes and layouts (a vote)."""
+    votes: dict[str, dict[str, int]] = {}
+    for r in rows:
+        key = r["case"].split(" ", 2)[2]  # "sum(dim=0)"
+        if r["winner"]:
+            votes.setdefault(key, {}).setdefault(r["winner"], 0)
+            votes[key][r["winner"]] += 1
+    return [f"- {key}: {max(v, key=v.get)} ({', '.join(f'{n}: {c}' for n, c in v.items())})"
+            for key, v in sorted(votes.items())]
+
+
+def report(device: torch.device, tests: str | None, sections: dict[str, Any]) -> str:
+    """The Markdown report; a section not (yet) run reads "not run"."""
+    missing = ["not run (the run stopped before it)"]
+    sections = {"reductions": [], "softmax": [], "errors": {}, **sections}
+    out = [f"# masked_sparse on {device.type.upper()}", "",
+           "Written by `python -m benchmarks.gpu` (see its docstring). Ratio = masked_sparse's "
+           "time / the baseline's: below 1 means masked_sparse is faster. Medians of 5 "
+           "synchronized rounds.", "", *environment(device), f"- tests: {tests_summary(tests)}",
+           ""]
+    if sections["errors"]:
+        out += ["## Sections that failed on the device", "",
+                *(f"- {name}: {why}" for name, why in sections["errors"].items()), ""]
+    failed = failed_tests(tests)
+    if failed:
+        out += ["## Tests that failed on the device", "", *failed, ""]
+    red = sections["reductions"]
+    out += ["## Reductions", "",
+            *(table(red, ("dense", "torch.sparse", "best raw")) if red else missing), "",
+            "### Raw kernels over the specified values (issue 33 item 4)", "",
+            *(raw_table(red) if red else missing), "",
+            "Fastest per op (votes over sizes and layouts):", "", *winners(red), "",
+            "## Softmax", "",
+            *(table(sections["softmax"], ("dense", "torch.sparse")) if sections["softmax"]
+              else missing), "",
+            "## Pruned MLP train step", "",
+            *(table([sections["mlp"]], ("dense",)) if "mlp" in sections else missing), "",
+            "## Attention with a padding mask", "",
+            *(table([sections["attention"]], ("dense", "sdpa")) if "attention" in sections
+              else missing), "",
+            "## Optimizer step on an embedding", "",
+            *(table(sections["optim"], ("torch",)) if "optim" in sections else missing), ""]
+    return "\n".join(out)
+
+
+def run(device: torch.device, quick: bool, tests: str | None = None,
+        min_time: float | None = None, out: Path | None = None) -> str:
+    """Every section; the report is rewritten to ``out`` after each one, so a run stopped
+    by its time limit still leaves what it measured."""
+    timer = Timer(device, min_time if min_time is not None else (0.01 if quick else 0.1))
+    if quick:
+        sizes, soft, batch, att, emb = (2_000,), 2_000, 16, (2, 2, 16, 8), 2_000
+    else:
+        sizes, soft, batch, att, emb = (1_000_000, 10_000_000), 1_000_000, 256, \
+            (16, 8, 512, 64), 1_000_000
+    sections: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    sections["errors"] = errors
+    steps = [("reductions", lambda: reductions(timer, device, sizes)),
+             ("softmax", lambda: softmaxes(timer, device, soft)),
+             ("mlp", lambda: mlp_step(timer, device, batch)),
+             ("attention", lambda: attention(timer, device, *att)),
+             ("optim", lambda: embedding_steps(timer, device, emb))]
+    for name, fn in steps:
+        start = time.perf_counter()
+        try:
+            sections[name] = fn()
+        except Exception as exc:  # a setup step failed on this device: report it, go on
+            errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            traceback.print_exc()
+        print(f"[benchmarks.gpu] {name}: {time.perf_counter() - start:.1f} s", flush=True)
+        if out is not None:
+            out.write_text(report(device, tests, sections))
+    for r in sections.get("reductions", []):
+        print(f"[benchmarks.gpu] {r['case']}: fastest raw kernel {r['winner']}", flush=True)
+    return report(device, tests, sections)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--quick", action="store_true", help="tiny operands (a smoke run)")
+    p.add_argument("--out", default=None,
+                   help="Markdown report (default: benchmarks/RESULTS-<device>.md)")
+    p.add_argument("--tests", default=None, help="JUnit XML of the pytest --device run")
+    p.add_argument("--min-time", type=float, default=None, help="seconds per measurement")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"--device {device}: torch.cuda.is_available() is False (torch "
+              f"{torch.__version__}); nothing run", file=sys.stderr)
+        return 2
+    out = Path(args.out or Path(__file__).parent / f"RESULTS-{device.type}.md")
+    text = run(device, args.quick, args.tests, args.min_time, out)
+    print(text)
+    print(f"[benchmarks.gpu] wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
