@@ -1,0 +1,90 @@
+"""Issue 31, a third new user's trial: inference_mode, compile of masked weights, half
+precision, masking by a condition, torch.masked's samples, meta tensors, clear errors,
+torch.masked parity and scipy interop. Every value is checked against a dense
+``torch.where`` / ``numpy.ma`` / torch.masked / scipy reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import LAYOUT_IDS, LAYOUTS, assert_masked_equal, make_masked
+
+import masked_sparse as ms
+
+ALL_LAYOUTS = [*LAYOUTS, torch.sparse_csc, torch.sparse_bsr]
+ALL_IDS = [*LAYOUT_IDS, "csc", "bsr"]
+
+
+def in_layout(shape, layout, seed=0, dtype=torch.float32, **kw):
+    """``make_masked`` in any layout (CSC and BSR by conversion from CSR)."""
+    if layout in (torch.sparse_csc, torch.sparse_bsr):
+        mt, data, mask = make_masked(shape, torch.sparse_csr, seed=seed, dtype=dtype, **kw)
+        out = mt.to_sparse_csc() if layout == torch.sparse_csc else mt.to_sparse_bsr((1, 1))
+        return out, data, mask
+    return make_masked(shape, layout, seed=seed, dtype=dtype, **kw)
+
+
+def where0(data, mask):
+    return torch.where(mask, data, torch.zeros((), dtype=data.dtype))
+
+
+# ---- 3. inference_mode ------------------------------------------------------------------
+
+def _dense_softmax(data, mask, dim):
+    x = torch.where(mask, data.double(), float("-inf"))
+    out = torch.softmax(x, dim).nan_to_num(0.0)
+    return out.to(data.dtype), mask.any(dim, keepdim=True).expand_as(mask) & mask
+
+
+INFERENCE_OPS = {
+    "softmax": (lambda mt, x, w: torch.softmax(mt, 1),
+                lambda d, m, x, w: _dense_softmax(d, m, 1)),
+    "matmul": (lambda mt, x, w: (mt @ w).to_tensor(0) if isinstance(mt @ w, ms.MaskedTensor)
+               else mt @ w,
+               lambda d, m, x, w: where0(d, m) @ w),
+    "linear": (lambda mt, x, w: F.linear(x, mt), lambda d, m, x, w: x @ where0(d, m).T),
+    "sum": (lambda mt, x, w: mt.sum(1), lambda d, m, x, w: (where0(d, m).sum(1), m.any(1))),
+    "mean": (lambda mt, x, w: mt.mean(0),
+             lambda d, m, x, w: (where0(d, m).sum(0) / m.sum(0).clamp(min=1), m.any(0))),
+    "mul": (lambda mt, x, w: mt * mt, lambda d, m, x, w: (d * d, m)),
+    "add_scalar": (lambda mt, x, w: mt + 1, lambda d, m, x, w: (d + 1, m)),
+    "exp": (lambda mt, x, w: mt.exp(), lambda d, m, x, w: (d.exp(), m)),
+    "amax": (lambda mt, x, w: mt.amax(1),
+             lambda d, m, x, w: (torch.where(m, d, -torch.inf).amax(1), m.any(1))),
+    "to_tensor": (lambda mt, x, w: mt.to_tensor(0).to_dense(), lambda d, m, x, w: where0(d, m)),
+    "transpose": (lambda mt, x, w: mt.t(), lambda d, m, x, w: (d.t(), m.t())),
+}
+
+
+@pytest.mark.parametrize("layout", ALL_LAYOUTS, ids=ALL_IDS)
+@pytest.mark.parametrize("op", list(INFERENCE_OPS))
+@pytest.mark.parametrize("built_inside", [True, False], ids=["inference_input", "plain_input"])
+def test_every_op_runs_under_inference_mode(layout, op, built_inside):
+    if op == "transpose" and layout == torch.sparse_bsr:
+        pytest.skip("BSR has no transpose (it says so, with or without inference_mode)")
+    fn, ref = INFERENCE_OPS[op]
+    x, w = torch.randn(3, 5), torch.randn(5, 2)
+    if built_inside:
+        with torch.inference_mode():
+            mt, data, mask = in_layout((4, 5), layout)
+    else:
+        mt, data, mask = in_layout((4, 5), layout)
+    with torch.inference_mode():
+        got = fn(mt, x, w)
+        again = fn(mt, x, w)  # second call: any cached fact of an inference tensor
+    expected = ref(data, mask, x, w)
+    for out in (got, again):
+        if isinstance(expected, tuple):
+            assert_masked_equal(out, *expected)
+        else:
+            torch.testing.assert_close(out, expected)
+
+
+def test_pruned_model_serves_under_inference_mode():
+    w, data, mask = make_masked((6, 5), torch.sparse_csr, seed=3)
+    x = torch.randn(2, 5)
+    with torch.inference_mode():
+        out = torch.softmax(F.relu(F.linear(x, w)), 1).to_tensor(0)
+    h = torch.relu(x @ where0(data, mask).T)
+    torch.testing.assert_close(out, torch.softmax(h, 1))
