@@ -270,10 +270,10 @@ def k_arg(g: Grouping, op: str, with_values: bool) -> Any:
 def k_median(g: Grouping, nan: bool, with_index: bool) -> Any:
     """The lower median of the specified elements (torch's choice); NaN wins unless ``nan``."""
     v, m = source(g, None, nan)
-    count = g.reduce(m, "sum")
+    count = g.reduce(m, "sum").long()  # over no dim (a 0-d input) the sum is the bool mask
     rank = (count - 1).div(2, rounding_mode="floor")
     if v.is_floating_point():  # NaN sorts last; torch returns the first NaN
-        nans = g.reduce(m & torch.isnan(v), "sum")
+        nans = g.reduce(m & torch.isnan(v), "sum").long()
         rank = torch.where(nans > 0, count - nans, rank)
     value, position = g.select(v, m, rank.clamp(min=0))
     specified = count > 0
