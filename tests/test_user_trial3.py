@@ -441,3 +441,35 @@ def test_functional_logaddexp_matches_torch_masked(masks):
     torch.testing.assert_close(a.grad, torch.where(fa | fb, ref_grad, 0.0))
     with pytest.raises(NotImplementedError, match="logaddexp: strided operands only"):
         MF.logaddexp(a.detach().to_sparse_coo(), b)
+
+
+# ---- 8. clear errors ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_complex_logsumexp_names_the_op_and_the_dtype(layout):
+    mt, data, mask = make_masked((3, 4), layout, dtype=torch.complex64)
+    with pytest.raises(NotImplementedError, match=r"logsumexp\(\): complex .*complex64"):
+        torch.logsumexp(mt, 1)
+    # the way out the message gives equals torch's complex logsumexp of the specified elements
+    way_out = torch.logsumexp(mt.to_tensor(float("-inf")).to_dense(), 1)
+    torch.testing.assert_close(way_out, torch.logsumexp(torch.where(mask, data, -torch.inf), 1))
+
+
+@pytest.mark.parametrize("layout", ALL_LAYOUTS, ids=ALL_IDS)
+def test_second_backward_through_a_freed_graph_is_torchs_error(layout):
+    leaf = torch.randn(3, 4, requires_grad=True)
+    mask = torch.rand(3, 4, generator=torch.Generator().manual_seed(0)) < 0.6
+    def build():
+        y = ms.as_masked_tensor(leaf, mask)
+        return ms.to_layout(y, layout) if layout != torch.sparse_bsr else y.to_sparse_bsr((1, 1))
+
+    total = build().sum()
+    total.backward()
+    torch.testing.assert_close(leaf.grad, mask.float())
+    with pytest.raises(RuntimeError, match="backward through the graph a second time.*"
+                                           "retain_graph=True"):
+        total.backward()
+    kept = build().sum()
+    kept.backward(retain_graph=True)
+    kept.backward()  # retained: a second backward accumulates
+    torch.testing.assert_close(leaf.grad, 3 * mask.float())

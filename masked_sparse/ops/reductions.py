@@ -445,6 +445,10 @@ def _var(op: Any, *args: Any, **kwargs: Any) -> Any:
 def _logsumexp(op: Any, *args: Any, **kwargs: Any) -> Any:
     a = A.bind(A.sig_logsumexp, args, kwargs, "logsumexp")
     mt = a["input"]
+    if dtype_of(mt).is_complex:
+        raise NotImplementedError(
+            f"logsumexp(): complex MaskedTensors ({dtype_of(mt)}) are not supported; compute "
+            f"it on plain tensors: torch.logsumexp(mt.to_tensor(float('-inf')), dim)")
     dims = A.normalize_dims(a["dim"], ndim_of(mt), "logsumexp")
     dtype, narrow = accumulate(A.result_dtype(torch.logsumexp, dtype_of(mt), 0))
     return run(op, "logsumexp", k_logsumexp, mt, dims,
