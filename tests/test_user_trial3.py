@@ -473,3 +473,30 @@ def test_second_backward_through_a_freed_graph_is_torchs_error(layout):
     kept.backward(retain_graph=True)
     kept.backward()  # retained: a second backward accumulates
     torch.testing.assert_close(leaf.grad, 3 * mask.float())
+
+
+# ---- 9. torch.masked parity --------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", ALL_LAYOUTS, ids=ALL_IDS)
+def test_is_sparse_is_true_for_every_sparse_layout_as_torch_masked(layout):
+    mt, data, mask = in_layout((3, 4), layout)
+    assert mt.is_sparse == (layout != torch.strided)
+    if layout in (torch.strided, torch.sparse_coo, torch.sparse_csr):  # torch.masked's layouts
+        with pytest.warns(UserWarning):
+            ref = torch.masked.masked_tensor(mt.get_data(), mt.get_mask())
+        assert mt.is_sparse == ref.is_sparse
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("op", ["argmax", "argmin"])
+def test_argmax_returns_int64_indices_unlike_torch_masked(layout, op):
+    # A decision (README, "How it differs from torch.masked"): indices stay int64, as
+    # torch.argmax; torch.masked returns them in the input's float dtype.
+    mt, data, mask = make_masked((3, 5), layout, dtype=torch.float64, seed=6)
+    got = getattr(torch, op)(mt, 1)
+    fill = -torch.inf if op == "argmax" else torch.inf
+    ref = getattr(torch, op)(torch.where(mask, data, fill), 1)
+    assert got.dtype == torch.int64
+    assert_masked_equal(got.to_dense(), ref, mask.any(1))
+    theirs = getattr(torch.masked, op)(data, 1, mask=mask)
+    assert theirs.dtype == torch.float64  # torch.masked's choice, which we do not follow

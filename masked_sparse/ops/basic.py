@@ -36,7 +36,10 @@ def _layout(op: Any, mt: MaskedTensor) -> torch.layout:
 
 @implements(torch.Tensor.is_sparse.__get__)
 def _is_sparse(op: Any, mt: MaskedTensor) -> bool:
-    return mt._storage.layout.torch_layout is torch.sparse_coo and not _tracing()
+    """True for every layout that stores an index (COO, CSR, CSC, BSR, ...), as
+    ``torch.masked.MaskedTensor.is_sparse`` answers (a plain torch tensor says True for COO
+    only; ``mt.is_sparse_coo()`` / ``mt.layout`` tell the layouts apart)."""
+    return bool(mt._storage.index) and not _tracing()
 
 
 class LayoutFlag:
