@@ -500,3 +500,30 @@ def test_argmax_returns_int64_indices_unlike_torch_masked(layout, op):
     assert_masked_equal(got.to_dense(), ref, mask.any(1))
     theirs = getattr(torch.masked, op)(data, 1, mask=mask)
     assert theirs.dtype == torch.float64  # torch.masked's choice, which we do not follow
+
+
+# ---- 11. the core never names a layout -----------------------------------------------------
+
+def test_the_core_compares_no_layout_name():
+    import ast
+    import pathlib
+
+    names = {"strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr"}
+    root = pathlib.Path(ms.__file__).parent
+    found = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(
+                    isinstance(c, ast.Constant) and c.value in names
+                    for c in (node.left, *node.comparators)):
+                found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, found
+
+
+@pytest.mark.parametrize("layout", ALL_LAYOUTS[1:], ids=ALL_IDS[1:])
+def test_sparse_summary_lists_stored_entries_of_every_layout(layout):
+    mt, data, mask = in_layout((40, 40), layout, density=0.05, stored_masked=0.0)
+    text = repr(mt)  # 1600 elements: over the threshold, a summary of the stored entries
+    coo = data.where(mask, 0).to_sparse_coo()
+    first = tuple(coo.indices()[:, 0].tolist())
+    assert f"stored={int(mask.sum())}" in text and f"{first}:" in text
