@@ -107,6 +107,11 @@ def _to_copy(op: Any, mt: MaskedTensor, **kwargs: Any) -> MaskedTensor:
     if values.device == s.values.device:
         return _wrap(s.with_values(values))
     dev = values.device
+    if dev.type == "meta" and s.index:
+        raise NotImplementedError(
+            f"MaskedTensor[{s.layout.name}] to(device='meta'): a {s.layout.name} MaskedTensor "
+            f"on the meta device is not supported (its ops read its indices); infer shapes "
+            f"with mt.to_dense().to('meta')")
     return _wrap(s.layout.build(tuple(i.to(dev) for i in s.index), values, s.mask.to(dev),
                                 s.shape))
 
