@@ -82,6 +82,37 @@ def test_every_op_runs_under_inference_mode(layout, op, built_inside):
             torch.testing.assert_close(out, expected)
 
 
+BROAD_INFERENCE_OPS = {
+    "var": lambda mt: mt.var(1), "logsumexp": lambda mt: torch.logsumexp(mt, 1),
+    "norm": lambda mt: mt.norm(dim=1), "argmax": lambda mt: mt.argmax(1),
+    "median": lambda mt: mt.median(1).values, "prod": lambda mt: mt.prod(1),
+    "cumsum": lambda mt: mt.cumsum(1), "sort": lambda mt: mt.sort(1).values,
+    "where": lambda mt: torch.where(mt > 0, mt, 0.0), "cat": lambda mt: torch.cat([mt, mt]),
+    "index": lambda mt: mt[1], "to_coo": lambda mt: mt.to_sparse_coo(),
+    "to_dense": lambda mt: mt.to_dense(), "half": lambda mt: mt.half(),
+    "to_float16": lambda mt: mt.to(torch.float16), "detach": lambda mt: mt.detach(),
+    "log_softmax": lambda mt: F.log_softmax(mt, 1), "ratio": lambda mt: mt / mt.sum(1, True),
+    "masked_where": lambda mt: ms.masked_where(mt > 0, mt),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("op", list(BROAD_INFERENCE_OPS))
+@pytest.mark.parametrize("built_inside", [True, False], ids=["inference_input", "plain_input"])
+def test_more_ops_under_inference_mode_equal_eager(layout, op, built_inside):
+    fn = BROAD_INFERENCE_OPS[op]
+    mt, data, mask = make_masked((4, 5), layout, seed=1)
+    expected = fn(mt)  # eager, outside inference mode (checked against dense elsewhere)
+    if built_inside:
+        with torch.inference_mode():
+            mt = make_masked((4, 5), layout, seed=1)[0]
+    with torch.inference_mode():
+        got = fn(mt)
+    want_data, want_mask = dense_of(expected)
+    assert_masked_equal(got.to_dense(), want_data, want_mask)
+    assert got.layout == expected.layout and got.dtype == expected.dtype
+
+
 def test_pruned_model_serves_under_inference_mode():
     w, data, mask = make_masked((6, 5), torch.sparse_csr, seed=3)
     x = torch.randn(2, 5)
