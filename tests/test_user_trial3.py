@@ -477,13 +477,22 @@ def test_functional_logaddexp_matches_torch_masked(masks):
 # ---- 8. clear errors ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
-def test_complex_logsumexp_names_the_op_and_the_dtype(layout):
-    mt, data, mask = make_masked((3, 4), layout, dtype=torch.complex64)
-    with pytest.raises(NotImplementedError, match=r"logsumexp\(\): complex .*complex64"):
-        torch.logsumexp(mt, 1)
-    # the way out the message gives equals torch's complex logsumexp of the specified elements
-    way_out = torch.logsumexp(mt.to_tensor(float("-inf")).to_dense(), 1)
-    torch.testing.assert_close(way_out, torch.logsumexp(torch.where(mask, data, -torch.inf), 1))
+@pytest.mark.parametrize("dim", [1, 0, None])
+def test_complex_logsumexp_matches_torch(layout, dim):
+    mask = torch.rand(4, 5, generator=torch.Generator().manual_seed(4)) < 0.6
+    mask[2] = False  # an empty group: unspecified
+    mt, data, mask = make_masked((4, 5), layout, dtype=torch.complex128, seed=3, mask=mask)
+    mt.requires_grad_()
+    dims = (0, 1) if dim is None else dim
+    got = torch.logsumexp(mt, dims)
+    leaf = data.clone().requires_grad_()
+    ref = torch.logsumexp(torch.where(mask, leaf, complex(-torch.inf, 0)), dims)
+    specified = mask.any(dims) if dim is not None else mask.any()
+    assert got.dtype == torch.complex128
+    assert_masked_equal(got.to_dense(), torch.where(specified, ref, 0).detach(), specified)
+    got.to_dense().to_tensor(0).abs().sum().backward()
+    torch.where(specified, ref, 0).abs().sum().backward()
+    assert_masked_equal(mt.grad.to_dense(), leaf.grad, mask)
 
 
 @pytest.mark.parametrize("layout", ALL_LAYOUTS, ids=ALL_IDS)

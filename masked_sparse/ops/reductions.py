@@ -255,7 +255,20 @@ def k_var(g: Grouping, correction: float, std: bool, with_mean: bool) -> Any:
 def k_logsumexp(g: Grouping, dtype: torch.dtype) -> Storage:
     v, m = source(g, dtype)
     specified = g.reduce(m, "any")
+    if v.is_complex():
+        return g.build(_complex_logsumexp(g, v, m, specified), specified)
     return g.build(g.masked_logsumexp(v, m, specified), specified)
+
+
+def _complex_logsumexp(g: Grouping, v: torch.Tensor, m: torch.Tensor,
+                       specified: torch.Tensor) -> torch.Tensor:
+    """torch's complex ``logsumexp``: the largest real part (0 when infinite) is taken out
+    before ``exp`` and added back after ``log``; unspecified elements add nothing."""
+    top = g.masked_reduce(v.real, m, "amax")
+    top = torch.where(torch.isinf(top) | ~specified, _full(0, top), top)
+    filled = fill(v, m, 0)  # Note [Fill before transform]
+    terms = fill((filled - g.expand(top)).exp(), m, 0)
+    return zero_unspecified(g.reduce(terms, "sum").log() + top, specified)
 
 
 def k_arg(g: Grouping, op: str, with_values: bool) -> Any:
@@ -445,10 +458,6 @@ def _var(op: Any, *args: Any, **kwargs: Any) -> Any:
 def _logsumexp(op: Any, *args: Any, **kwargs: Any) -> Any:
     a = A.bind(A.sig_logsumexp, args, kwargs, "logsumexp")
     mt = a["input"]
-    if dtype_of(mt).is_complex:
-        raise NotImplementedError(
-            f"logsumexp(): complex MaskedTensors ({dtype_of(mt)}) are not supported; compute "
-            f"it on plain tensors: torch.logsumexp(mt.to_tensor(float('-inf')), dim)")
     dims = A.normalize_dims(a["dim"], ndim_of(mt), "logsumexp")
     dtype, narrow = accumulate(A.result_dtype(torch.logsumexp, dtype_of(mt), 0))
     return run(op, "logsumexp", k_logsumexp, mt, dims,
