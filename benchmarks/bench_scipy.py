@@ -180,6 +180,36 @@ def cold_ratios(m: ReductionMatrix, rounds: int = 15) -> dict[str, float]:
     return out
 
 
+def numpy_compaction(mt: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The baseline of ``to_scipy`` for a CSR masked tensor: its specified entries compacted
+    in numpy -- the row pointers by one cumsum of the mask read at the old ones, the columns
+    and values by two gathers."""
+    s = mt._storage
+    crow, col = (t.numpy() for t in s.index)
+    mask = s.mask.numpy()
+    count = np.concatenate([[0], np.cumsum(mask)])
+    kept = np.flatnonzero(mask)
+    return s.values.numpy()[kept], col[kept], count[crow]
+
+
+def to_scipy_ratio(m: ReductionMatrix, rounds: int = 9) -> float:
+    """``ms.to_scipy(csr)`` ÷ :func:`numpy_compaction` of the same entries, medians of
+    ``rounds`` alternating calls in one run (target ≤ 1.5); checks both agree first."""
+    import time
+
+    a, (data, indices, indptr) = ms.to_scipy(m.csr), numpy_compaction(m.csr)
+    assert (np.array_equal(a.data, data) and np.array_equal(a.indices, indices)
+            and np.array_equal(a.indptr, indptr))
+    ours, base = [], []
+    for _ in range(rounds):
+        for fn, out in ((lambda: ms.to_scipy(m.csr), ours), (lambda: numpy_compaction(m.csr),
+                                                               base)):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    return float(np.median(ours) / np.median(base))
+
+
 def main() -> None:
     from benchmarks.harness import module_main
 

@@ -53,6 +53,14 @@ def grad_on(grad: Any, s: Storage) -> tuple[torch.Tensor, torch.Tensor]:
     return s.layout.gather(s, grad).expand_as(s.values), s.mask
 
 
+# torch's own message for a backward through a freed graph.
+_FREED = ("Trying to backward through the graph a second time (or directly access saved "
+          "tensors after they have already been freed). Saved intermediate values of the graph "
+          "are freed when you call .backward() or autograd.grad(). Specify retain_graph=True if "
+          "you need to backward through the graph a second time or if you need to access saved "
+          "tensors after calling backward.")
+
+
 class _OnValues(torch.autograd.Function):
     # Note [Functions for torch.func]: forward takes no ctx and hands its inner graph to
     # setup_context through ``box`` (a list), which is what torch.func transforms require.
@@ -94,6 +102,8 @@ class _OnValues(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads: Any) -> Any:
+        if ctx.outs is None:  # freed by an earlier backward without retain_graph
+            raise RuntimeError(_FREED)
         if torch.is_grad_enabled() and ctx.tensors is not None:  # create_graph=True
             return (None, None, None, *_backward_with_graph(ctx.fn, ctx.extra, ctx.tensors,
                                                             ctx.outs, grads))

@@ -38,6 +38,11 @@ def storage_from_tensors(data: torch.Tensor, mask: torch.Tensor, op: str) -> Sto
     if data.device != mask.device:
         raise ValueError(f"{op}: data is on {data.device} but mask is on {mask.device}; "
                          f"move them to one device")
+    if data.is_meta and data.layout != torch.strided:
+        raise NotImplementedError(
+            f"{op}: a {data.layout} MaskedTensor on the meta device is not supported: building "
+            f"its storage reads its indices (checks, coalescing), which meta tensors do not "
+            f"have; infer shapes with a strided meta MaskedTensor")
     if not torch.compiler.is_compiling():  # O(nnz) index checks (data-dependent: eager only)
         layouts.check_sparse_input(op, data=data, mask=mask)
     layout = layouts.get_layout(data.layout)

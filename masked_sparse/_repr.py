@@ -134,7 +134,7 @@ def summarize(values: torch.Tensor, mask: torch.Tensor, edge: int
 def sparse_summary(s: Storage, dtype: torch.dtype) -> str:
     """A summary line and the first stored entries (index: value or ``--``)."""
     count = 2 * PRINT_OPTS.edgeitems
-    coo = s.layout.to_coo(s) if s.layout.name != "sparse_coo" else s
+    coo = s.layout.to_coo(s)  # the COO layout returns the storage itself
     indices = coo.index[0][:, :count].t().tolist()
     values, mask = coo.values[:count], coo.mask[:count]
     fmt = _Numbers(values[mask])

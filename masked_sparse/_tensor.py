@@ -114,6 +114,9 @@ class MaskedTensor(torch.Tensor):
         if torch.compiler.is_compiling():  # fake / traced values: print no data (no sync)
             return (f"MaskedTensor(layout={s.layout.name}, shape={tuple(s.shape)}, "
                     f"dtype={s.values.dtype})")
+        if s.values.is_meta:  # no data to print, as torch prints ``tensor(..., device='meta')``
+            return (f"MaskedTensor(..., layout={s.layout.name}, shape={tuple(s.shape)}, "
+                    f"dtype={s.values.dtype}, device='meta')")
         with torch.no_grad():
             return storage_repr(self._storage, self.dtype)
 

@@ -24,7 +24,7 @@ on the plain input, specified everywhere -- exactly what ``torch.masked`` comput
 reduction (a row sum is torch's row sum). The masked route stays where the two differ: an
 empty input (its groups are empty: unspecified, not 0 or NaN); dtypes other than float32 /
 float64 (the masked ops order bools, refuse complex orders and non-float softmax with their
-own messages, give half-precision var / std in float32); and var / std, whose two passes
+own messages, accumulate half precision in float32); and var / std, whose two passes
 reproduce ``torch.masked``'s formula to the last bit where ``torch.var`` makes one pass.
 (``prod`` over all dims is the one result that can differ from ``torch.masked``'s in the last
 bits: it multiplies one dim at a time, a workaround for pytorch#56586.)
@@ -39,6 +39,7 @@ MaskedTensor(
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -112,9 +113,43 @@ def _mask_for(input: torch.Tensor, mask: Any, op: str) -> torch.Tensor:
                                              device=input.device))
     if mask.layout == torch.strided:
         return _stored_at(mask.expand(input.shape), input.layout)
+    if mask.shape != input.shape:
+        mask = _expand_sparse(mask, input.shape, op)
     if mask.layout != input.layout:  # sparse to sparse: O(nnz)
         return _stored_at(mask, input.layout)
     return mask
+
+
+def _expand_sparse(mask: torch.Tensor, shape: torch.Size, op: str) -> torch.Tensor:
+    """A sparse ``mask`` broadcast to ``shape`` as torch.masked broadcasts it: a sparse COO
+    mask storing each of its True elements at every position it broadcasts to (O(output
+    nnz), never dense).
+
+    >>> m = torch.tensor([[True], [False]]).to_sparse_coo()
+    >>> _expand_sparse(m, torch.Size([2, 3]), "sum").to_dense().tolist()
+    [[True, True, True], [False, False, False]]
+    """
+    if not _broadcasts(tuple(mask.shape), tuple(shape)):
+        raise ValueError(f"masked_sparse.functional.{op}: mask of shape {tuple(mask.shape)} "
+                         f"does not broadcast to the input's shape {tuple(shape)}")
+    coo = mask.to_sparse_coo().coalesce()
+    if coo.dense_dim():
+        coo = coo.to_dense().to_sparse_coo()  # hybrid: its dense dims become sparse ones
+    idx = coo.indices()[:, coo.values()]  # the True elements
+    lead = len(shape) - mask.dim()
+    idx = torch.cat([idx.new_zeros(lead, idx.shape[1]), idx])
+    for d, n in enumerate(shape):
+        if (mask.shape[d - lead] if d >= lead else 1) == 1 and n != 1:
+            k = idx.shape[1]
+            idx = idx.repeat_interleave(n, dim=1)
+            idx[d] = torch.arange(n, device=idx.device).repeat(k)
+    ones = torch.ones(idx.shape[1], dtype=torch.bool, device=idx.device)
+    return torch.sparse_coo_tensor(idx, ones, shape).coalesce()
+
+
+def _broadcasts(small: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    return len(small) <= len(shape) and all(
+        a in (1, b) for a, b in zip(small[::-1], shape[::-1]))
 
 
 def _stored_at(mask: torch.Tensor, layout: torch.layout) -> torch.Tensor:
@@ -147,15 +182,26 @@ def _all_dims(dim: Any, mt: MaskedTensor | torch.Tensor) -> Any:
 
 def prod(input: torch.Tensor, dim: Any = None, *, keepdim: bool = False,
          dtype: torch.dtype | None = None, mask: torch.Tensor | None = None) -> MaskedTensor:
-    """Product of the specified elements over one ``dim`` (all when None)."""
+    """Product of the specified elements over ``dim``: an int, a tuple of ints, or all
+    dims for None or ``()`` (as ``torch.masked.prod``).
+
+    >>> import torch, masked_sparse as ms
+    >>> x = torch.tensor([[1., 2.], [3., 4.]])
+    >>> ms.functional.prod(x, (0, 1), mask=torch.tensor([[True, False], [True, True]]))
+    MaskedTensor( 12.0000, True)
+    """
     mt = _masked(input, mask, "prod")
+    if isinstance(dim, (tuple, list)) and len(dim) == 1:
+        dim = dim[0]
+    if isinstance(mt, MaskedTensor) or not (dim is None or isinstance(dim, int)):
+        from .ops.reductions import _prod  # tuples of dims: torch.prod takes one int only
+
+        if not isinstance(mt, MaskedTensor):
+            mt = _masked(input, mask, "prod", plain=False)
+        return _specified(_prod(torch.prod, mt, _dims(dim), keepdim=keepdim, dtype=dtype))
     if dim is None:
         out = torch.prod(mt, dtype=dtype)
         return _specified(out.reshape((1,) * mt.dim()) if keepdim else out)
-    if isinstance(dim, (tuple, list)):
-        if len(dim) != 1:
-            raise TypeError(f"masked_sparse.functional.prod: dim must be one int, got {dim}")
-        dim = dim[0]
     return _specified(torch.prod(mt, dim, keepdim=keepdim, dtype=dtype))
 
 
@@ -307,3 +353,38 @@ def cumprod(input: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None,
 
 def _scan(op: str, input: Any, dim: int, dtype: Any, mask: Any) -> MaskedTensor:
     return _specified(getattr(torch, op)(_masked(input, mask, op), dim, dtype=dtype))
+
+
+# -- binary -------------------------------------------------------------------------------
+def logaddexp(input: torch.Tensor, other: torch.Tensor, *, dtype: torch.dtype | None = None,
+              input_mask: torch.Tensor | None = None,
+              other_mask: torch.Tensor | None = None) -> MaskedTensor:
+    """``log(exp(input) + exp(other))`` over the specified elements, as
+    ``torch.masked.logaddexp``: an unspecified operand counts as ``-inf`` (adds nothing).
+
+    The result is specified where either operand is (torch.masked returns ``-inf`` where
+    neither is); masks broadcast to their operands, operands to each other. Strided only,
+    as torch.masked: sparse operands raise ``NotImplementedError``.
+
+    >>> import torch, masked_sparse as ms
+    >>> ms.functional.logaddexp(torch.tensor([-100., -200., -300.]), torch.tensor([-1., -2., -3.]),
+    ...                         input_mask=torch.tensor([True, False, True]),
+    ...                         other_mask=torch.tensor([True, False, True]))
+    MaskedTensor(
+      [ -1.0000,       --,  -3.0000]
+    )
+    """
+    a = _masked(input, input_mask, "logaddexp", plain=False)
+    b = _masked(other, other_mask, "logaddexp", plain=False)
+    for x in (a, b):
+        if x.layout != torch.strided:
+            raise NotImplementedError(
+                f"masked_sparse.functional.logaddexp: strided operands only (as torch.masked), "
+                f"got a {x.layout} one; pass .to_dense()")
+    dtype = dtype or a.dtype
+    low = torch.full((), -math.inf, dtype=a.dtype)
+    fa = torch.where(a.get_mask(), a.get_data(), low)
+    fb = torch.where(b.get_mask(), b.get_data(), low.to(b.dtype))
+    out = torch.logaddexp(fa, fb).to(dtype)
+    mask = (a.get_mask() | b.get_mask()).expand(out.shape)
+    return as_masked_tensor(out, mask)

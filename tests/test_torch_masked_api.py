@@ -228,7 +228,7 @@ def test_is_sparse_coo_and_csr(layout):
     assert mt.is_sparse_csr() == (layout == torch.sparse_csr)
     assert bool(mt.is_sparse_csr) == (layout == torch.sparse_csr)  # torch's property form
     assert ref.is_sparse_coo() is False  # the methods mirror torch.masked's
-    assert mt.is_sparse == (layout == torch.sparse_coo)
+    assert mt.is_sparse == (layout != torch.strided)  # as torch.masked's is_sparse
 
 
 def test_requires_grad_warning_like_torch_masked():

@@ -101,7 +101,7 @@ def mark_zero_filled(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     >>> is_zero_filled(mark_zero_filled(torch.tensor([1., 0.]), m), m)
     True
     """
-    if not torch.compiler.is_compiling():
+    if not (torch.compiler.is_compiling() or values.is_inference()):  # no version counter
         _ZERO_FILLED[values] = (mask, values._version)
     return values
 
@@ -121,4 +121,5 @@ def is_zero_filled(values: torch.Tensor, mask: torch.Tensor) -> bool:
     so the worst case is one fill too many, never one too few.
     """
     tag = _ZERO_FILLED.get(values)
-    return tag is not None and tag[0] is mask and tag[1] == values._version
+    return (tag is not None and tag[0] is mask and not values.is_inference()
+            and tag[1] == values._version)

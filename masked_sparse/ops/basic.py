@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from layouts import Storage
+
 from .._registry import implements
 from .._tensor import MaskedTensor, _wrap
 from .pointwise import align, read_plain
@@ -36,7 +38,10 @@ def _layout(op: Any, mt: MaskedTensor) -> torch.layout:
 
 @implements(torch.Tensor.is_sparse.__get__)
 def _is_sparse(op: Any, mt: MaskedTensor) -> bool:
-    return mt._storage.layout.torch_layout is torch.sparse_coo and not _tracing()
+    """True for every layout that stores an index (COO, CSR, CSC, BSR, ...), as
+    ``torch.masked.MaskedTensor.is_sparse`` answers (a plain torch tensor says True for COO
+    only; ``mt.is_sparse_coo()`` / ``mt.layout`` tell the layouts apart)."""
+    return bool(mt._storage.index) and not _tracing()
 
 
 class LayoutFlag:
@@ -83,6 +88,11 @@ def _is_sparse_csr(op: Any, mt: MaskedTensor) -> LayoutFlag:
 # -- same pattern, new values --------------------------------------------------------------
 @implements(aten.detach.default, aten.alias.default)
 def _share(op: Any, mt: MaskedTensor) -> MaskedTensor:
+    if torch.is_inference_mode_enabled() and not mt.is_inference():
+        # torch gives the view of a normal tensor its input's version counter, which an
+        # inference tensor cannot take: build it as a normal tensor, as torch's views are
+        with torch.inference_mode(False):
+            return _wrap(mt._storage)
     return _wrap(mt._storage)
 
 
@@ -100,10 +110,29 @@ def _values_like(op: Any, mt: MaskedTensor, *args: Any, **kwargs: Any) -> Masked
 def _to_copy(op: Any, mt: MaskedTensor, **kwargs: Any) -> MaskedTensor:
     s = mt._storage
     kwargs = {k: v for k, v in kwargs.items() if k != "layout"}
-    values = op(s.values, **kwargs)
+    return _with_values_on(s, op(s.values, **kwargs))
+
+
+@implements(aten.to.dtype, aten.to.device, aten.to.dtype_layout)
+def _to(op: Any, mt: MaskedTensor, *args: Any, **kwargs: Any) -> MaskedTensor:
+    """``mt.to(...)`` reaching the aten level whole (under ``torch.inference_mode`` it is
+    not decomposed into ``_to_copy``): ``mt`` itself when nothing changes, as torch."""
+    s = mt._storage
+    kwargs = {k: v for k, v in kwargs.items() if k != "layout"}
+    values = op(s.values, *args, **kwargs)
+    return mt if values is s.values else _with_values_on(s, values)
+
+
+def _with_values_on(s: Storage, values: torch.Tensor) -> MaskedTensor:
+    """``s`` with new ``values``: index and mask moved to their device if it changed."""
     if values.device == s.values.device:
         return _wrap(s.with_values(values))
     dev = values.device
+    if dev.type == "meta" and s.index:
+        raise NotImplementedError(
+            f"MaskedTensor[{s.layout.name}] to(device='meta'): a {s.layout.name} MaskedTensor "
+            f"on the meta device is not supported (its ops read its indices); infer shapes "
+            f"with mt.to_dense().to('meta')")
     return _wrap(s.layout.build(tuple(i.to(dev) for i in s.index), values, s.mask.to(dev),
                                 s.shape))
 

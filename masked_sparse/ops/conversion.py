@@ -297,6 +297,12 @@ def to_layout(mt: MaskedTensor, layout: Any, **options: Any) -> MaskedTensor:
     s = mt._storage
     if s.layout is target and (not options or options == target.options_of(s)):
         return mt
+    if s.values.is_meta:
+        raise NotImplementedError(
+            f"converting a {s.layout.name} MaskedTensor on the meta device to {target.name}: "
+            f"which elements another layout stores depends on the mask's values, which meta "
+            f"tensors do not have; infer shapes in {s.layout.name}, or convert on a real "
+            f"device")
     if s.index:  # from a sparse layout, the result may grow with the shape (Note [Memory rule])
         check_fits(f"converting a {s.layout.name} MaskedTensor to {target.name}", target.name,
                    s.shape, s.values.numel(), s.values.dtype, s.values.device,

@@ -104,9 +104,13 @@ def _values_product(a: Operand, b: Operand, transpose_b: bool) -> torch.Tensor:
 
 def _any(mask: torch.Tensor, dim: int) -> torch.Tensor:
     """``mask.any(dim)`` as a uint8 ``amax`` (bool reductions are slow in torch), over the
-    stored elements only of a mask broadcast over some dims (the result broadcasts back)."""
+    stored elements only of a mask broadcast over some dims (the result broadcasts back).
+    Compiled code takes ``any``: Inductor's CPU code cannot vectorize the bool view of a
+    uint8 reduction, and fuses ``any`` itself."""
     if mask.shape[dim] == 0:  # an empty sum: no term
         return mask.new_zeros(mask.shape[:dim] + mask.shape[dim:][1:])
+    if torch.compiler.is_compiling():
+        return compact(mask).any(dim)
     return compact(mask).view(torch.uint8).amax(dim).view(torch.bool)
 
 

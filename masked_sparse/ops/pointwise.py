@@ -69,6 +69,12 @@ def align(func: Any, storages: list[Storage]) -> list[Storage]:
                 f"{op_name(func)}: MaskedTensor operands must have the same shape and layout, "
                 f"got {tuple(first.shape)} {first.layout.name} and {tuple(s.shape)} "
                 f"{s.layout.name}; convert with .to_dense() / .to_sparse_coo() first")
+    if torch.compiler.is_compiling() and backward_masks.in_backward():
+        # Traced backward (AOT autograd): comparing masks is data-dependent, and the
+        # backward rule gives the same masks whether or not they are equal.
+        combined = backward_masks.combine(func, storages, Storage.same_index)
+        if combined is not None:
+            return combined
     if all(_same_index(first, s) and _same_mask(first, s) for s in storages):
         return [Storage(first.layout, first.index, s.values, s.mask, s.shape) for s in storages]
     if first.index:

@@ -88,19 +88,53 @@ def _reduce(storages: list[Storage], key: Any, kernel: Kernel, dims: tuple[int, 
     return kernel(layouts.group_by(s, dims, keepdim), *extra)
 
 
+def _reduce_wide(storages: list[Storage], key: Any, kernel: Kernel, dims: tuple[int, ...],
+                 keepdim: bool, extra: tuple, narrow: torch.dtype) -> Any:
+    """:func:`_reduce` of the values in float32, floating results cast to ``narrow``
+    (Note [Half precision accumulates in float32]); differentiable through both casts."""
+    s = storages[0]
+    out = _reduce([s.with_values(s.values.float())], key, kernel, dims, keepdim, extra)
+    if isinstance(out, Storage):
+        return _narrow(out, narrow)
+    return tuple(_narrow(o, narrow) if isinstance(o, Storage) else o for o in out)
+
+
+def _narrow(s: Storage, dtype: torch.dtype) -> Storage:
+    return s.with_values(s.values.to(dtype)) if s.values.is_floating_point() else s
+
+
+def accumulate(dtype: torch.dtype | None) -> tuple[torch.dtype | None, torch.dtype | None]:
+    """``(compute dtype, dtype to return)`` of a reduction whose result has ``dtype``.
+
+    Note [Half precision accumulates in float32]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A float16 sum of a thousand 200s overflows (its max is 65504) and bfloat16 keeps 8 bits
+    of mantissa, so torch accumulates both in float32 and returns the input's dtype. Sums,
+    means, ``var`` / ``std``, norms, ``logsumexp`` and ``softmax`` do the same here, on every
+    layout: the values are read as float32 (a layout's own kernel included), the results
+    cast back. ``accumulate(torch.float16)`` is ``(torch.float32, torch.float16)``; other
+    dtypes compute as they are, ``(dtype, None)``.
+    """
+    if dtype in (torch.float16, torch.bfloat16):
+        return torch.float32, dtype
+    return dtype, None
+
+
 def run(op: Any, name: str, kernel: Kernel, mt: MaskedTensor, dims: tuple[int, ...],
-        keepdim: bool, *extra: Any) -> Any:
+        keepdim: bool, *extra: Any, narrow: torch.dtype | None = None) -> Any:
     """Reduction ``name`` of ``mt``: the layout's ``reduction[KEYS[name]]`` kernel, else
-    ``kernel(grouping, *extra)``; Storage outputs are wrapped.
+    ``kernel(grouping, *extra)``; Storage outputs are wrapped. With ``narrow`` the values
+    are reduced in float32 and the results cast to ``narrow`` (:func:`accumulate`).
 
     A Python-level ``op`` runs through ``on_values`` (gradients carry ``mt``'s mask); an
     aten overload (called below autograd, from C++) runs forward only.
     """
     key = KEYS.get(name)  # None: an op without an aten overload (functional.normalize)
+    fn, extra2 = (_reduce, ()) if narrow is None else (_reduce_wide, (narrow,))
     if not is_aten(op):
-        return on_values(_reduce, [mt], key, kernel, dims, keepdim, extra)
+        return on_values(fn, [mt], key, kernel, dims, keepdim, extra, *extra2)
     with torch.no_grad():
-        out = _reduce([mt._storage], key, kernel, dims, keepdim, extra)
+        out = fn([mt._storage], key, kernel, dims, keepdim, extra, *extra2)
     if isinstance(out, Storage):
         return _wrap(out)
     return tuple(_wrap(o) if isinstance(o, Storage) else o for o in out)
@@ -221,7 +255,20 @@ def k_var(g: Grouping, correction: float, std: bool, with_mean: bool) -> Any:
 def k_logsumexp(g: Grouping, dtype: torch.dtype) -> Storage:
     v, m = source(g, dtype)
     specified = g.reduce(m, "any")
+    if v.is_complex():
+        return g.build(_complex_logsumexp(g, v, m, specified), specified)
     return g.build(g.masked_logsumexp(v, m, specified), specified)
+
+
+def _complex_logsumexp(g: Grouping, v: torch.Tensor, m: torch.Tensor,
+                       specified: torch.Tensor) -> torch.Tensor:
+    """torch's complex ``logsumexp``: the largest real part (0 when infinite) is taken out
+    before ``exp`` and added back after ``log``; unspecified elements add nothing."""
+    top = g.masked_reduce(v.real, m, "amax")
+    top = torch.where(torch.isinf(top) | ~specified, _full(0, top), top)
+    filled = fill(v, m, 0)  # Note [Fill before transform]
+    terms = fill((filled - g.expand(top)).exp(), m, 0)
+    return zero_unspecified(g.reduce(terms, "sum").log() + top, specified)
 
 
 def k_arg(g: Grouping, op: str, with_values: bool) -> Any:
@@ -236,10 +283,10 @@ def k_arg(g: Grouping, op: str, with_values: bool) -> Any:
 def k_median(g: Grouping, nan: bool, with_index: bool) -> Any:
     """The lower median of the specified elements (torch's choice); NaN wins unless ``nan``."""
     v, m = source(g, None, nan)
-    count = g.reduce(m, "sum")
+    count = g.reduce(m, "sum").long()  # over no dim (a 0-d input) the sum is the bool mask
     rank = (count - 1).div(2, rounding_mode="floor")
     if v.is_floating_point():  # NaN sorts last; torch returns the first NaN
-        nans = g.reduce(m & torch.isnan(v), "sum")
+        nans = g.reduce(m & torch.isnan(v), "sum").long()
         rank = torch.where(nans > 0, count - nans, rank)
     value, position = g.select(v, m, rank.clamp(min=0))
     specified = count > 0
@@ -262,8 +309,9 @@ def _summing(op: Any, *args: Any, **kwargs: Any) -> Any:
     dtype = A.result_dtype(getattr(torch, name), dtype_of(mt),
                            dtype=A.check_dtype(a["dtype"], name))
     kernel = k_mean if name.endswith("mean") else k_sum
+    dtype, narrow = accumulate(dtype)
     return run(op, name, kernel, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), dtype,
-               name.startswith("nan"))
+               name.startswith("nan"), narrow=narrow)
 
 
 @implements(torch.prod, torch.Tensor.prod, aten.prod.default, aten.prod.dim_int)
@@ -358,8 +406,9 @@ def _norm_impl(op: Any, mt: MaskedTensor, ord: Any, dim: Any, keepdim: Any, dtyp
     dtype = A.check_dtype(dtype, name)
     out_dtype = A.result_dtype(torch.linalg.vector_norm, dtype_of(mt), ord, dtype=dtype)
     dims = A.normalize_dims(dim, ndim_of(mt), name)
+    wide, narrow = accumulate(out_dtype)
     return run(op, "vector_norm", k_norm, mt, dims, A.check_bool(keepdim, "keepdim", name),
-               float(ord), dtype, out_dtype)
+               float(ord), wide if narrow else dtype, wide, narrow=narrow)
 
 
 @implements(torch.linalg.vector_norm, aten.linalg_vector_norm.default)
@@ -400,7 +449,8 @@ def _var(op: Any, *args: Any, **kwargs: Any) -> Any:
     A.result_dtype(torch.var, dtype_of(mt))  # torch's dtype check (floating / complex only)
     dims = A.normalize_dims(dim, ndim_of(mt), name)
     return run(op, name, k_var, mt, dims, A.check_bool(a["keepdim"], "keepdim", name),
-               float(correction), name.startswith("std"), name.endswith("_mean"))
+               float(correction), name.startswith("std"), name.endswith("_mean"),
+               narrow=accumulate(dtype_of(mt))[1])
 
 
 @implements(torch.logsumexp, torch.Tensor.logsumexp, torch.special.logsumexp,
@@ -409,9 +459,9 @@ def _logsumexp(op: Any, *args: Any, **kwargs: Any) -> Any:
     a = A.bind(A.sig_logsumexp, args, kwargs, "logsumexp")
     mt = a["input"]
     dims = A.normalize_dims(a["dim"], ndim_of(mt), "logsumexp")
-    dtype = A.result_dtype(torch.logsumexp, dtype_of(mt), 0)
+    dtype, narrow = accumulate(A.result_dtype(torch.logsumexp, dtype_of(mt), 0))
     return run(op, "logsumexp", k_logsumexp, mt, dims,
-               A.check_bool(a["keepdim"], "keepdim", "logsumexp"), dtype)
+               A.check_bool(a["keepdim"], "keepdim", "logsumexp"), dtype, narrow=narrow)
 
 
 @implements(torch.median, torch.Tensor.median, aten.median.default, aten.median.dim,

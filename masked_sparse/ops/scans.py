@@ -61,9 +61,9 @@ def k_scan(storages: list[Storage], op: str, dim: int, dtype: torch.dtype | None
     """``op`` along ``dim`` over the specified elements; the indices of cummax/cummin."""
     s = storages[0]
     v = s.values if dtype is None or s.values.dtype == dtype else s.values.to(dtype)
-    if s.values.dim() == 0:  # a 0-d tensor is one line of one element
-        cum_arg = op in ("cummax", "cummin")
-        out, idx = v, torch.zeros((), dtype=torch.long, device=v.device) if cum_arg else None
+    if len(s.shape) == 0:  # a 0-d tensor (sparse: 0 or 1 stored) is one line of one element
+        out, idx = v, (torch.zeros(v.shape, dtype=torch.long, device=v.device)
+                       if op in ("cummax", "cummin") else None)
     else:
         out, idx = layouts.lines_along(s, dim).scan(fill(v, s.mask, _identity(op, v.dtype)),
                                                     op)

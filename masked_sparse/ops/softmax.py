@@ -32,7 +32,7 @@ from .._registry import implements, op_name
 from .._tensor import dtype_of, ndim_of
 from . import reductions_args as A
 from ._fill import mark_zero_filled, zero_fill
-from .reductions import run, source
+from .reductions import accumulate, run, source
 
 
 def k_softmax(g: Grouping, dtype: torch.dtype | None, log: bool) -> Storage:
@@ -73,4 +73,6 @@ def _softmax(op: Any, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"{name}(): expected a floating point MaskedTensor, got {compute}; "
                         f"pass dtype=torch.float32")
     dims = A.one_dim(dim, ndim_of(mt), name)
-    return run(op, name, k_softmax, mt, dims, True, dtype, name == "log_softmax")
+    wide, narrow = accumulate(compute)  # Note [Half precision accumulates in float32]
+    return run(op, name, k_softmax, mt, dims, True, wide if narrow else dtype,
+               name == "log_softmax", narrow=narrow)
