@@ -110,16 +110,36 @@ def _any(mask: torch.Tensor, dim: int) -> torch.Tensor:
     return compact(mask).view(torch.uint8).amax(dim).view(torch.bool)
 
 
-def _as_counts(x: Storage, dtype: torch.dtype) -> Storage:
-    return x.with_values(x.mask.to(dtype))
+def _as_counts(x: Storage, dtype: torch.dtype, keep: int) -> Operand:
+    """``x``'s mask as 0/1 numbers: a sparse storage over its own pattern, a strided mask
+    with its broadcast dims cut to size 1 except ``keep``, the summed one (Note [Output mask
+    of two masked factors])."""
+    if x.index:
+        return x.with_values(x.mask.to(dtype))
+    mask = x.mask
+    for d in range(mask.dim()):
+        if d != keep % mask.dim() and mask.stride(d) == 0 and mask.shape[d] > 1:
+            mask = mask.narrow(d, 0, 1)
+    return mask.to(dtype)
 
 
 def _output_mask(a: Operand, b: Operand, transpose_b: bool, shape: torch.Size,
                  dtype: torch.dtype) -> torch.Tensor:
-    """Where the product has at least one term (Note [Products by zero filling])."""
+    """Where the product has at least one term (Note [Products by zero filling]).
+
+    Note [Output mask of two masked factors]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    With two masked factors the output mask is the boolean product of the masks, computed
+    as a product of 0/1 counts. A strided mask broadcast over some dims -- the output of a
+    masked layer is specified per feature, the same for every sample of the batch -- is
+    multiplied at its stored size (its stride-0 dims cut to 1, the summed dim kept), and the
+    counts broadcast back: for ``linear(h, W)`` after a masked layer that is one vector
+    times ``W``'s pattern instead of a second product as large as the layer's own.
+    """
     if isinstance(a, Storage) and isinstance(b, Storage):
-        counts = _values_product(_as_counts(a, dtype), _as_counts(b, dtype), transpose_b)
-        return counts > 0
+        counts = _values_product(_as_counts(a, dtype, -1),
+                                 _as_counts(b, dtype, -1 if transpose_b else -2), transpose_b)
+        return (counts > 0).expand(shape)
     if isinstance(a, Storage):  # rows of a that hold a specified element
         rows = layouts.specified_lines(a, 0) if a.index else _any(a.mask, -1)
         return rows.unsqueeze(-1).expand(shape)
