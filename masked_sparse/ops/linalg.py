@@ -152,11 +152,13 @@ def _output_mask(a: Operand, b: Operand, transpose_b: bool, shape: torch.Size,
 
 
 def _product(operands: list[Operand], transpose_b: bool) -> Storage:
-    a, b = (_zero_filled(x) for x in operands)
+    a, b = (_zero_filled(x) for x in operands[:2])
     if _is_sparse(a) and _is_sparse(b):
         out = layouts.sparse_sparse_mm(a, b, transpose_b)
         return out if a.layout.options_of(a) else a.layout.from_coo(out)
     values = _values_product(a, b, transpose_b)
+    if len(operands) == 3:  # linear's plain bias, added in the product's graph
+        values = values + operands[2]
     count_dtype = torch.float64 if values.dtype == torch.float64 else torch.float32
     mask = _output_mask(operands[0], operands[1], transpose_b, values.shape, count_dtype)
     return _STRIDED.build((), values, mask, values.shape)
@@ -184,8 +186,10 @@ def _check_operand(op: str, x: Any, what: str) -> None:
             f"the batch")
 
 
-def matmul(op: str, a: torch.Tensor, b: torch.Tensor, transpose_b: bool = False) -> Any:
-    """The masked product ``a @ b`` (``a @ b.mT``) of operands with at least 2 dims."""
+def matmul(op: str, a: torch.Tensor, b: torch.Tensor, transpose_b: bool = False,
+           bias: torch.Tensor | None = None) -> Any:
+    """The masked product ``a @ b`` (``a @ b.mT``) of operands with at least 2 dims, plus a
+    plain ``bias`` on the specified outputs (Note [Linear's bias])."""
     _check_operand(op, a, "the first operand")
     _check_operand(op, b, "the second operand")
     if a.dtype != b.dtype:  # ValueError: operators turn a TypeError into NotImplemented
@@ -200,17 +204,18 @@ def matmul(op: str, a: torch.Tensor, b: torch.Tensor, transpose_b: bool = False)
                for x, y in zip(reversed(a.shape[:-2]), reversed(b_shape[:-2]))):
         raise ValueError(f"{op}(): batch dimensions do not broadcast: {_describe(a)} and "
                          f"{_describe(b)}")
-    return on_values(_product, [a, b], transpose_b)
+    return on_values(_product, [a, b] if bias is None else [a, b, bias], transpose_b)
 
 
-def _vector_matmul(op: str, a: torch.Tensor, b: torch.Tensor, transpose_b: bool = False) -> Any:
+def _vector_matmul(op: str, a: torch.Tensor, b: torch.Tensor, transpose_b: bool = False,
+                   bias: torch.Tensor | None = None) -> Any:
     """``matmul`` with torch's 1-D rules: a vector is a row (left) or a column (right)."""
     if a.dim() == 0 or b.dim() == 0:
         raise ValueError(f"{op}(): both arguments need at least 1 dimension, got "
                          f"{_describe(a)} and {_describe(b)}")
     left, right = a.dim() == 1, b.dim() == 1
     out = matmul(op, a.unsqueeze(0) if left else a, b.unsqueeze(-1) if right else b,
-                 transpose_b and not right)
+                 transpose_b and not right, None if right else bias)
     if right:
         out = out.squeeze(-1)
     if left:
@@ -296,8 +301,24 @@ def linear(op: Any, input: torch.Tensor, weight: torch.Tensor, bias: Any = None)
     """``input @ weight.T + bias``; a sparse weight is multiplied without transposing it."""
     if weight.dim() not in (1, 2):
         raise ValueError(f"linear(): weight must be 1-D or 2-D, got {_describe(weight)}")
+    if _folds(bias, input, weight):
+        return _vector_matmul("linear", input, weight, True, bias)
     out = _vector_matmul("linear", input, weight, transpose_b=weight.dim() == 2)
     return _add_input("linear", out, bias, 1, 1)
+
+
+def _folds(bias: Any, input: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Note [Linear's bias]
+    ~~~~~~~~~~~~~~~~~~~~~~~
+    A plain bias of ``F.linear`` -- a vector over the output features, what ``nn.Linear``
+    holds -- is added to the product's values inside the product's own graph, so it takes
+    the product's mask and gets a *plain* gradient (the sum of the incoming gradient over
+    the specified outputs, 0 elsewhere) from torch's autograd, like the parameter it is. As
+    a separate masked add it would get a MaskedTensor gradient through a masked reduction.
+    """
+    return (type(bias) in (torch.Tensor, torch.nn.Parameter) and bias.layout == torch.strided
+            and weight.dim() == 2 and bias.dim() == 1 and bias.shape[0] == weight.shape[0]
+            and bias.dtype == weight.dtype == input.dtype and input.dim() >= 1)
 
 
 @implements(torch.einsum)

@@ -60,8 +60,8 @@ from torch.optim import adam as _torch_adam
 from torch.optim import sgd as _torch_sgd
 
 from .._tensor import MaskedTensor
-from ._dense import has_complex, pick, split, switches
 from . import _strided
+from ._dense import has_complex, pick, split, switches
 from ._scatter import add_at_, grad_for, read_at
 
 __all__ = ["adagrad", "adam", "sgd", "sparse_adam"]
