@@ -56,7 +56,7 @@ class _ZeroFill(torch.autograd.Function):
         (mask,) = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph: stay differentiable (Note [Double backward])
             return torch.where(mask, grad, torch.zeros((), dtype=grad.dtype)), None
-        return _bitwise_zero_fill(grad, mask), None
+        return mark_zero_filled(_bitwise_zero_fill(grad, mask), mask), None
 
 
 def zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
