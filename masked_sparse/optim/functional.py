@@ -60,7 +60,7 @@ from torch.optim import adam as _torch_adam
 from torch.optim import sgd as _torch_sgd
 
 from .._tensor import MaskedTensor
-from . import _strided
+from . import _same_pattern
 from ._dense import has_complex, pick, split, switches
 from ._scatter import add_at_, grad_for, read_at
 
@@ -81,15 +81,15 @@ def _is_plain_coo_pair(param: torch.Tensor, grad: object) -> bool:
             and grad.shape == param.shape)
 
 
-def _strided_ready(params: list[torch.Tensor], full: list[int],
+def _same_pattern_ready(params: list[torch.Tensor], full: list[int],
                    states: list[list[torch.Tensor | None]]) -> tuple[list[int], list[int]]:
     """``(ready, held)`` of ``full``: the parameters whose ``states`` are 0 at every
-    unspecified entry (Note [Strided masked parameters]), and the others."""
+    unspecified entry (Note [Gradients over the parameter's pattern]), and the others."""
     ready: list[int] = []
     held: list[int] = []
     for i in full:
-        mask = _strided.target_and_mask(params[i])[1]
-        (ready if all(_strided.zero_outside(st[i], mask) for st in states) else held).append(i)
+        mask = _same_pattern.target_and_mask(params[i])[1]
+        (ready if all(_same_pattern.zero_outside(st[i], mask) for st in states) else held).append(i)
     return ready, held
 
 
@@ -120,10 +120,10 @@ def adagrad(params: list[torch.Tensor], grads: list[torch.Tensor],
                                **switches(foreach, fused, lr), lr=lr,
                                weight_decay=weight_decay, lr_decay=lr_decay, eps=eps,
                                maximize=maximize)
-    full, lazy = _strided.full_pairs(params, grads, lazy)
-    if full:  # Note [Strided masked parameters]: a zero gradient moves nothing
-        targets = [_strided.target_and_mask(params[i])[0] for i in full]
-        filled = [_strided.filled_grad(params[i], grads[i], negate=maximize,
+    full, lazy = _same_pattern.full_pairs(params, grads, lazy)
+    if full:  # Note [Gradients over the parameter's pattern]: a zero gradient moves nothing
+        targets = [_same_pattern.target_and_mask(params[i])[0] for i in full]
+        filled = [_same_pattern.filled_grad(params[i], grads[i], negate=maximize,
                                        weight_decay=weight_decay) for i in full]
         _torch_adagrad.adagrad(targets, filled, pick(state_sums, full),
                                pick(state_steps, full), **switches(foreach, fused, lr),
@@ -176,20 +176,20 @@ def sgd(params: list[torch.Tensor], d_p_list: list[torch.Tensor],
                        maximize=maximize)
         for i, buf in zip(dense, buffers):
             momentum_buffer_list[i] = buf
-    full, lazy = _strided.full_pairs(params, d_p_list, lazy)
-    full, held = _strided_ready(params, full, [momentum_buffer_list] if momentum else [])
+    full, lazy = _same_pattern.full_pairs(params, d_p_list, lazy)
+    full, held = _same_pattern_ready(params, full, [momentum_buffer_list] if momentum else [])
     lazy = sorted(lazy + held)
-    if full:  # Note [Strided masked parameters]
+    if full:  # Note [Gradients over the parameter's pattern]
         buffers = pick(momentum_buffer_list, full)
-        filled = [_strided.filled_grad(params[i], d_p_list[i], negate=maximize,
+        filled = [_same_pattern.filled_grad(params[i], d_p_list[i], negate=maximize,
                                        weight_decay=weight_decay) for i in full]
-        _torch_sgd.sgd([_strided.target_and_mask(params[i])[0] for i in full], filled,
+        _torch_sgd.sgd([_same_pattern.target_and_mask(params[i])[0] for i in full], filled,
                        buffers, **switches(foreach, fused, lr), weight_decay=0,
                        momentum=momentum, lr=lr, dampening=dampening, nesterov=nesterov,
                        maximize=False)
         for i, buf in zip(full, buffers):
             momentum_buffer_list[i] = buf
-            _strided.mark(buf, _strided.target_and_mask(params[i])[1])
+            _same_pattern.mark(buf, _same_pattern.target_and_mask(params[i])[1])
     lr = float(lr)
     for i in lazy:
         param, grad = params[i], d_p_list[i]
@@ -247,16 +247,16 @@ def adam(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[t
                          decoupled_weight_decay=decoupled_weight_decay, amsgrad=amsgrad,
                          beta1=beta1, beta2=beta2, lr=lr, weight_decay=weight_decay, eps=eps,
                          maximize=maximize)
-    full, lazy = _strided.full_pairs(params, grads, lazy)
-    full, held = _strided_ready(params, full, [exp_avgs, exp_avg_sqs])
+    full, lazy = _same_pattern.full_pairs(params, grads, lazy)
+    full, held = _same_pattern_ready(params, full, [exp_avgs, exp_avg_sqs])
     lazy = sorted(lazy + held)
-    if full:  # Note [Strided masked parameters]
-        targets, masks = zip(*(_strided.target_and_mask(params[i]) for i in full))
+    if full:  # Note [Gradients over the parameter's pattern]
+        targets, masks = zip(*(_same_pattern.target_and_mask(params[i]) for i in full))
         if decoupled_weight_decay and weight_decay != 0:
             torch._foreach_mul_(list(targets), [
-                _strided.decay_factor(m, 1 - lr * weight_decay, t)
+                _same_pattern.decay_factor(m, 1 - lr * weight_decay, t)
                 for t, m in zip(targets, masks)])
-        filled = [_strided.filled_grad(params[i], grads[i], negate=maximize,
+        filled = [_same_pattern.filled_grad(params[i], grads[i], negate=maximize,
                                        weight_decay=0 if decoupled_weight_decay
                                        else weight_decay) for i in full]
         _torch_adam.adam(list(targets), filled, pick(exp_avgs, full), pick(exp_avg_sqs, full),
@@ -266,8 +266,8 @@ def adam(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[t
                          amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=lr, weight_decay=0,
                          eps=eps, maximize=False)
         for i, mask in zip(full, masks):
-            _strided.mark(exp_avgs[i], mask)
-            _strided.mark(exp_avg_sqs[i], mask)
+            _same_pattern.mark(exp_avgs[i], mask)
+            _same_pattern.mark(exp_avg_sqs[i], mask)
     lr, beta1, beta2 = float(lr), float(beta1), float(beta2)
     for i in lazy:
         param, g = grad_for(params[i], grads[i], "adam")

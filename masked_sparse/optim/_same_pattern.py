@@ -1,14 +1,15 @@
-"""Strided masked parameters through torch's multi-tensor optimizers.
+"""Masked parameters whose gradient has their own pattern, through torch's multi-tensor
+optimizers.
 
-Note [Strided masked parameters]
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-A MaskedTensor parameter that stores every position (strided: its values *are* the dense
-weight) with a gradient over the very same mask object -- what autograd gives it -- is the
-dense algorithm on the specified entries and nothing elsewhere (Note [Lazy updates]). That
-is torch's own multi-tensor step (``torch.optim.adam.adam`` & co., ``foreach``) on the dense
-values, given a gradient that is 0 at the unspecified entries -- the mask applied once per
-step, one exact fill (:func:`filled_grad`) -- provided an entry with a zero gradient does not
-move:
+Note [Gradients over the parameter's pattern]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A MaskedTensor parameter whose gradient is stored over the very same index and mask objects
+-- what autograd gives it, in any layout -- is updated elementwise over its stored values:
+the dense algorithm on the specified entries and nothing elsewhere (Note [Lazy updates]).
+That is torch's own multi-tensor step (``torch.optim.adam.adam`` & co., ``foreach``) on the
+values tensor (for a strided parameter the dense weight itself, for CSR its ``nnz`` values),
+given a gradient that is 0 at the unspecified entries -- the mask applied once per step, one
+exact fill (:func:`filled_grad`) -- provided an entry with a zero gradient does not move:
 
 - SGD without momentum, Adagrad: ``param += 0`` and ``sum += 0 * 0`` leave it as it is.
 - Adam's moments decay (``m *= beta1``): they must already be 0 there, and then the update
@@ -24,7 +25,7 @@ move:
 So on the specified entries the numbers are torch's on the dense weights (the tests compare
 against ``torch.optim`` at 1e-5 and hold the unspecified entries, values and states,
 exactly fixed), at torch's speed (``benchmarks/bench_training.py``). Anything else -- a
-gradient with another mask, a sparse parameter, a state that is not 0 where it must be --
+gradient with another pattern or mask, a state that is not 0 where it must be --
 takes the lazy masked path of :mod:`.functional`.
 
 >>> import torch, masked_sparse as ms
@@ -53,17 +54,16 @@ _FACTORS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # mask -> (version, value
 
 def full_pairs(params: Sequence[torch.Tensor], grads: Sequence[Any],
                positions: list[int]) -> tuple[list[int], list[int]]:
-    """``(full, rest)`` of ``positions``: the MaskedTensor parameters that store every
-    position whose gradient is a MaskedTensor over the same index and mask objects (Note
-    [Strided masked parameters]), and all the others."""
+    """``(full, rest)`` of ``positions``: the MaskedTensor parameters whose gradient is a
+    MaskedTensor over the same index and mask objects (Note [Gradients over the parameter's
+    pattern]), and all the others."""
     full: list[int] = []
     rest: list[int] = []
     for i in positions:
         p, g = params[i], grads[i]
         if isinstance(p, MaskedTensor) and isinstance(g, MaskedTensor):
             ps, gs = p._storage, g._storage
-            if (not ps.index and not gs.index and gs.mask is ps.mask
-                    and ps.values.shape == ps.shape and gs.values.shape == ps.shape
+            if (gs.mask is ps.mask and ps.same_index(gs) and gs.values.shape == ps.values.shape
                     and gs.values.dtype == ps.values.dtype and not ps.values.is_complex()):
                 full.append(i)
                 continue

@@ -1,4 +1,5 @@
-"""ms.optim over strided MaskedTensor parameters (Note [Strided masked parameters]).
+"""ms.optim over MaskedTensor parameters whose gradient has their pattern (Note [Gradients
+over the parameter's pattern]): strided, COO, CSR.
 
 Reference: the torch.optim class (``foreach=True``) on the dense weights, given the gradient
 where the mask is specified and 0 elsewhere. Every torch optimizer is elementwise, so on
@@ -52,38 +53,44 @@ def _reference(torch_cls, kwargs, start, mask, weights):
     return w.detach()
 
 
-def _masked_run(cls, kwargs, start, mask, weights, data_fill=float("nan")):
+def _masked_run(cls, kwargs, start, mask, weights, data_fill=float("nan"),
+                layout=torch.strided):
     # NaN under the mask: unspecified values must reach neither the step nor the result.
     data = torch.where(mask, start, start)  # a copy
-    param = torch.nn.Parameter(ms.masked_tensor(data, mask))
+    param = torch.nn.Parameter(ms.to_layout(ms.masked_tensor(data, mask), layout))
     opt = cls([param], **kwargs)
     for weight in weights:
         opt.zero_grad()
         (param * weight.masked_fill(~mask, data_fill)).sum().backward()
-        assert ms.is_masked_tensor(param.grad) and param.grad.layout == torch.strided
+        assert ms.is_masked_tensor(param.grad) and param.grad.layout == layout
+        assert param.grad._storage.mask is param._storage.mask
         opt.step()
     return param, opt
 
 
+@pytest.mark.parametrize("layout", [torch.strided, torch.sparse_coo, torch.sparse_csr],
+                         ids=["strided", "coo", "csr"])
 @pytest.mark.parametrize("config", list(CONFIGS))
-def test_strided_masked_parameter_matches_torch_on_dense_weights(config):
+def test_masked_parameter_matches_torch_on_dense_weights(config, layout):
     cls, torch_cls, kwargs = CONFIGS[config]
     start, mask, weights = _data()
     ref = _reference(torch_cls, kwargs, start, mask, weights)
-    param, _ = _masked_run(cls, kwargs, start, mask, weights)
-    got = param._storage.values.detach()
+    param, _ = _masked_run(cls, kwargs, start, mask, weights, layout=layout)
+    got = param.detach().to_tensor(0)
+    got = got.to_dense() if got.layout != torch.strided else got
     torch.testing.assert_close(got[mask], ref[mask], rtol=1e-5, atol=1e-5)
     assert not torch.equal(got[mask], start[mask])
-    assert torch.equal(got[~mask], start[~mask])  # held exactly
-    assert param._storage.mask is mask or torch.equal(param._storage.mask, mask)
+    if layout == torch.strided:
+        assert torch.equal(param._storage.values.detach()[~mask], start[~mask])  # held
 
 
+@pytest.mark.parametrize("layout", [torch.strided, torch.sparse_csr], ids=["strided", "csr"])
 @pytest.mark.parametrize("config", ["adam", "sgd-momentum-decay", "adagrad", "adamw"])
-def test_strided_masked_step_is_torch_multi_tensor_step(config):
+def test_masked_step_is_torch_multi_tensor_step(config, layout):
     """The step runs torch's foreach kernels on the values, no masked op per element."""
     cls, _, kwargs = CONFIGS[config]
     start, mask, weights = _data(1)
-    param, opt = _masked_run(cls, kwargs, start, mask, weights[:2])
+    param, opt = _masked_run(cls, kwargs, start, mask, weights[:2], layout=layout)
     (param * weights[2]).sum().backward()
     with profile() as prof:
         opt.step()
