@@ -54,7 +54,7 @@ from layouts import Storage
 from .._autograd import on_values
 from .._registry import implements
 from .._tensor import MaskedTensor
-from ._fill import compact, is_zero_filled, zero_fill
+from ._fill import all_specified, compact, is_zero_filled, zero_fill
 
 Operand = Storage | torch.Tensor
 _STRIDED = layouts.get_layout(torch.strided)
@@ -66,7 +66,8 @@ def _is_sparse(x: Operand) -> bool:
 
 
 def _zero_filled(x: Operand) -> Operand:
-    if not isinstance(x, Storage) or is_zero_filled(x.values, x.mask):
+    if (not isinstance(x, Storage) or is_zero_filled(x.values, x.mask)
+            or all_specified(x.mask)):  # nothing to fill: one pass and its backward saved
         return x
     return x.with_values(zero_fill(x.values, x.mask))
 
