@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
 import layouts
 from layouts import Storage
@@ -103,12 +104,28 @@ def _values_product(a: Operand, b: Operand, transpose_b: bool) -> torch.Tensor:
     return torch.matmul(_dense(a), _dense(b, transpose_b))
 
 
+_LINES: WeakIdKeyDictionary = WeakIdKeyDictionary()  # mask -> {dim: (version, lines)}
+
+
 def _any(mask: torch.Tensor, dim: int) -> torch.Tensor:
     """``mask.any(dim)`` as a uint8 ``amax`` (bool reductions are slow in torch), over the
-    stored elements only of a mask broadcast over some dims (the result broadcasts back)."""
+    stored elements only of a mask broadcast over some dims (the result broadcasts back).
+
+    A weight's mask is the same object from step to step: for a large one the answer is
+    kept per mask object, dim and version (as :func:`._fill.all_specified`)."""
     if mask.shape[dim] == 0:  # an empty sum: no term
         return mask.new_zeros(mask.shape[:dim] + mask.shape[dim:][1:])
-    return compact(mask).view(torch.uint8).amax(dim).view(torch.bool)
+    keep = (mask.numel() > 1 << 14 and not mask.is_inference()
+            and not torch.compiler.is_compiling()
+            and not torch._C._are_functorch_transforms_active())
+    if keep:
+        entry = _LINES.get(mask, {}).get(dim)
+        if entry is not None and entry[0] == mask._version:
+            return entry[1]
+    lines = compact(mask).view(torch.uint8).amax(dim).view(torch.bool)
+    if keep:
+        _LINES.setdefault(mask, {})[dim] = (mask._version, lines)
+    return lines
 
 
 def _as_counts(x: Storage, dtype: torch.dtype, keep: int) -> Operand:
@@ -137,6 +154,12 @@ def _output_mask(a: Operand, b: Operand, transpose_b: bool, shape: torch.Size,
     counts broadcast back: for ``linear(h, W)`` after a masked layer that is one vector
     times ``W``'s pattern instead of a second product as large as the layer's own.
     """
+    if isinstance(a, Storage) and isinstance(b, Storage):
+        # A strided factor specified everywhere adds no condition: the mask is the other's.
+        if not a.index and all_specified(a.mask):
+            a = a.values
+        elif not b.index and all_specified(b.mask):
+            b = b.values
     if isinstance(a, Storage) and isinstance(b, Storage):
         counts = _values_product(_as_counts(a, dtype, -1),
                                  _as_counts(b, dtype, -1 if transpose_b else -2), transpose_b)
