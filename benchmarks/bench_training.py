@@ -105,19 +105,25 @@ def _stepper(opt: torch.optim.Optimizer) -> Callable[[], None]:
     return opt.step
 
 
+def _with_grads(weights: list, masks: list, biases: list, x: torch.Tensor, y: torch.Tensor,
+                masked: bool) -> list:
+    """Fresh parameters of the MLP (its own per optimizer) holding one backward's gradients."""
+    w = (masked_params(weights, masks, torch.strided) if masked
+         else [torch.nn.Parameter(t.clone()) for t in weights])
+    b = [torch.nn.Parameter(t.clone()) for t in biases]
+    F.cross_entropy(forward(x, w, b, None if masked else masks), y).backward()
+    return w + b
+
+
 def optimizer_cases(quick: bool = False) -> list[tuple]:
     weights, masks, biases = mlp(0.9, seed=1)
     x, y = torch.randn(256, SIZES[0]), torch.randint(SIZES[-1], (256,))
-    mine_w = masked_params(weights, masks, torch.strided)
-    mine_b = [torch.nn.Parameter(b.clone()) for b in biases]
-    F.cross_entropy(forward(x, mine_w, mine_b), y).backward()
-    dense_w = [torch.nn.Parameter(w.clone()) for w in weights]
-    dense_b = [torch.nn.Parameter(b.clone()) for b in biases]
-    F.cross_entropy(forward(x, dense_w, dense_b, masks), y).backward()
     out = []
     for name, kwargs in OPTIMIZERS.items():
-        mine = getattr(ms.optim, name)(mine_w + mine_b, **kwargs)
-        theirs = getattr(torch.optim, name)(dense_w + dense_b, foreach=True, **kwargs)
+        mine = getattr(ms.optim, name)(_with_grads(weights, masks, biases, x, y, True),
+                                       **kwargs)
+        theirs = getattr(torch.optim, name)(_with_grads(weights, masks, biases, x, y, False),
+                                            foreach=True, **kwargs)
         out.append((f"{name} step, strided 90% masked MLP weights", _stepper(mine),
                     {"torch foreach": _stepper(theirs)}, {"torch foreach": OPT_TARGET}))
     return out
