@@ -120,11 +120,11 @@ def _any(mask: torch.Tensor, dim: int) -> torch.Tensor:
             and not torch._C._are_functorch_transforms_active())
     if keep:
         entry = _LINES.get(mask, {}).get(dim)
-        if entry is not None and entry[0] == mask._version:
-            return entry[1]
+        if entry is not None and entry[0] == mask._version and entry[2] == entry[1]._version:
+            return entry[1]  # (nor was the answer written since)
     lines = compact(mask).view(torch.uint8).amax(dim).view(torch.bool)
     if keep:
-        _LINES.setdefault(mask, {})[dim] = (mask._version, lines)
+        _LINES.setdefault(mask, {})[dim] = (mask._version, lines, lines._version)
     return lines
 
 

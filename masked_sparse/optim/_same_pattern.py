@@ -118,9 +118,10 @@ def decay_factor(mask: torch.Tensor, value: Any, like: torch.Tensor) -> torch.Te
     Kept per mask object while ``value`` is unchanged."""
     entry = _FACTORS.get(mask)
     key = float(value)
-    if entry is not None and entry[0] == mask._version and entry[1] == key:
+    if (entry is not None and entry[0] == mask._version and entry[1] == key
+            and entry[2].dtype == like.dtype and entry[3] == entry[2]._version):
         return entry[2]
     factor = torch.full(like.shape, key, dtype=like.dtype, device=like.device)
     factor.masked_fill_(mask.logical_not(), 1.0)
-    _FACTORS[mask] = (mask._version, key, factor)
+    _FACTORS[mask] = (mask._version, key, factor, factor._version)
     return factor
