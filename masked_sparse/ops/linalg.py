@@ -180,9 +180,14 @@ def _product(operands: list[Operand], transpose_b: bool) -> Storage:
     if _is_sparse(a) and _is_sparse(b):
         out = layouts.sparse_sparse_mm(a, b, transpose_b)
         return out if a.layout.options_of(a) else a.layout.from_coo(out)
-    values = _values_product(a, b, transpose_b)
-    if len(operands) == 3:  # linear's plain bias, added in the product's graph
-        values = values + operands[2]
+    if len(operands) == 3 and not _is_sparse(a) and not _is_sparse(b) and \
+            _dense(a).dim() == 2 and _dense(b).dim() == 2:
+        # linear's plain bias (Note [Linear's bias]) in the product's own kernel, as torch
+        values = torch.addmm(operands[2], _dense(a), _dense(b, transpose_b))
+    else:
+        values = _values_product(a, b, transpose_b)
+        if len(operands) == 3:
+            values = values + operands[2]
     count_dtype = torch.float64 if values.dtype == torch.float64 else torch.float32
     mask = _output_mask(operands[0], operands[1], transpose_b, values.shape, count_dtype)
     return _STRIDED.build((), values, mask, values.shape)
