@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from ._index import crow_from_rows, linearize, rows_from_crow
+from ._index import cached, crow_from_rows, linearize, rows_from_crow, sort_key
 from .registry import Storage, get_layout
 
 aten = torch.ops.aten
@@ -43,15 +43,48 @@ def _csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor,
     return torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
 
 
+def transposed_pattern(crow: torch.Tensor, col: torch.Tensor,
+                       shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(crow_t, col_t, perm)``: the CSR pattern of ``S.T`` for ``S`` given by ``(crow, col)``
+    of ``shape``, and the order of ``S``'s values in it (``values_t = values[perm]``).
+
+    Note [Transposed pattern]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~
+    ``S.T @ D`` is the backward of every ``S @ D`` (and the forward of ``D @ S``). torch
+    multiplies a CSR matrix by a dense one row by row; its transposed product goes through
+    an unsorted COO tensor that it sorts at every call. The pattern of ``S.T`` depends on
+    the index tensors only, which training keeps from step to step while the values change,
+    so it is computed once (one stable sort, cached per ``col`` / ``crow`` object and
+    version, :func:`._index.cached`) and every product reads the values through ``perm``
+    (one O(nnz) gather) into torch's CSR product (``benchmarks/bench_training.py``).
+
+    >>> crow, col = torch.tensor([0, 2, 3]), torch.tensor([0, 2, 1])
+    >>> [t.tolist() for t in transposed_pattern(crow, col, (2, 3))]
+    [[0, 1, 2, 3], [0, 1, 0], [0, 2, 1]]
+    """
+    m, k = shape
+    nnz = col.numel()
+
+    def compute() -> torch.Tensor:
+        rows = rows_from_crow(crow, nnz)
+        perm = torch.argsort(sort_key(col, k), stable=True)  # by column, rows stay sorted
+        col_t = rows.index_select(0, perm).to(col.dtype)
+        crow_t = crow_from_rows(col.index_select(0, perm), k).to(col.dtype)
+        return torch.cat([crow_t, col_t, perm.to(col.dtype)])  # one cached tensor
+
+    packed = cached(col, ("transposed", m, k), compute, data=crow)
+    return packed[:k + 1], packed[k + 1:k + 1 + nnz], packed[k + 1 + nnz:]
+
+
 def _pattern_mm(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor,
                 shape: tuple[int, int], dense: torch.Tensor, transpose: bool) -> torch.Tensor:
-    """``S @ dense`` or ``S.T @ dense`` for ``S`` given by a CSR pattern and values."""
+    """``S @ dense`` or ``S.T @ dense`` for ``S`` given by a CSR pattern and values (the
+    transpose through its cached CSR pattern, Note [Transposed pattern])."""
     if not transpose:
         return torch.sparse.mm(_csr(crow, col, values, shape), dense)
-    rows = rows_from_crow(crow, col.numel())
-    st = torch.sparse_coo_tensor(torch.stack([col.long(), rows.long()]), values,
-                                 (shape[1], shape[0]), check_invariants=False)
-    return torch.sparse.mm(st, dense)
+    crow_t, col_t, perm = transposed_pattern(crow, col, shape)
+    values_t = values.index_select(0, perm)
+    return torch.sparse.mm(_csr(crow_t, col_t, values_t, (shape[1], shape[0])), dense)
 
 
 class _SparseDenseMM(torch.autograd.Function):

@@ -112,7 +112,8 @@ class _OnValues(torch.autograd.Function):
             if isinstance(o, Storage) and g is not None and o.values.requires_grad:
                 outs.append(o.values)
                 values, mask = grad_on(g, o)  # unspecified positions contribute nothing
-                gvals.append(layouts.zero_unspecified(values, mask) if isinstance(g, MaskedTensor)
+                gvals.append(layouts.zero_unspecified(values, mask)
+                             if isinstance(g, MaskedTensor) and not _all_specified(mask)
                              else values)
         # Keep the inner graph exactly as long as the outer one (retain_graph, gradcheck).
         keep = torch._C._autograd._get_current_graph_task_keep_graph()
@@ -134,6 +135,12 @@ class _OnValues(torch.autograd.Function):
         if not keep:
             ctx.outs = ctx.leaves = ctx.inputs = ctx.tensors = None  # free the inner graph now
         return tuple(result)
+
+
+def _all_specified(mask: torch.Tensor) -> bool:
+    from .ops._fill import all_specified  # (ops import this module)
+
+    return all_specified(mask)
 
 
 def _backward_with_graph(fn: Kernel, extra: tuple, inputs: Sequence[Any],

@@ -463,3 +463,26 @@ def test_distributed(runs):
     check(printed(out, "embedding rows changed by training:", 1), [touched])
     (diff,) = printed(out, "max |2 processes - 1 process| over all parameters:", 1)
     assert diff < 1e-5
+
+
+# -- pruning ---------------------------------------------------------------------------------
+def test_pruning(runs):
+    """Kept counts follow l1_unstructured's rule (drop round(amount * kept) of the kept
+    entries each round), both models learn alike, and a fully pruned neuron gives the bias
+    with prune, an unspecified output here, and either value by the one-line choice."""
+    out = output(runs, "pruning")
+    kept = [32 * 256, 256 * 256, 256 * 4]
+    for r in range(1, 4):
+        kept = [k - round(0.7 * k) for k in kept]
+        check(printed(out, f"round {r}: kept weights per layer:", 3), kept)
+        ref, mine = printed(out, f"round {r}, accuracy: torch.nn.utils.prune", 2)
+        assert ref > 0.4 and abs(ref - mine) < 0.05  # 4 classes: chance is 0.25
+    assert line_after(out, "round 1: kept weights per layer:").endswith("prune's: True")
+    w = torch.tensor([[1.0, -2.0, 0.5], [0.1, 0.05, -0.1]])
+    b = torch.tensor([0.3, 0.7])
+    dense = (w.sum(1) + b).tolist()  # x = ones
+    check(printed(out, "prune keeps weights:", 6), [1.0, 1.0, 1.0, 0.0, 0.0, 0.0])
+    check(printed(out, "prune output:", 2), [dense[0], b[1].item()])
+    check(printed(out, "masked output:", 2), [dense[0], None])
+    check(printed(out, "with the bias:", 2), [dense[0], b[1].item()])
+    check(printed(out, "neuron dropped:", 2), [dense[0], 0.0])

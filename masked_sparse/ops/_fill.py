@@ -15,6 +15,8 @@ import layouts
 from .pointwise import broadcasts_to
 
 _ZERO_FILLED: WeakIdKeyDictionary = WeakIdKeyDictionary()  # Note [Known zero fill]
+_ALL_SPECIFIED: WeakIdKeyDictionary = WeakIdKeyDictionary()  # mask -> (version, answer)
+_DIRECT = 1 << 14  # masks up to this many stored elements are checked, not cached
 
 
 def _fills_by_bits(dtype: torch.dtype) -> bool:
@@ -57,7 +59,7 @@ class _ZeroFill(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph: stay differentiable (Note [Double backward])
             zero = torch.zeros((), dtype=grad.dtype, device=grad.device)
             return torch.where(mask, grad, zero), None
-        return _bitwise_zero_fill(grad, mask), None
+        return mark_zero_filled(_bitwise_zero_fill(grad, mask), mask), None
 
 
 def zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -123,3 +125,27 @@ def is_zero_filled(values: torch.Tensor, mask: torch.Tensor) -> bool:
     tag = _ZERO_FILLED.get(values)
     return (tag is not None and tag[0] is mask and not values.is_inference()
             and tag[1] == values._version)
+
+
+def all_specified(mask: torch.Tensor) -> bool:
+    """True when every element of the bool ``mask`` is True: then a zero fill has nothing
+    to do (a sparse weight stores only its kept entries; a layer whose every output feature
+    has a term). A mask broadcast over some dims is read at its stored size; a large one is
+    answered once per mask object and version. False while compiling or under a
+    ``torch.func`` transform, where the answer would be data-dependent control flow.
+
+    >>> all_specified(torch.tensor([True, True]).expand(3, 2)), all_specified(torch.tensor([False]))
+    (True, False)
+    """
+    if (mask.dtype != torch.bool or torch.compiler.is_compiling()
+            or torch._C._are_functorch_transforms_active()):
+        return False
+    small = compact(mask)
+    if small.numel() <= _DIRECT or mask.is_inference():  # (no version counter to key on)
+        return bool(small.all())
+    entry = _ALL_SPECIFIED.get(mask)
+    if entry is not None and entry[0] == mask._version:
+        return entry[1]
+    answer = bool(small.all())
+    _ALL_SPECIFIED[mask] = (mask._version, answer)
+    return answer

@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
 import layouts
 from layouts import Storage
@@ -54,7 +55,7 @@ from layouts import Storage
 from .._autograd import on_values
 from .._registry import implements
 from .._tensor import MaskedTensor
-from ._fill import compact, is_zero_filled, zero_fill
+from ._fill import all_specified, compact, is_zero_filled, zero_fill
 
 Operand = Storage | torch.Tensor
 _STRIDED = layouts.get_layout(torch.strided)
@@ -66,7 +67,8 @@ def _is_sparse(x: Operand) -> bool:
 
 
 def _zero_filled(x: Operand) -> Operand:
-    if not isinstance(x, Storage) or is_zero_filled(x.values, x.mask):
+    if (not isinstance(x, Storage) or is_zero_filled(x.values, x.mask)
+            or all_specified(x.mask)):  # nothing to fill: one pass and its backward saved
         return x
     return x.with_values(zero_fill(x.values, x.mask))
 
@@ -102,28 +104,70 @@ def _values_product(a: Operand, b: Operand, transpose_b: bool) -> torch.Tensor:
     return torch.matmul(_dense(a), _dense(b, transpose_b))
 
 
+_LINES: WeakIdKeyDictionary = WeakIdKeyDictionary()  # mask -> {dim: (version, lines)}
+
+
 def _any(mask: torch.Tensor, dim: int) -> torch.Tensor:
     """``mask.any(dim)`` as a uint8 ``amax`` (bool reductions are slow in torch), over the
     stored elements only of a mask broadcast over some dims (the result broadcasts back).
+
     Compiled code takes ``any``: Inductor's CPU code cannot vectorize the bool view of a
-    uint8 reduction, and fuses ``any`` itself."""
+    uint8 reduction, and fuses ``any`` itself.
+
+    A weight's mask is the same object from step to step: for a large one the answer is
+    kept per mask object, dim and version (as :func:`._fill.all_specified`)."""
     if mask.shape[dim] == 0:  # an empty sum: no term
         return mask.new_zeros(mask.shape[:dim] + mask.shape[dim:][1:])
     if torch.compiler.is_compiling():
         return compact(mask).any(dim)
-    return compact(mask).view(torch.uint8).amax(dim).view(torch.bool)
+    keep = (mask.numel() > 1 << 14 and not mask.is_inference()
+            and not torch._C._are_functorch_transforms_active())
+    if keep:
+        entry = _LINES.get(mask, {}).get(dim)
+        if entry is not None and entry[0] == mask._version and entry[2] == entry[1]._version:
+            return entry[1]  # (nor was the answer written since)
+    lines = compact(mask).view(torch.uint8).amax(dim).view(torch.bool)
+    if keep:
+        _LINES.setdefault(mask, {})[dim] = (mask._version, lines, lines._version)
+    return lines
 
 
-def _as_counts(x: Storage, dtype: torch.dtype) -> Storage:
-    return x.with_values(x.mask.to(dtype))
+def _as_counts(x: Storage, dtype: torch.dtype, keep: int) -> Operand:
+    """``x``'s mask as 0/1 numbers: a sparse storage over its own pattern, a strided mask
+    with its broadcast dims cut to size 1 except ``keep``, the summed one (Note [Output mask
+    of two masked factors])."""
+    if x.index:
+        return x.with_values(x.mask.to(dtype))
+    mask = x.mask
+    for d in range(mask.dim()):
+        if d != keep % mask.dim() and mask.stride(d) == 0 and mask.shape[d] > 1:
+            mask = mask.narrow(d, 0, 1)
+    return mask.to(dtype)
 
 
 def _output_mask(a: Operand, b: Operand, transpose_b: bool, shape: torch.Size,
                  dtype: torch.dtype) -> torch.Tensor:
-    """Where the product has at least one term (Note [Products by zero filling])."""
+    """Where the product has at least one term (Note [Products by zero filling]).
+
+    Note [Output mask of two masked factors]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    With two masked factors the output mask is the boolean product of the masks, computed
+    as a product of 0/1 counts. A strided mask broadcast over some dims -- the output of a
+    masked layer is specified per feature, the same for every sample of the batch -- is
+    multiplied at its stored size (its stride-0 dims cut to 1, the summed dim kept), and the
+    counts broadcast back: for ``linear(h, W)`` after a masked layer that is one vector
+    times ``W``'s pattern instead of a second product as large as the layer's own.
+    """
     if isinstance(a, Storage) and isinstance(b, Storage):
-        counts = _values_product(_as_counts(a, dtype), _as_counts(b, dtype), transpose_b)
-        return counts > 0
+        # A strided factor specified everywhere adds no condition: the mask is the other's.
+        if not a.index and all_specified(a.mask):
+            a = a.values
+        elif not b.index and all_specified(b.mask):
+            b = b.values
+    if isinstance(a, Storage) and isinstance(b, Storage):
+        counts = _values_product(_as_counts(a, dtype, -1),
+                                 _as_counts(b, dtype, -1 if transpose_b else -2), transpose_b)
+        return (counts > 0).expand(shape)
     if isinstance(a, Storage):  # rows of a that hold a specified element
         rows = layouts.specified_lines(a, 0) if a.index else _any(a.mask, -1)
         return rows.unsqueeze(-1).expand(shape)
@@ -136,11 +180,18 @@ def _output_mask(a: Operand, b: Operand, transpose_b: bool, shape: torch.Size,
 
 
 def _product(operands: list[Operand], transpose_b: bool) -> Storage:
-    a, b = (_zero_filled(x) for x in operands)
+    a, b = (_zero_filled(x) for x in operands[:2])
     if _is_sparse(a) and _is_sparse(b):
         out = layouts.sparse_sparse_mm(a, b, transpose_b)
         return out if a.layout.options_of(a) else a.layout.from_coo(out)
-    values = _values_product(a, b, transpose_b)
+    if len(operands) == 3 and not _is_sparse(a) and not _is_sparse(b) and \
+            _dense(a).dim() == 2 and _dense(b).dim() == 2:
+        # linear's plain bias (Note [Linear's bias]) in the product's own kernel, as torch
+        values = torch.addmm(operands[2], _dense(a), _dense(b, transpose_b))
+    else:
+        values = _values_product(a, b, transpose_b)
+        if len(operands) == 3:
+            values = values + operands[2]
     count_dtype = torch.float64 if values.dtype == torch.float64 else torch.float32
     mask = _output_mask(operands[0], operands[1], transpose_b, values.shape, count_dtype)
     return _STRIDED.build((), values, mask, values.shape)
@@ -168,8 +219,10 @@ def _check_operand(op: str, x: Any, what: str) -> None:
             f"the batch")
 
 
-def matmul(op: str, a: torch.Tensor, b: torch.Tensor, transpose_b: bool = False) -> Any:
-    """The masked product ``a @ b`` (``a @ b.mT``) of operands with at least 2 dims."""
+def matmul(op: str, a: torch.Tensor, b: torch.Tensor, transpose_b: bool = False,
+           bias: torch.Tensor | None = None) -> Any:
+    """The masked product ``a @ b`` (``a @ b.mT``) of operands with at least 2 dims, plus a
+    plain ``bias`` on the specified outputs (Note [Linear's bias])."""
     _check_operand(op, a, "the first operand")
     _check_operand(op, b, "the second operand")
     if a.dtype != b.dtype:  # ValueError: operators turn a TypeError into NotImplemented
@@ -184,17 +237,18 @@ def matmul(op: str, a: torch.Tensor, b: torch.Tensor, transpose_b: bool = False)
                for x, y in zip(reversed(a.shape[:-2]), reversed(b_shape[:-2]))):
         raise ValueError(f"{op}(): batch dimensions do not broadcast: {_describe(a)} and "
                          f"{_describe(b)}")
-    return on_values(_product, [a, b], transpose_b)
+    return on_values(_product, [a, b] if bias is None else [a, b, bias], transpose_b)
 
 
-def _vector_matmul(op: str, a: torch.Tensor, b: torch.Tensor, transpose_b: bool = False) -> Any:
+def _vector_matmul(op: str, a: torch.Tensor, b: torch.Tensor, transpose_b: bool = False,
+                   bias: torch.Tensor | None = None) -> Any:
     """``matmul`` with torch's 1-D rules: a vector is a row (left) or a column (right)."""
     if a.dim() == 0 or b.dim() == 0:
         raise ValueError(f"{op}(): both arguments need at least 1 dimension, got "
                          f"{_describe(a)} and {_describe(b)}")
     left, right = a.dim() == 1, b.dim() == 1
     out = matmul(op, a.unsqueeze(0) if left else a, b.unsqueeze(-1) if right else b,
-                 transpose_b and not right)
+                 transpose_b and not right, None if right else bias)
     if right:
         out = out.squeeze(-1)
     if left:
@@ -280,8 +334,24 @@ def linear(op: Any, input: torch.Tensor, weight: torch.Tensor, bias: Any = None)
     """``input @ weight.T + bias``; a sparse weight is multiplied without transposing it."""
     if weight.dim() not in (1, 2):
         raise ValueError(f"linear(): weight must be 1-D or 2-D, got {_describe(weight)}")
+    if _folds(bias, input, weight):
+        return _vector_matmul("linear", input, weight, True, bias)
     out = _vector_matmul("linear", input, weight, transpose_b=weight.dim() == 2)
     return _add_input("linear", out, bias, 1, 1)
+
+
+def _folds(bias: Any, input: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Note [Linear's bias]
+    ~~~~~~~~~~~~~~~~~~~~~~~
+    A plain bias of ``F.linear`` -- a vector over the output features, what ``nn.Linear``
+    holds -- is added to the product's values inside the product's own graph, so it takes
+    the product's mask and gets a *plain* gradient (the sum of the incoming gradient over
+    the specified outputs, 0 elsewhere) from torch's autograd, like the parameter it is. As
+    a separate masked add it would get a MaskedTensor gradient through a masked reduction.
+    """
+    return (type(bias) in (torch.Tensor, torch.nn.Parameter) and bias.layout == torch.strided
+            and weight.dim() == 2 and bias.dim() == 1 and bias.shape[0] == weight.shape[0]
+            and bias.dtype == weight.dtype == input.dtype and input.dim() >= 1)
 
 
 @implements(torch.einsum)

@@ -53,6 +53,7 @@ entries move), in O(nnz), without coalescing -- duplicates are added one by one,
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch.optim import adagrad as _torch_adagrad
@@ -60,7 +61,8 @@ from torch.optim import adam as _torch_adam
 from torch.optim import sgd as _torch_sgd
 
 from .._tensor import MaskedTensor
-from ._dense import has_complex, pick, split, switches
+from . import _same_pattern
+from ._dense import has_complex, split, switches
 from ._scatter import add_at_, grad_for, read_at
 
 __all__ = ["adagrad", "adam", "sgd", "sparse_adam"]
@@ -78,6 +80,48 @@ def _is_plain_coo_pair(param: torch.Tensor, grad: object) -> bool:
     return (isinstance(grad, torch.Tensor) and not isinstance(grad, MaskedTensor)
             and not isinstance(param, MaskedTensor) and grad.layout == torch.sparse_coo
             and grad.shape == param.shape)
+
+
+def _runs(dense: list[int], full: list[int],
+          decay: bool) -> list[tuple[list[int], list[int], bool]]:
+    """The calls of torch's functional optimizer: ``(dense, masked, fold)`` positions.
+
+    Without weight decay, one call for both kinds (Note [Gradients over the parameter's
+    pattern]); with it, the masked parameters go apart, their decay and ``maximize`` folded
+    into their gradients (``fold``), so that torch's decay cannot reach their unspecified
+    entries."""
+    runs = [(dense, full, False)] if not decay else [(dense, [], False), ([], full, True)]
+    return [r for r in runs if r[0] or r[1]]
+
+
+def _at(items: list[Any], positions: list[int]) -> list[Any]:
+    return [items[i] for i in positions]
+
+
+def _torch_lists(params: list[torch.Tensor], grads: list[Any], dense: list[int],
+                 full: list[int], fold: bool, maximize: bool,
+                 weight_decay: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Parameters and gradients for torch: the dense pairs as they are, then the masked
+    parameters' values with their filled gradients."""
+    ps = [params[i] for i in dense]
+    gs = [grads[i] for i in dense]
+    for i in full:
+        ps.append(_same_pattern.target_and_mask(params[i])[0])
+        gs.append(_same_pattern.filled_grad(params[i], grads[i], negate=fold and maximize,
+                                            weight_decay=weight_decay if fold else 0))
+    return ps, gs
+
+
+def _same_pattern_ready(params: list[torch.Tensor], full: list[int],
+                   states: list[list[torch.Tensor | None]]) -> tuple[list[int], list[int]]:
+    """``(ready, held)`` of ``full``: the parameters whose ``states`` are 0 at every
+    unspecified entry (Note [Gradients over the parameter's pattern]), and the others."""
+    ready: list[int] = []
+    held: list[int] = []
+    for i in full:
+        mask = _same_pattern.target_and_mask(params[i])[1]
+        (ready if all(_same_pattern.zero_outside(st[i], mask) for st in states) else held).append(i)
+    return ready, held
 
 
 def adagrad(params: list[torch.Tensor], grads: list[torch.Tensor],
@@ -100,13 +144,13 @@ def adagrad(params: list[torch.Tensor], grads: list[torch.Tensor],
     tensor([ 0.0000, -0.1000,  0.0000,  0.1000])
     """
     dense, lazy = split(params, grads)
-    if dense:
-        p = pick(params, dense)
-        _torch_adagrad.adagrad(p, pick(grads, dense), pick(state_sums, dense),
-                               pick(state_steps, dense), has_complex=has_complex(p),
-                               **switches(foreach, fused, lr), lr=lr,
-                               weight_decay=weight_decay, lr_decay=lr_decay, eps=eps,
-                               maximize=maximize)
+    full, lazy = _same_pattern.full_pairs(params, grads, lazy)
+    for d, f, fold in _runs(dense, full, weight_decay != 0):
+        ps, gs = _torch_lists(params, grads, d, f, fold, maximize, weight_decay)
+        _torch_adagrad.adagrad(ps, gs, _at(state_sums, d + f), _at(state_steps, d + f),
+                               has_complex=has_complex(ps), **switches(foreach, fused, lr),
+                               lr=lr, weight_decay=0 if fold else weight_decay,
+                               lr_decay=lr_decay, eps=eps, maximize=maximize and not fold)
     lr = float(lr)
     for i in lazy:
         param, grad, state_sum, step_t = params[i], grads[i], state_sums[i], state_steps[i]
@@ -146,14 +190,19 @@ def sgd(params: list[torch.Tensor], d_p_list: list[torch.Tensor],
     tensor([1.0000, 1.0000, 0.5000])
     """
     dense, lazy = split(params, d_p_list)
-    if dense:
-        buffers = pick(momentum_buffer_list, dense)
-        _torch_sgd.sgd(pick(params, dense), pick(d_p_list, dense), buffers,
-                       **switches(foreach, fused, lr), weight_decay=weight_decay,
-                       momentum=momentum, lr=lr, dampening=dampening, nesterov=nesterov,
-                       maximize=maximize)
-        for i, buf in zip(dense, buffers):
+    full, lazy = _same_pattern.full_pairs(params, d_p_list, lazy)
+    full, held = _same_pattern_ready(params, full, [momentum_buffer_list] if momentum else [])
+    lazy = sorted(lazy + held)
+    for d, f, fold in _runs(dense, full, weight_decay != 0):
+        ps, gs = _torch_lists(params, d_p_list, d, f, fold, maximize, weight_decay)
+        buffers = _at(momentum_buffer_list, d + f)
+        _torch_sgd.sgd(ps, gs, buffers, **switches(foreach, fused, lr),
+                       weight_decay=0 if fold else weight_decay, momentum=momentum, lr=lr,
+                       dampening=dampening, nesterov=nesterov, maximize=maximize and not fold)
+        for i, buf in zip(d + f, buffers):
             momentum_buffer_list[i] = buf
+        for i in f:
+            _same_pattern.mark(momentum_buffer_list[i], _same_pattern.target_and_mask(params[i])[1])
     lr = float(lr)
     for i in lazy:
         param, grad = params[i], d_p_list[i]
@@ -202,15 +251,30 @@ def adam(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[t
     tensor([-0.1000,  0.0000,  0.0000])
     """
     dense, lazy = split(params, grads)
-    if dense:
-        p = pick(params, dense)
-        _torch_adam.adam(p, pick(grads, dense), pick(exp_avgs, dense), pick(exp_avg_sqs, dense),
-                         pick(max_exp_avg_sqs, dense) if amsgrad else [],
-                         pick(state_steps, dense), **switches(foreach, fused, lr),
-                         has_complex=has_complex(p),
+    full, lazy = _same_pattern.full_pairs(params, grads, lazy)
+    full, held = _same_pattern_ready(params, full, [exp_avgs, exp_avg_sqs])
+    lazy = sorted(lazy + held)
+    if full and decoupled_weight_decay and weight_decay != 0:
+        # AdamW's decay first, as torch: 1 at the unspecified entries.
+        targets, masks = zip(*(_same_pattern.target_and_mask(params[i]) for i in full))
+        torch._foreach_mul_(list(targets), [
+            _same_pattern.decay_factor(m, 1 - lr * weight_decay, t)
+            for t, m in zip(targets, masks)])
+    for d, f, fold in _runs(dense, full, weight_decay != 0):
+        ps, gs = _torch_lists(params, grads, d, f, fold, maximize,
+                              0 if decoupled_weight_decay else weight_decay)
+        _torch_adam.adam(ps, gs, _at(exp_avgs, d + f), _at(exp_avg_sqs, d + f),
+                         _at(max_exp_avg_sqs, d + f) if amsgrad else [],
+                         _at(state_steps, d + f), **switches(foreach, fused, lr),
+                         has_complex=has_complex(ps),
                          decoupled_weight_decay=decoupled_weight_decay, amsgrad=amsgrad,
-                         beta1=beta1, beta2=beta2, lr=lr, weight_decay=weight_decay, eps=eps,
-                         maximize=maximize)
+                         beta1=beta1, beta2=beta2, lr=lr,
+                         weight_decay=0 if fold else weight_decay, eps=eps,
+                         maximize=maximize and not fold)
+    for i in full:
+        mask = _same_pattern.target_and_mask(params[i])[1]
+        _same_pattern.mark(exp_avgs[i], mask)
+        _same_pattern.mark(exp_avg_sqs[i], mask)
     lr, beta1, beta2 = float(lr), float(beta1), float(beta2)
     for i in lazy:
         param, g = grad_for(params[i], grads[i], "adam")

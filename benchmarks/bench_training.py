@@ -1,0 +1,149 @@
+"""Training with pruned weights against the dense workaround (issue 30).
+
+**Train step.** A 784-512-512-10 MLP (ReLU), each weight a MaskedTensor parameter with 90%
+or 99% of its entries masked out (a fixed random mask), biases plain: zero the gradients,
+forward, cross-entropy, backward -- no optimizer. The workaround, ``W*M``, is the same MLP
+over dense weights written as ``F.linear(x, W * M, b)`` (what ``torch.nn.utils.prune``
+computes). Batch 256 and 64, weights in CSR and strided. Targets (ratio = masked_sparse /
+``W*M``, below 1 is faster): CSR <= 1.0x at 90% masked, <= 0.5x at 99%; strided <= 1.1x.
+
+**Optimizer step.** ``ms.optim`` over the same MLP's strided masked weights (90% masked) and
+plain biases, with the gradients of one backward, against the ``torch.optim`` class with
+``foreach=True`` on the dense weights and biases. Target: <= 1.2x. Every step mutates the
+weights and the states; the work per step does not depend on their values.
+
+Run by hand: ``python -m benchmarks.bench_training [--quick]`` (one thread, medians of
+paired rounds), or as part of ``python -m benchmarks``.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+if __package__ in (None, ""):  # ``python benchmarks/bench_training.py``
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import masked_sparse as ms  # noqa: E402
+from benchmarks import harness  # noqa: E402
+
+TITLE = "Training: 784-512-512-10 MLP with masked weights against F.linear(x, W * M)"
+SIZES = (784, 512, 512, 10)
+LAYOUTS = {"CSR": torch.sparse_csr, "strided": torch.strided}
+STEP_TARGETS = {("CSR", 0.9): 1.0, ("CSR", 0.99): 0.5, ("strided", 0.9): 1.1,
+                ("strided", 0.99): 1.1}
+OPTIMIZERS = {"Adam": dict(lr=1e-3), "SGD": dict(lr=1e-3, momentum=0.9),
+              "AdamW": dict(lr=1e-3), "Adagrad": dict(lr=1e-3)}
+OPT_TARGET = 1.2
+
+
+def mlp(masked: float, seed: int = 0) -> tuple[list, list, list]:
+    """Dense weights, their keep-masks (``masked`` of each is False) and zero biases."""
+    g = torch.Generator().manual_seed(seed)
+    weights, masks, biases = [], [], []
+    for n_in, n_out in zip(SIZES[:-1], SIZES[1:]):
+        weights.append(torch.randn(n_out, n_in, generator=g) / n_in ** 0.5)
+        masks.append(torch.rand(n_out, n_in, generator=g) >= masked)
+        biases.append(torch.zeros(n_out))
+    return weights, masks, biases
+
+
+def masked_params(weights: list, masks: list, layout: torch.layout) -> list:
+    out = []
+    for w, m in zip(weights, masks):
+        mt = ms.masked_tensor(w.clone(), m)
+        out.append(torch.nn.Parameter(mt if layout == torch.strided else ms.to_layout(mt, layout)))
+    return out
+
+
+def forward(x: torch.Tensor, weights: list, biases: list, masks: list | None = None) -> Any:
+    """The MLP's logits; with ``masks`` the workaround ``F.linear(h, W * M, b)``."""
+    h = x
+    for i, (w, b) in enumerate(zip(weights, biases)):
+        h = F.linear(h, w if masks is None else w * masks[i], b)
+        if i < len(weights) - 1:
+            h = torch.relu(h)
+    return h if masks is not None else h.to_tensor(0)
+
+
+def _train_step(x: torch.Tensor, y: torch.Tensor, params: list, weights: list, biases: list,
+                masks: list | None) -> Callable[[], None]:
+    def step() -> None:
+        for p in params:
+            p.grad = None
+        F.cross_entropy(forward(x, weights, biases, masks), y).backward()
+
+    return step
+
+
+def step_cases(quick: bool = False) -> list[tuple]:
+    out = []
+    torch.manual_seed(0)
+    for masked in (0.9, 0.99):
+        weights, masks, biases = mlp(masked)
+        dense_w = [torch.nn.Parameter(w.clone()) for w in weights]
+        dense_b = [torch.nn.Parameter(b.clone()) for b in biases]
+        for batch in (256, 64):
+            x, y = torch.randn(batch, SIZES[0]), torch.randint(SIZES[-1], (batch,))
+            workaround = _train_step(x, y, dense_w + dense_b, dense_w, dense_b, masks)
+            for name, layout in LAYOUTS.items():
+                w = masked_params(weights, masks, layout)
+                b = [torch.nn.Parameter(t.clone()) for t in biases]
+                mine = _train_step(x, y, w + b, w, b, None)
+                out.append((f"train step, {name}, {masked:.0%} masked, batch {batch}", mine,
+                            {"W*M": workaround}, {"W*M": STEP_TARGETS[(name, masked)]}))
+    return out
+
+
+def _stepper(opt: torch.optim.Optimizer) -> Callable[[], None]:
+    return opt.step
+
+
+def _with_grads(weights: list, masks: list, biases: list, x: torch.Tensor, y: torch.Tensor,
+                masked: bool) -> list:
+    """Fresh parameters of the MLP (its own per optimizer) holding one backward's gradients."""
+    w = (masked_params(weights, masks, torch.strided) if masked
+         else [torch.nn.Parameter(t.clone()) for t in weights])
+    b = [torch.nn.Parameter(t.clone()) for t in biases]
+    F.cross_entropy(forward(x, w, b, None if masked else masks), y).backward()
+    return w + b
+
+
+def optimizer_cases(quick: bool = False) -> list[tuple]:
+    weights, masks, biases = mlp(0.9, seed=1)
+    x, y = torch.randn(256, SIZES[0]), torch.randint(SIZES[-1], (256,))
+    out = []
+    for name, kwargs in OPTIMIZERS.items():
+        mine = getattr(ms.optim, name)(_with_grads(weights, masks, biases, x, y, True),
+                                       **kwargs)
+        theirs = getattr(torch.optim, name)(_with_grads(weights, masks, biases, x, y, False),
+                                            foreach=True, **kwargs)
+        out.append((f"{name} step, strided 90% masked MLP weights", _stepper(mine),
+                    {"torch foreach": _stepper(theirs)}, {"torch foreach": OPT_TARGET}))
+    return out
+
+
+def cases(quick: bool = False) -> list[tuple]:
+    """The train-step cases, then the optimizer cases."""
+    return step_cases(quick) + optimizer_cases(quick)
+
+
+def main() -> None:
+    """Print the table: medians and ratios (masked_sparse / workaround), paired rounds."""
+    torch.set_num_threads(1)
+    quick = "--quick" in sys.argv
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        harness.run_cases(cases(quick), TITLE, min_run_time=0.05 if quick else 0.5,
+                          only=only, safe=("W*M", "torch foreach"))
+
+
+if __name__ == "__main__":
+    main()
