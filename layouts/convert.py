@@ -9,6 +9,7 @@ unspecified. They are written with differentiable torch ops on the values.
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any
 
 import torch
@@ -125,9 +126,12 @@ def read_broadcast(source: Storage, like: Storage) -> tuple[torch.Tensor, torch.
     """``source``, whose shape broadcasts to ``like.shape``, read at ``like``'s positions.
 
     Returns values and mask shaped like ``like.values`` (for a strided ``like``, possibly
-    shapes that broadcast to it). A sparse ``source`` is looked up by the element keys of
-    its COO form in O(nnz log nnz) -- its size-1 dims read coordinate 0 -- and is never
-    densified unless ``like`` is strided (then at most ``source``'s own, smaller, shape).
+    shapes that broadcast to it). A sparse ``source`` whose dense form has no more
+    elements than ``like``'s values (a ``keepdim`` reduction of ``like``: one value per
+    line) is densified in O(source) and read by ``like``'s own coordinates in O(nnz), with
+    no search or sort; a larger one is looked up by the element keys of its COO form in
+    O(nnz log nnz) -- its size-1 dims read coordinate 0. ``source`` is never densified
+    beyond its own shape.
 
     >>> import torch, layouts
     >>> coo = layouts.get_layout("sparse_coo")
@@ -142,6 +146,14 @@ def read_broadcast(source: Storage, like: Storage) -> tuple[torch.Tensor, torch.
         gather = like.layout.gather
         return (gather(like, source.values).expand_as(like.values),
                 gather(like, source.mask).expand_as(like.values))
+    if math.prod(source.shape) <= like.values.numel():
+        # Note [Reading a reduced operand]: the dense form of ``source`` (a keepdim reduction
+        # is one value per line) is no larger than ``like``'s values, so it is built in
+        # O(source) and read by the coordinates ``like`` already stores, in O(nnz): no
+        # search, no sort.
+        gather = like.layout.gather
+        return (gather(like, source.densify(source.values, 0)).expand_as(like.values),
+                gather(like, source.densify(source.mask, False)).expand_as(like.values))
     src = source.layout.to_coo(source)
     ids = torch.arange(like.values.numel(), device=like.values.device).view(like.values.shape)
     target = like.layout.to_coo(like.with_values(ids))
