@@ -56,10 +56,14 @@ def collate_masked(batch: Sequence[MaskedTensor], *,
 def _stack_parts(batch: list[MaskedTensor]) -> MaskedTensor | None:
     """The batch built from its parts, or None where ``torch.stack`` must do it (samples
     that require grad, of several layouts or shapes)."""
+    if not batch or torch.compiler.is_compiling():
+        return None
     with DisableTorchFunctionSubclass():  # read requires_grad without the round trip
-        if not batch or any(t.requires_grad for t in batch):
+        if any(t.requires_grad for t in batch):
             return None
-    stacked = layouts.stack_storages([t._storage for t in batch])
+    # The eager storage object itself (Note [Storage attributes]): one attribute read per
+    # sample, not the property's compile check each time.
+    stacked = layouts.stack_storages([t._cached for t in batch])
     return None if stacked is None else _wrap(stacked)
 
 

@@ -61,11 +61,13 @@ def specified_ids(s: Storage) -> tuple[torch.Tensor | None, torch.Tensor, Any]:
     """``(coords, ids, coo_layout)``: the specified ids in row-major order, their
     coordinates (``(ndim, n)``) and the layout they come from (the layout's COO form; a
     dense layout gives ``s.values[s.mask]`` and no coordinates)."""
+    # masked_select, not ``t[mask]``: boolean indexing takes a slower general path.
     if not s.index:
-        return None, s.values[s.mask], s.layout
+        return None, torch.masked_select(s.values, s.mask), s.layout
     coo = s.layout.to_coo(s)  # coalesced: row-major order
-    keep = coo.mask
-    return coo.index[0][:, keep], coo.values[keep], coo.layout
+    index, keep = coo.index[0], coo.mask
+    coords = torch.masked_select(index, keep).view(index.shape[0], -1)
+    return coords, torch.masked_select(coo.values, keep), coo.layout
 
 
 def _embed(storages: list[Any], opts: dict[str, Any]) -> Storage:
@@ -83,7 +85,8 @@ def _embed(storages: list[Any], opts: dict[str, Any]) -> Storage:
             rows = torch.where(mask, rows, torch.zeros((), dtype=rows.dtype))
         else:
             rows = weight.new_zeros(*s.values.shape, dim)
-            rows = rows.index_put((s.mask,), F.embedding(s.values[s.mask], weight, **opts))
+            rows = rows.index_put((s.mask,), F.embedding(torch.masked_select(s.values, s.mask),
+                                                          weight, **opts))
         return Storage(s.layout, (), rows, mask, torch.Size((*s.shape, dim)))
     coords, ids, coo_layout = specified_ids(s)
     rows = F.embedding(ids, weight, **opts)
