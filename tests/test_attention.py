@@ -87,3 +87,23 @@ def test_compiles_fullgraph_and_equals_eager():
     g_want = torch.autograd.grad((want * w).sum(), (q, k, v))
     for a, b in zip(g_got, g_want):
         torch.testing.assert_close(a, b)
+
+
+def test_forward_fills_nothing_after_the_softmax(monkeypatch):
+    # Note [Fused masked softmax]: under autograd the softmax output is zero filled in place
+    # inside the softmax, and the product after it reads the zero-fill tag through
+    # autograd's detached aliases: no separate fill pass over the (B, H, T, T) weights.
+    import masked_sparse.ops.linalg as linalg_ops
+    import masked_sparse.ops.softmax as softmax_ops
+
+    def refuse(values, mask):
+        raise AssertionError(f"an extra zero fill of {tuple(values.shape)}")
+
+    q, k, v, mask = inputs()
+    monkeypatch.setattr(softmax_ops, "zero_fill", refuse)
+    monkeypatch.setattr(linalg_ops, "zero_fill", refuse)
+    out = masked_attention(q, k, v, mask)
+    monkeypatch.undo()
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    defined = mask.any(-1)[..., None]
+    torch.testing.assert_close(out.to_tensor(0), torch.where(defined, ref, 0))
