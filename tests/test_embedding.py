@@ -160,3 +160,15 @@ def test_errors_name_the_op_and_the_fix():
         F.embedding(mt.double(), w)
     with pytest.raises(TypeError, match="embedding: the weight must be a plain tensor"):
         F.embedding(mt, ms.masked_tensor(w, torch.ones_like(w, dtype=torch.bool)))
+
+
+@pytest.mark.parametrize("layout", ["strided", "sparse_csr"])
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_padding_idx_like_torch(layout, mode):
+    mt, ids, mask = ids_of(layout, seed=10)
+    w = weight_of()
+    flat, offsets = reference_bags(ids, mask)
+    for pad in (int(flat[0]), int(flat[0]) - ROWS):
+        torch.testing.assert_close(F.embedding_bag(mt, w, mode=mode, padding_idx=pad),
+                                   F.embedding_bag(flat, w, offsets, mode=mode, padding_idx=pad),
+                                   rtol=0, atol=0)

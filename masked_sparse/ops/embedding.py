@@ -135,7 +135,15 @@ def _embedding_bag(op: Any, input: Any, weight: Any, offsets: Any = None,
                              f"the ids' shape {tuple(s.shape)} (read at the specified ids)")
         per_sample_weights = (per_sample_weights[s.mask] if coords is None
                               else per_sample_weights[coords[0], coords[1]])
-    return F.embedding_bag(ids, weight, bounds, max_norm=max_norm, norm_type=norm_type,
-                           scale_grad_by_freq=scale_grad_by_freq, mode=mode, sparse=sparse,
-                           per_sample_weights=per_sample_weights, include_last_offset=True,
-                           padding_idx=padding_idx)
+    if max_norm is not None or per_sample_weights is not None or mode not in _MODES:
+        return F.embedding_bag(ids, weight, bounds, max_norm=max_norm, norm_type=norm_type,
+                               scale_grad_by_freq=scale_grad_by_freq, mode=mode,
+                               sparse=sparse, per_sample_weights=per_sample_weights,
+                               include_last_offset=True, padding_idx=padding_idx)
+    # F.embedding_bag's own argument checks hold by construction here (1-D ids, offsets
+    # from 0, a known mode): its kernel directly.
+    return torch.embedding_bag(weight, ids, bounds, scale_grad_by_freq, _MODES[mode], sparse,
+                               None, True, padding_idx)[0]
+
+
+_MODES = {"sum": 0, "mean": 1, "max": 2}
