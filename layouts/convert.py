@@ -126,7 +126,8 @@ def read_broadcast(source: Storage, like: Storage) -> tuple[torch.Tensor, torch.
     """``source``, whose shape broadcasts to ``like.shape``, read at ``like``'s positions.
 
     Returns values and mask shaped like ``like.values`` (for a strided ``like``, possibly
-    shapes that broadcast to it). A sparse ``source`` whose dense form has no more
+    shapes that broadcast to it; a mask that is True everywhere may come back as a
+    broadcast view of one True). A sparse ``source`` whose dense form has no more
     elements than ``like``'s values (a ``keepdim`` reduction of ``like``: one value per
     line) is densified in O(source) and read by ``like``'s own coordinates in O(nnz), with
     no search or sort; a larger one is looked up by the element keys of its COO form in
@@ -152,8 +153,12 @@ def read_broadcast(source: Storage, like: Storage) -> tuple[torch.Tensor, torch.
         # O(source) and read by the coordinates ``like`` already stores, in O(nnz): no
         # search, no sort.
         gather = like.layout.gather
-        return (gather(like, source.densify(source.values, 0)).expand_as(like.values),
-                gather(like, source.densify(source.mask, False)).expand_as(like.values))
+        values = gather(like, source.densify(source.values, 0)).expand_as(like.values)
+        dense_mask = source.densify(source.mask, False)
+        if bool(dense_mask.all()):  # a host read of the small operand: one gather, not two
+            return values, torch.ones((), dtype=torch.bool,
+                                      device=like.mask.device).expand(like.values.shape)
+        return values, gather(like, dense_mask).expand_as(like.values)
     src = source.layout.to_coo(source)
     ids = torch.arange(like.values.numel(), device=like.values.device).view(like.values.shape)
     target = like.layout.to_coo(like.with_values(ids))

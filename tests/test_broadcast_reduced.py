@@ -25,12 +25,17 @@ TORCH_LAYOUT = {"sparse_coo": torch.sparse_coo, "sparse_csr": torch.sparse_csr,
                 "sparse_csc": torch.sparse_csc, "sparse_bsr": torch.sparse_bsr}
 
 
-def masked(layout, seed=0, shape=(6, 8)):
-    """A sparse MaskedTensor with one fully masked row and column, and its dense form."""
+def masked(layout, seed=0, shape=(6, 8), empty=True):
+    """A sparse MaskedTensor with one fully masked row and column (``empty``; else every
+    line holds a specified element), and its dense form."""
     g = torch.Generator().manual_seed(seed)
     mask = torch.rand(shape, generator=g) < 0.6
-    mask[2] = False
-    mask[:, 5] = False
+    if empty:
+        mask[2] = False
+        mask[:, 5] = False
+    else:
+        mask |= torch.eye(*shape, dtype=torch.bool)
+        mask[:, shape[0]:] |= torch.eye(shape[0], shape[1] - shape[0], dtype=torch.bool)
     mt, data, mask = make_masked(shape, torch.sparse_coo, torch.float64, seed=seed, mask=mask)
     return ms.to_layout(mt, layout), data, mask
 
@@ -57,8 +62,10 @@ EXPRS = {
 @pytest.mark.parametrize("layout", SPARSE)
 @pytest.mark.parametrize("dim", [0, 1])
 @pytest.mark.parametrize("expr", sorted(EXPRS))
-def test_matches_the_dense_reference(layout, dim, expr):
-    mt, data, mask = masked(layout, seed=dim)
+@pytest.mark.parametrize("empty", [True, False], ids=["empty_lines", "no_empty_line"])
+def test_matches_the_dense_reference(layout, dim, expr, empty):
+    mt, data, mask = masked(layout, seed=dim, empty=empty)
+    assert bool((~mask.any(dim)).any()) == empty
     fn, ref = EXPRS[expr]
     out = fn(mt, dim)
     check_invariants(out, TORCH_LAYOUT[layout])
@@ -69,8 +76,9 @@ def test_matches_the_dense_reference(layout, dim, expr):
 @pytest.mark.parametrize("layout", SPARSE)
 @pytest.mark.parametrize("dim", [0, 1])
 @pytest.mark.parametrize("expr", ["div_sum", "sub_mean"])
-def test_gradients_match_the_dense_reference(layout, dim, expr):
-    mt, data, mask = masked(layout, seed=3 + dim)
+@pytest.mark.parametrize("empty", [True, False], ids=["empty_lines", "no_empty_line"])
+def test_gradients_match_the_dense_reference(layout, dim, expr, empty):
+    mt, data, mask = masked(layout, seed=3 + dim, empty=empty)
     mt.requires_grad_()
     fn, ref = EXPRS[expr]
     w = torch.rand(mt.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(9))

@@ -132,8 +132,9 @@ def broadcast(func: Any, storages: list[Storage]) -> list[Storage]:
     for i, s in enumerate(storages):
         if i not in done:
             reads[i] = layouts.read_broadcast(s, ref)
-            mask = mask & reads[i][1]
-    if full and reads:
+            if not _one_true(reads[i][1]):
+                mask = mask & reads[i][1]
+    if full and reads and mask is not ref.mask:
         lost = ref.mask & ~mask
         if not backward_masks.in_backward() and _any(lost):
             raise ValueError(
@@ -146,6 +147,13 @@ def broadcast(func: Any, storages: list[Storage]) -> list[Storage]:
             mask = ref.mask  # the same set: keep the object (Note [Index sharing])
     return [Storage(ref.layout, ref.index, done[i].values if i in done else reads[i][0], mask,
                     shape) for i in range(len(storages))]
+
+
+def _one_true(mask: torch.Tensor) -> bool:
+    """True for a broadcast view of a single True (``read_broadcast``'s all-specified read):
+    intersecting with it changes nothing."""
+    return (mask.dim() > 0 and not any(mask.stride()) and mask.numel() > 0
+            and bool(mask[(0,) * mask.dim()]))
 
 
 def _any(mask: torch.Tensor) -> bool:
