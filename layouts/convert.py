@@ -155,7 +155,8 @@ def read_broadcast(source: Storage, like: Storage) -> tuple[torch.Tensor, torch.
         gather = like.layout.gather
         values = gather(like, source.densify(source.values, 0)).expand_as(like.values)
         dense_mask = source.densify(source.mask, False)
-        if bool(dense_mask.all()):  # a host read of the small operand: one gather, not two
+        if (not torch._C._are_functorch_transforms_active()
+                and bool(dense_mask.all())):  # a host read of the small operand: one gather
             return values, torch.ones((), dtype=torch.bool,
                                       device=like.mask.device).expand(like.values.shape)
         return values, gather(like, dense_mask).expand_as(like.values)
