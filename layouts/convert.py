@@ -222,17 +222,22 @@ def stack_storages(storages: list[Storage]) -> Storage | None:
     """
     first = storages[0]
     layout, one_shape = first.layout, first.shape
-    for s in storages:
-        if s.layout is not layout or s.shape != one_shape:
-            return None
+    if not all(s.layout is layout for s in storages):
+        return None
     shape = torch.Size((len(storages),) + tuple(one_shape))
     if not first.index:
-        # A dense layout's values and mask have the logical shape (torch.stack checks the
-        # others: a mismatch raises there).
+        # A dense layout's values and mask have the logical shape, so torch.stack checks
+        # the shapes of the others (a mismatch raises there: None).
         if first.values.shape != one_shape or first.mask.shape != one_shape:
             return None
-        return Storage(layout, (), torch.stack([s.values for s in storages]),
-                       torch.stack([s.mask for s in storages]), shape)
+        try:
+            values = torch.stack([s.values for s in storages])
+            mask = torch.stack([s.mask for s in storages])
+        except RuntimeError:
+            return None
+        return Storage(layout, (), values, mask, shape)
+    if not all(s.shape == one_shape for s in storages):
+        return None
     coos = [s.layout.to_coo(s) for s in storages]
     if any(len(c.index) != 1 for c in coos):
         return None

@@ -58,12 +58,14 @@ def _stack_parts(batch: list[MaskedTensor]) -> MaskedTensor | None:
     that require grad, of several layouts or shapes)."""
     if not batch or torch.compiler.is_compiling():
         return None
-    with DisableTorchFunctionSubclass():  # read requires_grad without the round trip
-        if any(t.requires_grad for t in batch):
-            return None
     # The eager storage object itself (Note [Storage attributes]): one attribute read per
-    # sample, not the property's compile check each time.
-    stacked = layouts.stack_storages([t._cached for t in batch])
+    # sample, not the property's compile check each time; requires_grad read without the
+    # __torch_function__ round trip.
+    with DisableTorchFunctionSubclass():
+        storages = [t._cached for t in batch if not t.requires_grad]
+    if len(storages) != len(batch):
+        return None
+    stacked = layouts.stack_storages(storages)
     return None if stacked is None else _wrap(stacked)
 
 
