@@ -172,3 +172,23 @@ def test_embedding_bag_padding_idx_like_torch(layout, mode):
         torch.testing.assert_close(F.embedding_bag(mt, w, mode=mode, padding_idx=pad),
                                    F.embedding_bag(flat, w, offsets, mode=mode, padding_idx=pad),
                                    rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+@pytest.mark.parametrize("all_specified", [False, True])
+def test_stored_unspecified_ids_take_no_part(layout, all_specified):
+    from conftest import make_masked
+
+    _, ids, mask = ids_of("strided", seed=11)
+    data = torch.where(mask, ids, -1)  # a stored unspecified id is out of range
+    mt, _, _ = make_masked(ids.shape, layout, torch.int64, data=data, mask=mask,
+                           stored_masked=0.0 if all_specified else 0.5, seed=12)
+    s = mt._storage
+    assert bool(s.mask.all()) == all_specified
+    w = weight_of()
+    flat, offsets = reference_bags(ids, mask)
+    torch.testing.assert_close(F.embedding_bag(mt, w, mode="mean"),
+                               F.embedding_bag(flat, w, offsets, mode="mean"), rtol=0, atol=0)
+    out = F.embedding(mt, w)
+    assert out._storage.values.shape == (int(mask.sum()), DIM)
+    torch.testing.assert_close(dense_of(out)[0][mask], F.embedding(flat, w), rtol=0, atol=0)

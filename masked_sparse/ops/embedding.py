@@ -57,15 +57,22 @@ def _check(ids: Any, weight: Any, op: str) -> None:
                         f"of {dtype}; cast with ids.long()")
 
 
-def specified_ids(s: Storage) -> tuple[torch.Tensor | None, torch.Tensor, Any]:
+def specified_ids(s: Storage, first_only: bool = False
+                  ) -> tuple[torch.Tensor | None, torch.Tensor, Any]:
     """``(coords, ids, coo_layout)``: the specified ids in row-major order, their
-    coordinates (``(ndim, n)``) and the layout they come from (the layout's COO form; a
-    dense layout gives ``s.values[s.mask]`` and no coordinates)."""
+    coordinates (``(ndim, n)``; only the first, ``(1, n)``, with ``first_only``) and the
+    layout they come from (the layout's COO form; a dense layout gives ``s.values[s.mask]``
+    and no coordinates). A sparse storage whose stored ids are all specified is read as
+    it is (one host read of the mask's minimum instead of two compactions)."""
     # masked_select, not ``t[mask]``: boolean indexing takes a slower general path.
     if not s.index:
         return None, torch.masked_select(s.values, s.mask), s.layout
     coo = s.layout.to_coo(s)  # coalesced: row-major order
     index, keep = coo.index[0], coo.mask
+    if first_only:
+        index = index[:1]
+    if bool(keep.view(torch.uint8).amin()) if keep.numel() else True:  # all stored specified
+        return index, coo.values, coo.layout
     coords = torch.masked_select(index, keep).view(index.shape[0], -1)
     return coords, torch.masked_select(coo.values, keep), coo.layout
 
@@ -121,7 +128,7 @@ def _embedding_bag(op: Any, input: Any, weight: Any, offsets: Any = None,
     if offsets is not None or include_last_offset:
         raise ValueError("embedding_bag: with masked ids every row is one bag and the "
                          "offsets come from the mask; drop offsets= and include_last_offset=")
-    coords, ids, _ = specified_ids(s)
+    coords, ids, _ = specified_ids(s, first_only=per_sample_weights is None)
     bags = s.shape[0]
     if coords is None:
         counts = s.mask.sum(1)
