@@ -6,7 +6,8 @@ run (ratio = masked_sparse / workaround; below 1 means masked_sparse is faster):
 - **attention** over padded sequences (B=8, H=8, T=128, d=64, lengths T/2..T), forward
   and backward: ``softmax(as_masked_tensor(q @ k.mT / sqrt(d), mask), -1) @ v`` against
   ``F.scaled_dot_product_attention(q, k, v, attn_mask=mask)`` (``SDPA``) and the dense
-  ``-inf`` recipe; then both compiled (``torch.compile``, the masked one ``fullgraph=True``).
+  ``-inf`` recipe; then all three compiled (``torch.compile``, the masked one
+  ``fullgraph=True``).
   Targets: <= 1.3x SDPA eager, <= 1.1x compiled.
 - **broadcasting a reduction back**: ``mt / mt.sum(1, keepdim=True)`` on a 1M-entry CSR
   matrix against ``mt / mt.sum(1).to_tensor(0).to_dense().unsqueeze(1)`` (the same result
@@ -95,10 +96,13 @@ def attention_cases(quick: bool) -> list[Case]:
     try:
         masked_c = torch.compile(masked_attention, fullgraph=True, dynamic=False)
         sdpa_c = torch.compile(sdpa, dynamic=False)
-        steps = {"masked": _train_step(masked_c, inputs), "SDPA": _train_step(sdpa_c, inputs)}
+        dense_c = torch.compile(dense_inf, dynamic=False)
+        steps = {"masked": _train_step(masked_c, inputs), "SDPA": _train_step(sdpa_c, inputs),
+                 "dense": _train_step(dense_c, inputs)}
         for step in steps.values():  # compile outside the timed region
             step()
-        out.append(Case(f"{name}, compiled", steps["masked"], {"SDPA compiled": steps["SDPA"]},
+        out.append(Case(f"{name}, compiled", steps["masked"],
+                        {"SDPA compiled": steps["SDPA"], "dense -inf compiled": steps["dense"]},
                         COMPILED_TARGETS))
     except Exception as exc:  # noqa: BLE001 -- no compiler here: report, do not end the run
         out.append(Case(f"{name}, compiled", lambda: None,
