@@ -87,6 +87,20 @@ def align(func: Any, storages: list[Storage]) -> list[Storage]:
 
 
 def _broadcast_shape(func: Any, storages: list[Storage]) -> torch.Size:
+    shapes = [tuple(s.shape) for s in storages]
+    ndim = max(len(t) for t in shapes)
+    out = [1] * ndim
+    for t in shapes:  # torch.broadcast_shapes runs a Python reference (see broadcasts_to)
+        for i, n in enumerate(t, ndim - len(t)):
+            if n != 1:
+                if out[i] not in (1, n):
+                    break
+                out[i] = n
+        else:
+            continue
+        break
+    else:
+        return torch.Size(out)
     try:
         return torch.Size(torch.broadcast_shapes(*(s.shape for s in storages)))
     except RuntimeError:
