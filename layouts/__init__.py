@@ -32,7 +32,14 @@ from ._native import status as native_status
 from ._reduce_sparse import group_by
 from ._size import storage_nbytes
 from ._validate import check_sparse_input
-from .convert import convert, drop_unspecified, expand_specified, read_at, read_broadcast
+from .convert import (
+    convert,
+    drop_unspecified,
+    expand_specified,
+    read_at,
+    read_broadcast,
+    stack_storages,
+)
 from .registry import (
     Kernel,
     Layout,
@@ -72,6 +79,7 @@ __all__ = [
     "sparse_mm",
     "sparse_sparse_mm",
     "specified_lines",
+    "stack_storages",
     "storage_nbytes",
     "takes_layout",
     "unregister_layout",

@@ -199,8 +199,17 @@ class Compressed:
     def gather(self, storage: Storage, dense: torch.Tensor) -> torch.Tensor:
         if dense.dim() == 0:
             return dense
+        row, col = self.elements(storage)
+        if not self.blocked and dense.dim() <= 2:
+            # One value per row or per column (a keepdim reduction read back): one
+            # index_select by the coordinate the storage already has.
+            dense = dense.reshape((1,) * (2 - dense.dim()) + tuple(dense.shape))
+            if dense.shape[1] == 1 and dense.shape[0] == storage.shape[0]:
+                return dense[:, 0].index_select(0, row)
+            if dense.shape[0] == 1 and dense.shape[1] == storage.shape[1]:
+                return dense[0].index_select(0, col)
         # Advanced indexing on the broadcast view: a small operand is never materialized.
-        return dense.expand(storage.shape)[self.elements(storage)]
+        return dense.expand(storage.shape)[row, col]
 
     def format_options(self, storage: Storage) -> dict[str, Any]:
         return {"blocksize": self.blocksize(storage)}

@@ -90,6 +90,8 @@ class StridedGrouping(Grouping):
                 log: bool) -> tuple[torch.Tensor, bool]:
         if len(self.dims) != 1:
             return super().softmax(values, mask, log)
+        if not log and _fused_softmax_applies(values, mask):
+            return _MaskedSoftmax.apply(values, mask, self.dims[0]), True
         filled = fill_unspecified(values, mask, -math.inf)  # weighs nothing
         return (torch.log_softmax if log else torch.softmax)(filled, self.dims[0]), False
 
@@ -181,3 +183,72 @@ def fused_masked_sum(values: torch.Tensor, mask: torch.Tensor, dims: tuple[int, 
         total = total.squeeze(dims)
         count = count.squeeze(dims) if count is not None else None
     return total, count
+
+
+# Note [Fused masked softmax]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Attention's ``softmax(as_masked_tensor(scores, mask), -1)`` under autograd, as the dense
+# ``-inf`` recipe computes it: one ``where`` to -inf, torch's softmax, and nothing else that
+# allocates. The softmax output is exact 0 at every unspecified element of a line holding
+# a specified one (exp(-inf) = 0); only a fully masked line is 0/0, so the output is then
+# zero filled *in place* by its bits (an integer product with the mask compacted over its
+# broadcast dims: one head-shared mask is read once per stored element, NaN bits become
+# +0.0). That zero-filled output is what autograd saves: the softmax gradient
+# ``p * (g - sum(g * p))`` is then 0 wherever ``p`` is (every unspecified element), and the
+# same in-place fill of the gradient clears any NaN or inf the incoming gradient held
+# there. The result is tagged zero filled, so the matrix product after it fills nothing.
+# Compiled code (Inductor fuses the plain route), torch.func transforms, double backward
+# (the backward builds a graph: ``where`` instead) and dtypes without a same-width integer
+# take the plain route. Measured by ``benchmarks.bench_training_ops`` (attention rows).
+
+
+def _compact(mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` with its broadcast (stride 0) dims cut to size 1."""
+    for d in range(mask.dim()):
+        if mask.stride(d) == 0 and mask.shape[d] > 1:
+            mask = mask.narrow(d, 0, 1)
+    return mask
+
+
+def _fused_softmax_applies(values: torch.Tensor, mask: torch.Tensor) -> bool:
+    return (values.dtype in _INT_OF and mask.dtype == torch.bool
+            and mask.shape == values.shape and values.device.type == "cpu"
+            and not torch.compiler.is_compiling()
+            and not torch._C._are_functorch_transforms_active())
+
+
+def _zero_fill_(t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``t`` (contiguous, fresh) with every unspecified element set to +0.0 in place."""
+    t.view(_INT_OF[t.dtype]).mul_(_compact(mask))
+    return t
+
+
+_INT_OF = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
+           torch.float64: torch.int64}
+
+
+class _MaskedSoftmax(torch.autograd.Function):
+    """Softmax over the specified elements along ``dim``, 0 elsewhere (Note [Fused masked
+    softmax])."""
+
+    @staticmethod
+    def forward(ctx, values: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
+        filled = torch.where(mask, values, torch.full((), -math.inf, dtype=values.dtype))
+        out = torch.softmax(filled, dim)
+        del filled
+        if not out.is_contiguous():
+            out = out.contiguous()
+        _zero_fill_(out, mask)
+        ctx.save_for_backward(out, mask)
+        ctx.dim = dim
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        out, mask = ctx.saved_tensors
+        g = torch._softmax_backward_data(grad, out, ctx.dim, out.dtype)
+        if torch.is_grad_enabled():  # create_graph: stay differentiable
+            return torch.where(mask, g, torch.zeros((), dtype=g.dtype)), None, None
+        if not g.is_contiguous():
+            g = g.contiguous()
+        return _zero_fill_(g, mask), None, None

@@ -9,6 +9,7 @@ unspecified. They are written with differentiable torch ops on the values.
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any
 
 import torch
@@ -125,9 +126,13 @@ def read_broadcast(source: Storage, like: Storage) -> tuple[torch.Tensor, torch.
     """``source``, whose shape broadcasts to ``like.shape``, read at ``like``'s positions.
 
     Returns values and mask shaped like ``like.values`` (for a strided ``like``, possibly
-    shapes that broadcast to it). A sparse ``source`` is looked up by the element keys of
-    its COO form in O(nnz log nnz) -- its size-1 dims read coordinate 0 -- and is never
-    densified unless ``like`` is strided (then at most ``source``'s own, smaller, shape).
+    shapes that broadcast to it; a mask that is True everywhere may come back as a
+    broadcast view of one True). A sparse ``source`` whose dense form has no more
+    elements than ``like``'s values (a ``keepdim`` reduction of ``like``: one value per
+    line) is densified in O(source) and read by ``like``'s own coordinates in O(nnz), with
+    no search or sort; a larger one is looked up by the element keys of its COO form in
+    O(nnz log nnz) -- its size-1 dims read coordinate 0. ``source`` is never densified
+    beyond its own shape.
 
     >>> import torch, layouts
     >>> coo = layouts.get_layout("sparse_coo")
@@ -142,6 +147,19 @@ def read_broadcast(source: Storage, like: Storage) -> tuple[torch.Tensor, torch.
         gather = like.layout.gather
         return (gather(like, source.values).expand_as(like.values),
                 gather(like, source.mask).expand_as(like.values))
+    if math.prod(source.shape) <= like.values.numel():
+        # Note [Reading a reduced operand]: the dense form of ``source`` (a keepdim reduction
+        # is one value per line) is no larger than ``like``'s values, so it is built in
+        # O(source) and read by the coordinates ``like`` already stores, in O(nnz): no
+        # search, no sort.
+        gather = like.layout.gather
+        values = gather(like, source.densify(source.values, 0)).expand_as(like.values)
+        dense_mask = source.densify(source.mask, False)
+        if (not torch._C._are_functorch_transforms_active()
+                and bool(dense_mask.all())):  # a host read of the small operand: one gather
+            return values, torch.ones((), dtype=torch.bool,
+                                      device=like.mask.device).expand(like.values.shape)
+        return values, gather(like, dense_mask).expand_as(like.values)
     src = source.layout.to_coo(source)
     ids = torch.arange(like.values.numel(), device=like.values.device).view(like.values.shape)
     target = like.layout.to_coo(like.with_values(ids))
@@ -183,3 +201,50 @@ def expand_specified(storage: Storage, shape: tuple[int, ...]) -> Storage:
             values, mask = values.repeat_interleave(n), mask.repeat_interleave(n)
     order = torch.argsort(linearize(coords, tuple(shape)))
     return get_layout("sparse_coo").build((coords[:, order],), values[order], mask[order], shape)
+
+
+def stack_storages(storages: list[Storage]) -> Storage | None:
+    """Storages of one shape stacked along a new dim 0 in one ``stack`` / ``cat`` per part.
+
+    Dense storages (values of the full shape, no index) stack their values and their masks
+    (one ``torch.stack`` each) in their own layout. Indexed storages become one COO storage:
+    their COO forms' values and masks are concatenated once, and the index once, with the
+    sample number as the new leading coordinate (each sample is coalesced, so the batch is).
+    Returns None when the storages do not share one layout and shape, or a layout has no COO
+    form (the caller then stacks them one by one). What ``DataLoader`` collation builds on.
+
+    >>> import torch, layouts
+    >>> coo = layouts.get_layout("sparse_coo")
+    >>> a = coo.from_strided(torch.tensor([1., 2.]), torch.tensor([True, False]))
+    >>> b = stack_storages([a, a])
+    >>> b.index[0].tolist(), b.shape
+    ([[0, 1], [0, 0]], torch.Size([2, 2]))
+    """
+    first = storages[0]
+    layout, one_shape = first.layout, first.shape
+    if not all(s.layout is layout for s in storages):
+        return None
+    shape = torch.Size((len(storages),) + tuple(one_shape))
+    if not first.index:
+        # A dense layout's values and mask have the logical shape, so torch.stack checks
+        # the shapes of the others (a mismatch raises there: None).
+        if first.values.shape != one_shape or first.mask.shape != one_shape:
+            return None
+        try:
+            values = torch.stack([s.values for s in storages])
+            mask = torch.stack([s.mask for s in storages])
+        except RuntimeError:
+            return None
+        return Storage(layout, (), values, mask, shape)
+    if not all(s.shape == one_shape for s in storages):
+        return None
+    coos = [s.layout.to_coo(s) for s in storages]
+    if any(len(c.index) != 1 for c in coos):
+        return None
+    index = torch.cat([c.index[0] for c in coos], 1)
+    counts = torch.tensor([c.index[0].shape[1] for c in coos], device=index.device)
+    batch = torch.repeat_interleave(torch.arange(len(coos), device=index.device), counts,
+                                    output_size=index.shape[1])
+    return coos[0].layout.build((torch.cat([batch[None], index]),),
+                                torch.cat([c.values for c in coos]),
+                                torch.cat([c.mask for c in coos]), shape)

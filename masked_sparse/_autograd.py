@@ -66,6 +66,8 @@ class _OnValues(torch.autograd.Function):
     # setup_context through ``box`` (a list), which is what torch.func transforms require.
     @staticmethod
     def forward(fn: Kernel, extra: tuple, box: list, *inputs: Any) -> Any:
+        from .ops._fill import carry_zero_fill  # ops import this module
+
         storages, leaves = [], []
         for t in inputs:
             if not isinstance(t, MaskedTensor):  # a plain operand: passed as a tensor
@@ -76,15 +78,15 @@ class _OnValues(torch.autograd.Function):
                 continue
             s = t._storage
             if t.requires_grad:
-                leaf = s.values.detach().requires_grad_()
+                leaf = carry_zero_fill(s.values, s.values.detach().requires_grad_())
                 leaves.append(leaf)
                 s = s.with_values(leaf)
             storages.append(s)
         with torch.enable_grad():
             outs, is_tuple = _as_outputs(fn(storages, *extra))
         box.append((outs, leaves))
-        wrapped = [_wrap(o.with_values(o.values.detach())) if isinstance(o, Storage) else o
-                   for o in outs]
+        wrapped = [_wrap(o.with_values(carry_zero_fill(o.values, o.values.detach())))
+                   if isinstance(o, Storage) else o for o in outs]
         return tuple(wrapped) if is_tuple else wrapped[0]
 
     @staticmethod

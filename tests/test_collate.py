@@ -74,3 +74,38 @@ def test_dataloader_with_workers(workers):
         for k, (batch, ids) in enumerate(got):
             assert torch.equal(ids, torch.arange(3 * k, 3 * k + 3))
             _check_batch(batch, [ds.items[i][0] for i in ids.tolist()], name)
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_batches_part_by_part_like_plain_pairs(name, monkeypatch):
+    # The batch equals the plain (data, mask) collation, and no torch.stack / torch.cat call
+    # receives the MaskedTensor samples themselves (one stack or cat per part instead).
+    samples = [_sample(name, i) for i in range(5)]
+    pairs = [dense_of(s) for s in samples]
+    ref_data, ref_mask = default_collate(pairs)
+    seen = []
+    for fn in ("stack", "cat"):
+        real = getattr(torch, fn)
+
+        def spy(tensors, *args, _real=real, **kwargs):
+            seen.append(any(isinstance(t, ms.MaskedTensor) for t in tensors))
+            return _real(tensors, *args, **kwargs)
+
+        monkeypatch.setattr(torch, fn, spy)
+    batch = default_collate(samples)
+    monkeypatch.undo()
+    assert seen and not any(seen)
+    assert batch.layout == BATCH_LAYOUT[name]
+    data, mask = dense_of(batch)
+    assert torch.equal(mask, ref_mask)
+    assert torch.equal(torch.where(mask, data, 0), torch.where(ref_mask, ref_data, 0))
+    batch._storage.layout.validate(batch._storage, full=True)
+
+
+def test_samples_that_require_grad_keep_the_differentiable_stack():
+    samples = [_sample("strided", i).requires_grad_() for i in range(3)]
+    batch = default_collate(samples)
+    assert batch.requires_grad
+    (batch.to_tensor(0) * 2).sum().backward()
+    for s in samples:
+        assert torch.equal(dense_of(s.grad)[0], torch.where(dense_of(s)[1], 2.0, 0.0))

@@ -10,6 +10,7 @@
 from . import (  # noqa: F401
     basic,
     conversion,
+    embedding,
     exits,
     foreach,
     indexing,

@@ -108,6 +108,24 @@ def mark_zero_filled(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return values
 
 
+def carry_zero_fill(source: torch.Tensor, alias: torch.Tensor) -> torch.Tensor:
+    """``alias`` (``source.detach()``: the same elements and version counter) tagged as
+    zero filled when ``source`` is (Note [Known zero fill]): autograd's detached copies of
+    ``softmax``'s result keep the tag, so ``softmax(scores) @ v`` fills once under autograd
+    as well.
+
+    >>> import torch
+    >>> m = torch.tensor([True, False])
+    >>> x = mark_zero_filled(torch.tensor([1., 0.]), m)
+    >>> is_zero_filled(carry_zero_fill(x, x.detach()), m)
+    True
+    """
+    tag = _ZERO_FILLED.get(source)
+    if tag is not None and tag[1] == source._version and not torch.compiler.is_compiling():
+        _ZERO_FILLED[alias] = (tag[0], alias._version)
+    return alias
+
+
 def is_zero_filled(values: torch.Tensor, mask: torch.Tensor) -> bool:
     """True when ``values`` came out of ``zero_fill(..., mask)`` (this very mask object) and
     has not been written since.
@@ -119,8 +137,9 @@ def is_zero_filled(values: torch.Tensor, mask: torch.Tensor) -> bool:
     result with the mask object and the tensor's version counter, in a table keyed weakly by
     tensor identity (nothing is stored on the tensor, so nothing is pickled); a later fill
     with that mask is skipped while the version is unchanged (any in-place write bumps it).
-    A result that was detached, copied, loaded or rebuilt is a new tensor without the tag,
-    so the worst case is one fill too many, never one too few.
+    A result that was copied, loaded or rebuilt is a new tensor without the tag, so the
+    worst case is one fill too many, never one too few; autograd's own detached aliases
+    (``on_values``) take the tag along (:func:`carry_zero_fill`).
     """
     tag = _ZERO_FILLED.get(values)
     return (tag is not None and tag[0] is mask and not values.is_inference()

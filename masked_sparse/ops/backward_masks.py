@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map_only
+from torch.utils.weak import WeakIdKeyDictionary
 
 import layouts
 from layouts import Storage
@@ -94,9 +95,19 @@ def plain_sum(func: Any, args: tuple, kwargs: dict) -> Any:
     return mt
 
 
+# The plain form of each masked gradient handed to plain formulas, while it lives: one
+# gradient often feeds several (``q @ k.mT`` sends its gradient to two products).
+_PLAIN: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
 def _as_plain(mt: MaskedTensor) -> torch.Tensor:
     s = mt._storage
-    return s.layout.to_torch(s, layouts.zero_unspecified(s.values, s.mask))
+    known = _PLAIN.get(mt)
+    if known is not None and known[0] is s.values and known[1] == s.values._version:
+        return known[2]
+    plain = s.layout.to_torch(s, layouts.zero_unspecified(s.values, s.mask))
+    _PLAIN[mt] = (s.values, s.values._version, plain)
+    return plain
 
 
 def plain_fallback(op: Any, *args: Any, **kwargs: Any) -> Any:

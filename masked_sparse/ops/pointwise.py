@@ -93,6 +93,20 @@ def align(func: Any, storages: list[Storage]) -> list[Storage]:
 
 
 def _broadcast_shape(func: Any, storages: list[Storage]) -> torch.Size:
+    shapes = [tuple(s.shape) for s in storages]
+    ndim = max(len(t) for t in shapes)
+    out = [1] * ndim
+    for t in shapes:  # torch.broadcast_shapes runs a Python reference (see broadcasts_to)
+        for i, n in enumerate(t, ndim - len(t)):
+            if n != 1:
+                if out[i] not in (1, n):
+                    break
+                out[i] = n
+        else:
+            continue
+        break
+    else:
+        return torch.Size(out)
     try:
         return torch.Size(torch.broadcast_shapes(*(s.shape for s in storages)))
     except RuntimeError:
@@ -138,10 +152,11 @@ def broadcast(func: Any, storages: list[Storage]) -> list[Storage]:
     for i, s in enumerate(storages):
         if i not in done:
             reads[i] = layouts.read_broadcast(s, ref)
-            mask = mask & reads[i][1]
-    if full and reads:
+            if not _one_true(reads[i][1]):
+                mask = mask & reads[i][1]
+    if full and reads and mask is not ref.mask:
         lost = ref.mask & ~mask
-        if not backward_masks.in_backward() and bool(lost.any()):
+        if not backward_masks.in_backward() and _any(lost):
             raise ValueError(
                 f"{op_name(func)}: broadcasting MaskedTensor operands of shapes "
                 f"{', '.join(str(tuple(s.shape)) for s in storages)} would lose "
@@ -152,6 +167,19 @@ def broadcast(func: Any, storages: list[Storage]) -> list[Storage]:
             mask = ref.mask  # the same set: keep the object (Note [Index sharing])
     return [Storage(ref.layout, ref.index, done[i].values if i in done else reads[i][0], mask,
                     shape) for i in range(len(storages))]
+
+
+def _one_true(mask: torch.Tensor) -> bool:
+    """True for a broadcast view of a single True (``read_broadcast``'s all-specified read):
+    intersecting with it changes nothing."""
+    return (mask.dim() > 0 and not any(mask.stride()) and mask.numel() > 0
+            and bool(mask[(0,) * mask.dim()]))
+
+
+def _any(mask: torch.Tensor) -> bool:
+    """``bool(mask.any())`` through a byte maximum (torch's bool ``any`` takes a slower,
+    unvectorized path on CPU; measured by ``benchmarks.bench_training_ops``)."""
+    return mask.numel() > 0 and bool(mask.view(torch.uint8).amax())
 
 
 def _try_layout(coo: Storage, like: Storage) -> Storage:
