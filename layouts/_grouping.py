@@ -77,6 +77,7 @@ from typing import Any
 
 import torch
 
+from . import _kernels
 from .registry import Storage
 
 OPS = ("sum", "prod", "amax", "amin", "any", "all")
@@ -100,29 +101,79 @@ class Grouping:
     def expand(self, out: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    # Note [One kernel route] (``layouts._kernels``): each masked primitive below is one
+    # kernel family; ``_kernels.run`` picks the layout's ``_native_*`` implementation (the
+    # C kernels; None where they do not apply) or the ``_torch_*`` one by device, and
+    # records the family's backward when the values require grad.
+    def masked_reduce(self, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor:
+        return _kernels.run(_kernels.REDUCE, self, values, mask, op)[0]
+
+    def masked_sum(self, values: torch.Tensor, mask: torch.Tensor,
+                   with_count: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        total = self.masked_reduce(values, mask, "sum")
+        return total, (self.reduce(mask, "sum") if with_count else None)
+
+    def masked_mean(self, values: torch.Tensor, mask: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per group, the mean of its specified elements (0 where none is) and whether it
+        has one; differentiable."""
+        mean, specified = _kernels.run(_kernels.MOMENTS, self, values, mask, None)
+        return mean, specified
+
+    def masked_var(self, values: torch.Tensor, mask: torch.Tensor, correction: float
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per group, the variance of its specified elements with ``correction`` (0 where
+        ``count - correction <= 0``), their mean (0 where none is specified), and where the
+        variance is specified; differentiable.
+        """
+        var, mean, specified = _kernels.run(_kernels.MOMENTS, self, values, mask, correction)
+        return var, mean, specified
+
+    def masked_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
+                         specified: torch.Tensor) -> torch.Tensor:
+        """Per group, the log of the sum of ``exp`` of its specified elements, 0 where
+        ``specified`` (the groups with one) is False; differentiable."""
+        return _kernels.run(_kernels.LOGSUMEXP, self, values, mask, specified)[0]
+
     def softmax(self, values: torch.Tensor, mask: torch.Tensor,
                 log: bool) -> tuple[torch.Tensor, bool]:
-        # The shift cancels in value and gradient; detaching it saves a backward pass. A +inf
-        # or NaN maximum is kept: the whole group is NaN, as torch.softmax gives.
-        top = self.masked_reduce(values, mask, "amax").detach()
-        top = torch.where(torch.isneginf(top), torch.zeros((), dtype=top.dtype,
-                                                           device=top.device), top)
-        # Unspecified elements are shifted to 0, not -inf, before ``exp`` (torch's CPU exp is
-        # 5-10x slower on arguments that underflow) and left out of the sum; the caller
-        # zero-fills them in the output.
-        shifted = zero_unspecified(values - self.expand(top), mask)
-        e = shifted.exp()
-        total = self.expand(self.masked_reduce(e, mask, "sum"))
-        return (shifted - total.log() if log else e / total), False
+        return _kernels.run(_kernels.SOFTMAX, self, values, mask, log)[0], True
 
-    def masked_reduce(self, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor:
+    def masked_arg_extreme(self, values: torch.Tensor, mask: torch.Tensor,
+                           op: str) -> tuple[torch.Tensor, torch.Tensor]:
+        top, at = _kernels.run(_kernels.ARG, self, values, mask, op)
+        return top, at
+
+    # -- the native implementations: None here (a layout overrides those it has) -------
+    def _native_reduce(self, op: str, values: torch.Tensor,
+                       mask: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+    def _native_moments(self, values: torch.Tensor, mask: torch.Tensor,
+                        correction: float | None) -> tuple | None:
+        return None
+
+    def _native_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
+                          specified: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+    def _native_softmax(self, values: torch.Tensor, mask: torch.Tensor,
+                        log: bool) -> torch.Tensor | None:
+        return None
+
+    def _native_arg(self, values: torch.Tensor, mask: torch.Tensor,
+                    op: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return None
+
+    # -- the torch-op implementations (every device; differentiable) -------------------
+    def _torch_reduce(self, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor:
         if op == "sumsq":
             filled = zero_unspecified(values, mask)
             return self.reduce(filled * filled, "sum")
         return self.reduce(fill_unspecified(values, mask, start(op, values.dtype)), op)
 
-    def masked_arg_extreme(self, values: torch.Tensor, mask: torch.Tensor,
-                           op: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def _torch_arg(self, values: torch.Tensor, mask: torch.Tensor,
+                   op: str) -> tuple[torch.Tensor, torch.Tensor]:
         top = self.masked_reduce(values, mask, op)
         at = self.expand(top)
         hit = values == at
@@ -133,10 +184,44 @@ class Grouping:
         found = at != none
         return zero_unspecified(top, found), zero_unspecified(at, found)
 
-    def masked_sum(self, values: torch.Tensor, mask: torch.Tensor,
-                   with_count: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        total = self.reduce(zero_unspecified(values, mask), "sum")
-        return total, (self.reduce(mask, "sum") if with_count else None)
+    def _torch_moments(self, values: torch.Tensor, mask: torch.Tensor,
+                       correction: float | None) -> tuple:
+        total, count = self.masked_sum(values, mask, with_count=True)
+        mean = total / count.clamp(min=1)
+        if correction is None:
+            return mean, count > 0
+        dof = count - correction  # float32, as torch makes an int64 tensor minus a float
+        specified = dof > 0
+        var = self.masked_sqdev(values, mask, mean) / torch.where(
+            specified, dof, torch.ones((), dtype=dof.dtype, device=dof.device))
+        return zero_unspecified(var, specified), mean, specified
+
+    def _torch_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
+                         specified: torch.Tensor) -> torch.Tensor:
+        # The shift by the group's max cancels in value and gradient (detached: no backward
+        # pass for it); a max that is not finite shifts by 0 (all -inf: log 0 = -inf; +inf:
+        # inf; NaN: NaN).
+        top = self.masked_reduce(values, mask, "amax").detach()
+        top = torch.where(torch.isfinite(top), top, torch.zeros((), dtype=top.dtype,
+                                                                device=top.device))
+        total = self.masked_sumexp(values, mask, top)
+        one = torch.ones((), dtype=total.dtype, device=total.device)
+        out = torch.log(torch.where(specified, total, one)) + top
+        return zero_unspecified(out, specified)
+
+    def _torch_softmax(self, values: torch.Tensor, mask: torch.Tensor,
+                       log: bool) -> torch.Tensor:
+        # The shift cancels in value and gradient; detaching it saves a backward pass. A +inf
+        # or NaN maximum is kept: the whole group is NaN, as torch.softmax gives.
+        top = self.masked_reduce(values, mask, "amax").detach()
+        top = torch.where(torch.isneginf(top), torch.zeros((), dtype=top.dtype,
+                                                           device=top.device), top)
+        # Unspecified elements are shifted to 0, not -inf, before ``exp`` (torch's CPU exp is
+        # much slower on arguments that underflow) and left out of the sum.
+        shifted = zero_unspecified(values - self.expand(top), mask)
+        e = shifted.exp()
+        total = self.expand(self.masked_reduce(e, mask, "sum"))
+        return zero_unspecified(shifted - total.log() if log else e / total, mask)
 
     def masked_sqdev(self, values: torch.Tensor, mask: torch.Tensor,
                      center: torch.Tensor) -> torch.Tensor:
@@ -146,50 +231,10 @@ class Grouping:
     def masked_sumexp(self, values: torch.Tensor, mask: torch.Tensor,
                       center: torch.Tensor) -> torch.Tensor:
         # Unspecified elements are shifted to 0, not -inf, then left out of the sum: torch's
-        # CPU exp is 5-10x slower on arguments that underflow. exp in place: the fill's
+        # CPU exp is much slower on arguments that underflow. exp in place: the fill's
         # output is a new tensor that no backward reads.
         shifted = fill_unspecified(values - self.expand(center), mask, 0).exp_()
         return self.masked_reduce(shifted, mask, "sum")
-
-    def masked_mean(self, values: torch.Tensor, mask: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per group, the mean of its specified elements (0 where none is) and whether it
-        has one; differentiable."""
-        mean, count = self._mean_and_count(values, mask)
-        return mean, count > 0
-
-    def _mean_and_count(self, values: torch.Tensor, mask: torch.Tensor
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-        total, count = self.masked_sum(values, mask, with_count=True)
-        return total / count.clamp(min=1), count
-
-    def masked_var(self, values: torch.Tensor, mask: torch.Tensor, correction: float
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per group, the variance of its specified elements with ``correction`` (0 where
-        ``count - correction <= 0``), their mean (0 where none is specified), and where the
-        variance is specified; differentiable.
-        """
-        mean, count = self._mean_and_count(values, mask)
-        dof = count - correction  # float32, as torch makes an int64 tensor minus a float
-        specified = dof > 0
-        var = self.masked_sqdev(values, mask, mean) / torch.where(
-            specified, dof, torch.ones((), dtype=dof.dtype))
-        return zero_unspecified(var, specified), mean, specified
-
-    def masked_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
-                         specified: torch.Tensor) -> torch.Tensor:
-        """Per group, the log of the sum of ``exp`` of its specified elements, 0 where
-        ``specified`` (the groups with one) is False; differentiable.
-
-        The shift by the group's max cancels in value and gradient (detached: no backward
-        pass for it); a max that is not finite shifts by 0 (all -inf: log 0 = -inf; +inf:
-        inf; NaN: NaN).
-        """
-        top = self.masked_reduce(values, mask, "amax").detach()
-        top = torch.where(torch.isfinite(top), top, torch.zeros((), dtype=top.dtype))
-        total = self.masked_sumexp(values, mask, top)
-        out = torch.log(torch.where(specified, total, torch.ones((), dtype=total.dtype))) + top
-        return zero_unspecified(out, specified)
 
     def positions(self) -> torch.Tensor:
         raise NotImplementedError

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from . import _native
+from . import _kernels
 from ._index import linearize, rows_from_crow, sort_key
 from .registry import Storage, get_layout
 
@@ -317,7 +317,7 @@ class SparseLines(Lines):
         """The cumsum of each line by one running sum (Note [Padded lines]), or None: in one
         native pass where it applies (a running sum per line, torch.cumsum's bits)."""
         offsets = torch.cat([self.starts, self.starts.new_tensor([self.nnz])])
-        native = _native.cumsum_lines(v, offsets)
+        native = _kernels.cumsum_lines(v, offsets)
         if native is not None:
             return native
         if v.dtype not in (torch.float32, torch.float16, torch.bfloat16) and (

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from . import _blocked, _native
+from . import _kernels, _native
 from ._grouping import (
     _BITS,
     Grouping,
@@ -43,10 +43,8 @@ from ._grouping import (
     plain_eager,
     reduce_dense,
     reduced_shape,
-    start,
 )
 from ._index import cached, crow_from_rows, linearize, rows_from_crow, sort_key
-from ._reduce_strided import fused_masked_sum
 from .registry import Storage, get_layout
 
 _SLOTS_PER_NNZ = 4  # bincount grouping while the kept key space is <= 4 * nnz + 4096
@@ -74,7 +72,7 @@ class CooGrouping(Grouping):
         self._coords = coords
         self.dims = dims
         self.keepdim = keepdim
-        if owner is None or not plain_eager(storage.values):
+        if owner is None or not _kernels.eager(storage.values):
             facts = self._index_facts(row_major)
         else:  # Note [Index facts of a grouping]
             facts = cached(owner, ("grouping", dims, keepdim, tuple(storage.shape), row_major),
@@ -221,32 +219,15 @@ class CooGrouping(Grouping):
         small = mask.shape[0] < 2**31  # int32 counts cannot overflow
         return self.reduce(mask.to(torch.int32 if small else torch.long), "sum").long()
 
-    def masked_sum(self, values: torch.Tensor, mask: torch.Tensor,
-                   with_count: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        total = self._fused("sum", values, mask)
-        if total is not None:
-            return total, self._count(mask) if with_count else None
-        if self.single and not self.value_dims:
-            # One group without native kernels: the strided layout's blocked bitwise sum,
-            # which also counts the mask when asked (Note [Fused masked sum]).
-            fused = fused_masked_sum(values, mask, (0,), True, with_count)
-            if fused is not None:
-                if with_count:
-                    self._counted = (mask, fused[1])
-                return fused
-        return super().masked_sum(values, mask, with_count)
-
-    def masked_reduce(self, values: torch.Tensor, mask: torch.Tensor,
-                      op: str) -> torch.Tensor:
-        out = self._fused(op, values, mask)
-        return out if out is not None else super().masked_reduce(values, mask, op)
+    def _native_reduce(self, op: str, values: torch.Tensor,
+                       mask: torch.Tensor) -> torch.Tensor | None:
+        return self._fused(op, values, mask)
 
     def _fused(self, op: str, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
         """Per group, ``masked_reduce(values, mask, op)`` or the count of ``mask``
         (``op="count"``) in one pass over the stored elements: the native kernels (Note
-        [Native reductions]), else for sum / amax / amin the fill fused block by block
-        (:mod:`layouts._blocked`); None where neither applies (autograd, dense dims, other
-        dtypes, small inputs without native kernels): the composed path."""
+        [Native reductions]); None where they do not apply (dense dims, other dtypes or
+        devices, no library): the torch-op implementation."""
         if (op not in _FUSED or self.value_dims
                 or not self.sparse_dims or (self.single and not mask.shape[0])):
             return None
@@ -266,16 +247,14 @@ class CooGrouping(Grouping):
             out = _native.count_scatter(mask, index, n)
         else:
             out = _native.scatter(values, mask, op, index, n)
-            if out is None and op in _blocked.OPS and _blocked.applies(values, mask):
-                out = _blocked.scatter(values, mask, start(op, values.dtype), op, index, n)
         if out is None or not present or self._uniq.shape[0] == n:  # every slot a group
             return out
         return out.index_select(0, self._uniq)
 
     def _group_ids(self, values: torch.Tensor) -> torch.Tensor | None:
         """The cached narrowed group id of every stored element (:meth:`_narrowed`), or None
-        (no owner to cache it on, autograd or a transform, no native kernels)."""
-        if self._owner is None or not plain_eager(values):
+        (no owner to cache it on, a transform, no native kernels)."""
+        if self._owner is None or not _kernels.eager(values):
             return None
         return cached(self._owner, ("narrow", self.dims, tuple(self.source.shape)),  # Note
                       self._narrowed)  # [Narrow group indices]
@@ -298,17 +277,7 @@ class CooGrouping(Grouping):
         out = self._fused_dev("sumexp", values, mask, center)
         return out if out is not None else super().masked_sumexp(values, mask, center)
 
-    def masked_mean(self, values: torch.Tensor, mask: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self._fused_moments(values, mask, None)
-        return out[1:] if out is not None else super().masked_mean(values, mask)
-
-    def masked_var(self, values: torch.Tensor, mask: torch.Tensor, correction: float
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        out = self._fused_moments(values, mask, correction)
-        return out if out is not None else super().masked_var(values, mask, correction)
-
-    def _fused_moments(self, values: torch.Tensor, mask: torch.Tensor,
+    def _native_moments(self, values: torch.Tensor, mask: torch.Tensor,
                        correction: float | None) -> tuple | None:
         """``masked_mean`` (``correction`` None) or ``masked_var`` in one native call
         (``_native.moments``, over the group ids with the counts cached per mask; the line
@@ -322,12 +291,7 @@ class CooGrouping(Grouping):
         return self._one_call(values, mask, lambda: _native.moments(values, mask, correction),
                               per_group)
 
-    def masked_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
-                         specified: torch.Tensor) -> torch.Tensor:
-        out = self._fused_logsumexp(values, mask, specified)
-        return out if out is not None else super().masked_logsumexp(values, mask, specified)
-
-    def _fused_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
+    def _native_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
                          specified: torch.Tensor) -> torch.Tensor | None:
         """``masked_logsumexp`` in one native call (``_native.logsumexp_all`` /
         ``logsumexp_scatter``; the line grouping's: ``logsumexp_lines``), or None
@@ -337,12 +301,7 @@ class CooGrouping(Grouping):
             lambda index: _native.logsumexp_scatter(values, mask, index, specified,
                                                     self.ngroups))
 
-    def softmax(self, values: torch.Tensor, mask: torch.Tensor,
-                log: bool) -> tuple[torch.Tensor, bool]:
-        out = self._fused_softmax(values, mask, log)  # 0 where unspecified
-        return (out, True) if out is not None else super().softmax(values, mask, log)
-
-    def _fused_softmax(self, values: torch.Tensor, mask: torch.Tensor,
+    def _native_softmax(self, values: torch.Tensor, mask: torch.Tensor,
                        log: bool) -> torch.Tensor | None:
         """``softmax`` in one native call: of a single group, over the group ids (the
         line grouping's: along its lines), or None (:meth:`_one_call`)."""
@@ -376,13 +335,12 @@ class CooGrouping(Grouping):
         narrowed = self._group_ids(values)
         return per_group(narrowed if narrowed is not None else self.gid)
 
-    def masked_arg_extreme(self, values: torch.Tensor, mask: torch.Tensor,
-                           op: str) -> tuple[torch.Tensor, torch.Tensor]:
-        out = None
-        if (not self.value_dims and self.sparse_dims and mask.shape[0]
-                and _native.arg_applies(values, mask, op)):  # autograd, dtype, device, 1-D
-            out = self._fused_arg(values, mask, op)
-        return out if out is not None else super().masked_arg_extreme(values, mask, op)
+    def _native_arg(self, values: torch.Tensor, mask: torch.Tensor,
+                    op: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if (self.value_dims or not self.sparse_dims or not mask.shape[0]
+                or not _native.arg_applies(values, mask, op)):  # dtype, device, 1-D
+            return None
+        return self._fused_arg(values, mask, op)
 
     def _fused_arg(self, values: torch.Tensor, mask: torch.Tensor,
                    op: str) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -400,14 +358,6 @@ class CooGrouping(Grouping):
     # -- primitives --------------------------------------------------------------------
     def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
         v = values
-        if (op == "any" and v.dtype == torch.bool and self._present is not None
-                and not self.value_dims and not _native.available()
-                and (self._counted is None or self._counted[0] is not v)):
-            return self._of_mask("any", v, self._slot_any)
-        counted = self._counted is not None and self._counted[0] is v
-        if (self.single and op == "any" and not counted and not self.value_dims
-                and not _native.available()):  # else the count, cached per mask
-            return reduce_dense(v, (0,), True, "any") if v.shape[0] else v.bool()
         if v.dtype == torch.bool and op in ("sum", "any") and not self.value_dims:
             return self._count(v) if op == "sum" else self._specified(v)
         if op == "sum" and v.dtype == torch.bool:
@@ -424,13 +374,6 @@ class CooGrouping(Grouping):
         if self.value_dims and not self.keepdim:
             v = v.squeeze(self.value_dims)
         return v
-
-    def _slot_any(self, v: torch.Tensor) -> torch.Tensor:
-        slots = torch.zeros(self._present.shape + v.shape[1:], dtype=torch.uint8,
-                            device=v.device)
-        index = self._keys.view((-1,) + (1,) * (v.dim() - 1)).expand(v.shape)
-        hit = slots.scatter_reduce_(0, index, v.view(torch.uint8), "amax")
-        return hit.index_select(0, self._uniq).view(torch.bool)
 
     def _scatter(self, v: torch.Tensor, op: str, index: torch.Tensor, n: int) -> torch.Tensor:
         shape = (n,) + tuple(v.shape[1:])
@@ -600,15 +543,7 @@ class CompressedGrouping(CooGrouping):
             return super()._fused(op, values, mask)
         if op == "count":
             return _native.count_lines(mask, self.offsets, self._which)
-        out = _native.lines(values, mask, op, self.offsets, self._which)
-        if out is not None or op not in _blocked.OPS or not _blocked.applies(values, mask) or (
-                op != "sum" and not values.is_floating_point()):
-            return out  # segment_reduce has no integer kernel
-        inner = self.coords[self.dims[0]]
-        cuts = cached(self.ptr, "cuts", lambda: _blocked.line_cuts(
-            torch.cat([self.offsets[self.lines], self.offsets[-1:]]), inner.dtype))
-        return _blocked.segments(values, mask, start(op, values.dtype), op, cuts,
-                                 self.ngroups, inner, self.inner)
+        return _native.lines(values, mask, op, self.offsets, self._which)
 
     def _fused_dev(self, dev: str, values: torch.Tensor, mask: torch.Tensor,
                    center: torch.Tensor) -> torch.Tensor | None:
@@ -616,22 +551,22 @@ class CompressedGrouping(CooGrouping):
             return super()._fused_dev(dev, values, mask, center)
         return _native.deviations_lines(dev, values, mask, center, self.offsets, self._which)
 
-    def _fused_moments(self, values: torch.Tensor, mask: torch.Tensor,
+    def _native_moments(self, values: torch.Tensor, mask: torch.Tensor,
                        correction: float | None) -> tuple | None:
         if not self.by_lines:
-            return super()._fused_moments(values, mask, correction)
+            return super()._native_moments(values, mask, correction)
         return _native.moments(values, mask, correction, self.offsets, self._which)
 
-    def _fused_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
+    def _native_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
                          specified: torch.Tensor) -> torch.Tensor | None:
         if not self.by_lines:
-            return super()._fused_logsumexp(values, mask, specified)
+            return super()._native_logsumexp(values, mask, specified)
         return _native.logsumexp_lines(values, mask, self.offsets, self._which)
 
-    def _fused_softmax(self, values: torch.Tensor, mask: torch.Tensor,
+    def _native_softmax(self, values: torch.Tensor, mask: torch.Tensor,
                        log: bool) -> torch.Tensor | None:
         if not self.by_lines:
-            return super()._fused_softmax(values, mask, log)
+            return super()._native_softmax(values, mask, log)
         return _native.softmax(values, mask, log, self.offsets, self._which)
 
     def _fused_arg(self, values: torch.Tensor, mask: torch.Tensor,
@@ -785,12 +720,13 @@ def masked_arg(storage: Storage, dims: tuple[int, ...], keepdim: bool, op: str,
     """
     values, mask = storage.values, storage.mask
     if (with_values or keepdim or len(dims) != len(storage.shape) or values.dim() != 1
-            or values.numel() == 0 or values.dtype not in _BITS or not plain_eager(values)):
+            or values.numel() == 0 or values.dtype not in _BITS or _kernels.traced(values)):
         return NotImplemented
+    values = values.detach()  # an index: nothing to differentiate
     top = _native.reduce_all(values, mask, op)
     at = None if top is None else _native.first(values, mask, top)
     if at is None:  # without native kernels: torch's arg-extreme of the filled values
-        filled = fill_unspecified(values.detach(), mask, identity(op, values.dtype))
+        filled = fill_unspecified(values, mask, identity(op, values.dtype))
         at = int(filled.argmax() if op == "amax" else filled.argmin())
         if not bool(mask[at]):
             return NotImplemented

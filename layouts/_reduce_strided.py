@@ -61,17 +61,25 @@ class StridedGrouping(Grouping):
     def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
         return reduce_dense(values, self.dims, self.keepdim, op)
 
-    def masked_reduce(self, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor:
+    def _native_reduce(self, op: str, values: torch.Tensor,
+                       mask: torch.Tensor) -> torch.Tensor | None:
         out = self._native_full(op, values, mask)
-        return out if out is not None else super().masked_reduce(values, mask, op)
+        if out is None and op == "sum":
+            fused = fused_masked_sum(values, mask, self.dims, self.keepdim, False)
+            out = None if fused is None else fused[0]
+        return out
 
     def masked_sum(self, values: torch.Tensor, mask: torch.Tensor,
                    with_count: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        total = self._native_full("sum", values, mask)
-        if total is not None:
-            return total, self._native_full("count", mask, mask) if with_count else None
-        fused = fused_masked_sum(values, mask, self.dims, self.keepdim, with_count)
-        return fused if fused is not None else super().masked_sum(values, mask, with_count)
+        if with_count and not (values.requires_grad and torch.is_grad_enabled()):
+            # the count in the same pass (the total is the sum family's forward, bit for bit)
+            total = self._native_full("sum", values, mask)
+            if total is not None:
+                return total, self._native_full("count", mask, mask)
+            fused = fused_masked_sum(values, mask, self.dims, self.keepdim, True)
+            if fused is not None:
+                return fused
+        return super().masked_sum(values, mask, with_count)
 
     def _native_full(self, op: str, values: torch.Tensor,
                      mask: torch.Tensor) -> torch.Tensor | None:
@@ -145,7 +153,7 @@ def fused_masked_sum(values: torch.Tensor, mask: torch.Tensor, dims: tuple[int, 
     fast path does not apply (see Note [Fused masked sum])."""
     bits = BITS.get(values.dtype)
     if (bits is None or not dims or values.numel() < _FUSE_MIN or values.device.type != "cpu"
-            or not plain_eager(values)
+            or not plain_eager(values) or type(values) is not torch.Tensor
             or not values.is_contiguous() or not mask.is_contiguous()):
         return None
     shape = values.shape
