@@ -632,8 +632,11 @@ class CompressedGrouping(CooGrouping):
             return super().expand(out)
         if self.keepdim:
             out = out.squeeze(1) if out.dim() > 1 else out
-        return torch.repeat_interleave(out, self.lengths, dim=0,
-                                       output_size=self.source.values.shape[0])
+        if torch.compiler.is_compiling():
+            return torch.repeat_interleave(out, self.lengths, dim=0,
+                                           output_size=self.source.values.shape[0])
+        self._with_gid()  # the line of each element, cached per pointer tensor: one gather
+        return out.index_select(0, self.gid)
 
     def positions(self) -> torch.Tensor:
         if not self.by_lines:
