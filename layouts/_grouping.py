@@ -262,12 +262,11 @@ def zero_unspecified(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return fill_unspecified(values, mask, 0)
 
 
-# Same-size integer dtypes for a bitwise fill (Note [Bitwise fill]).
+# Same-size integer dtypes: the bits of a fill value (``_fill_bits``).
 _BITS = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
          torch.bfloat16: torch.int16, torch.int64: torch.int64, torch.int32: torch.int32,
          torch.int16: torch.int16, torch.int8: torch.int8, torch.uint8: torch.uint8}
-_BITWISE_MIN = 1 << 12  # below this, one ``where`` call costs less than three bitwise ones
-_BITWISE_BLOCK = 1 << 18  # elements per block of a large fill (1-2 MB)
+_FILL_MIN = 1 << 12  # below this, one ``where`` call costs less than the native call
 
 
 def plain_eager(values: torch.Tensor) -> bool:
@@ -304,58 +303,24 @@ def fill_unspecified(values: torch.Tensor, mask: torch.Tensor, value: Any) -> to
     """``torch.where(mask, values, value)``, bit for bit: unspecified elements (NaN and inf
     included) read ``value``, specified ones keep their exact bits (-0.0 and NaN payloads).
 
-    Differentiable (through ``torch.where``) when ``values`` requires grad; otherwise, on
-    CPU, one native pass (``_native.fill``) or a bitwise fill (Note [Bitwise fill]).
+    The one exact fill: differentiable (through ``torch.where``) when ``values`` requires
+    grad; otherwise, on CPU, one native pass of masked blends (``_native.fill``: ``where``
+    on CPU branches on its bool condition per element); ``torch.where`` everywhere else
+    (other devices, torch.compile -- Inductor fuses it --, torch.func, no native library).
 
     >>> fill_unspecified(torch.tensor([1., float("nan")]), torch.tensor([True, False]),
     ...                  float("-inf")).tolist()
     [1.0, -inf]
     """
-    bits = _BITS.get(values.dtype)
-    if (bits is None or values.numel() < _BITWISE_MIN or mask.shape != values.shape
-            or not plain_eager(values)):
-        fill = torch.full((), value, dtype=values.dtype, device=values.device)
-        return torch.where(mask, values, fill)
-    from . import _native  # (it imports this module)
+    if (values.dtype in _BITS and values.numel() >= _FILL_MIN and mask.shape == values.shape
+            and plain_eager(values)):
+        from . import _native  # (it imports this module)
 
-    f = _fill_bits(value, values.dtype)
-    out = _native.fill(values, mask, f)
-    if out is not None:
-        return out
-    # Note [Bitwise fill]
-    # ``torch.where`` on CPU branches on its bool condition: 4-6 ns per element on a random
-    # mask, 10-20x a memory-bound pass. The native kernels fill in one compiled pass of
-    # masked blends (``_native.fill``: 1M float32 in 0.13 ms against 0.43 ms below); without
-    # them the mask becomes an integer of the values'
-    # width, negated to all-ones / all-zeros bits (``keep``), and the fill is bit logic:
-    # ``((data ^ f) & keep) ^ f`` is ``data`` where ``keep`` is all ones and ``f`` (the
-    # fill's bits) elsewhere; for ``f == 0`` it is ``data & keep``. Exact for every value,
-    # in-place on one temporary. (``data * mask`` on the integer view is as exact, but an
-    # int64 by bool product takes a slow path: 15x slower at 2M elements.) Autograd,
-    # torch.func, torch.compile (Inductor fuses ``where`` itself) and other devices use
-    # ``where`` (:func:`plain_eager`).
-    data = values.reshape(-1).view(bits)
-    flat = mask.reshape(-1)
-    n = data.numel()
-    if n <= _BITWISE_BLOCK:
-        keep = flat.to(bits).neg_()
-        out = keep.bitwise_and_(data) if f == 0 else keep.bitwise_and_(data ^ f).bitwise_xor_(f)
-        return out.view(values.dtype).view(values.shape)
-    # Large: block by block through one cache-sized buffer, so that the output is the only
-    # full-size allocation (a fresh one costs a page fault per 4 KB) and is written once.
-    out = torch.empty(n, dtype=bits)
-    keep = torch.empty(_BITWISE_BLOCK, dtype=bits)
-    signs = flat.view(torch.int8).neg()  # -1 / 0: sign-extends to all bits / none
-    for start in range(0, n, _BITWISE_BLOCK):
-        stop = min(n, start + _BITWISE_BLOCK)
-        k = keep[: stop - start]
-        k.copy_(signs[start:stop])
-        o = out[start:stop]
-        if f == 0:
-            torch.bitwise_and(data[start:stop], k, out=o)
-        else:
-            torch.bitwise_xor(data[start:stop], f, out=o).bitwise_and_(k).bitwise_xor_(f)
-    return out.view(values.dtype).view(values.shape)
+        out = _native.fill(values, mask, _fill_bits(value, values.dtype))
+        if out is not None:
+            return out
+    fill = torch.full((), value, dtype=values.dtype, device=values.device)
+    return torch.where(mask, values, fill)
 
 
 def _fill_bits(value: Any, dtype: torch.dtype) -> int:

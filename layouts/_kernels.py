@@ -145,8 +145,8 @@ class REDUCE(Family):
             return _where(mask, 2 * values * g.expand(grad))
         if op in ("amax", "amin"):  # split among the specified ties, as torch's amax
             hit = mask & (values == g.expand(out))
-            ties = g.reduce(hit.to(values.dtype), "sum")
-            share = grad / torch.where(ties > 0, ties, torch.ones((), dtype=ties.dtype))
+            ties = g.reduce(hit, "sum").to(grad.dtype)  # counted by the layout's kernel
+            share = grad / ties.clamp(min=1)
             return _where(hit, g.expand(share))
         # prod: differentiate the torch ops (torch's own rule for zeros), first order only
         with torch.enable_grad():
