@@ -33,7 +33,11 @@ Primitives (all on plain tensors, differentiable with respect to ``values``)
     ``reduce(where(mask, values, identity), op)`` for ``op`` "sum", "prod", "amax" or
     "amin" (unspecified elements read the op's identity), and "sumsq": the sum of the
     squares of ``where(mask, values, 0)``. A layout may fuse the fill into the reduction
-    (Note [Native reductions]).
+    (Note [Native reductions]) by a ``_native_reduce`` method.
+
+The masked primitives (``masked_*`` and ``softmax``) are kernel families (Note [One kernel
+route] in ``layouts._kernels``): each runs a layout's ``_native_*`` method where it applies
+(by device), else the ``_torch_*`` torch ops here, with one backward either way.
 ``masked_arg_extreme(values, mask, op)``
     Per group, ``masked_reduce(values, mask, op)`` for ``op`` "amax" or "amin" and the
     smallest ``positions()`` of a ``mask``-ed element reaching it (NaN counts as the
@@ -53,9 +57,9 @@ Primitives (all on plain tensors, differentiable with respect to ``values``)
 ``softmax(values, mask, log)``
     Softmax / log_softmax within each group of a ``keepdim=True`` grouping over the
     ``mask``-ed elements (the others weigh nothing), and whether the result already holds
-    0 at every other element (a one-call kernel writes them; otherwise they read anything
-    and the caller zero-fills them); a group whose specified values are all -inf gives
-    NaN, as in torch.
+    0 at every other element (the softmax family writes them; a layout's own softmax may
+    leave anything there, and the caller zero-fills them); a group whose specified values
+    are all -inf gives NaN, as in torch.
 ``build(out_values, out_mask)``
     The output :class:`Storage` (its layout is the layout's choice).
 ``restore(values)``
@@ -354,7 +358,7 @@ def reduce_dense(values: torch.Tensor, dims: tuple[int, ...], keepdim: bool,
             return torch.full(shape, op == "all", dtype=torch.bool, device=values.device)
         return torch.zeros(shape, dtype=values.dtype, device=values.device)
     if op in ("any", "all") and values.dtype == torch.bool and not torch.compiler.is_compiling():
-        # uint8 amax/amin are vectorized; bool any/all are ~20x slower on CPU. Inductor
+        # uint8 amax/amin are vectorized; bool any/all are much slower on CPU. Inductor
         # compiles the plain any/all well and fails on the uint8 view of a bool tensor.
         small = values.view(torch.uint8)
         out = small.amax(dims, keepdim=keepdim) if op == "any" else small.amin(dims, keepdim)

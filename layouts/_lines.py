@@ -174,6 +174,9 @@ class SparseLines(Lines):
     blocks hold < 2 nnz slots, at one torch call per bucket. Short rows also sort faster
     than one long array (n log(width) instead of n log(nnz)).
 
+    ``cumsum`` on CPU runs the native running sum per line (``_kernels.cumsum_lines``:
+    torch.cumsum's bits, with or without autograd; its backward, the reverse running sum
+    along the same lines, is the same kernel on the flipped lines). Elsewhere,
     ``cumsum`` of finite float32 (or narrower) values and of integers takes a faster path
     with no padding: the values are widened to float64 (int64), each line's first value
     has the sum of the previous line subtracted (``segment_reduce``), and one running sum

@@ -15,7 +15,7 @@ index tensor) and *dense* ones (trailing dims of a hybrid tensor's values):
 
 Everything is O(nnz) (O(nnz log nnz) when a sort is needed, O(nnz + kept key space) for the
 bincount path); nothing is densified, so a 100000 x 100000 matrix with 1000 stored entries
-reduces in microseconds. Every group has at least one stored element. When no sparse dim is
+reduces in O(nnz) time. Every group has at least one stored element. When no sparse dim is
 left (a full reduction) the result is a strided storage, as ``torch.sparse.sum`` returns a
 dense tensor then.
 
@@ -97,7 +97,7 @@ class CooGrouping(Grouping):
     # What a grouping knows of its groups (their number, the present key slots, each
     # element's group id, the output's coordinates and index tensor) comes from the index
     # tensors, the dims and the shape alone: built once per index tensor and reused by every
-    # eager reduction over it, as ``cached`` facts (a few microseconds less per reduction,
+    # eager reduction over it, as ``cached`` facts (a fixed cost less per reduction,
     # as much as the kernel of a small one). They never hold the index tensors themselves
     # or views of them (a cached fact must not keep its owner alive): those are read from
     # the storage per grouping.
@@ -132,7 +132,7 @@ class CooGrouping(Grouping):
                 uniq, facts["_gid"] = torch.unique_consecutive(keys, return_inverse=True)
             elif space <= _SLOTS_PER_NNZ * nnz + 4096:
                 # Note [Reducing into key slots]
-                if plain_eager(keys):  # a count: 2x faster than a bool index_put
+                if plain_eager(keys):  # a count: faster than a bool index_put
                     present = torch.bincount(keys, minlength=space) > 0
                 else:  # compiled: an output size that does not depend on the data
                     present = torch.zeros(space, dtype=torch.bool, device=device)
@@ -324,8 +324,8 @@ class CooGrouping(Grouping):
         """A native kernel's result for this grouping: ``whole()`` for a single group,
         ``per_group(ids)`` over the group ids (their narrowed copy where one exists: Note
         [Narrow group indices]); None where no kernel applies (dense dims, an empty single
-        group, several groups without ``per_group``, autograd, other dtypes): the caller
-        composes torch ops."""
+        group, several groups without ``per_group``, other dtypes or devices): the
+        family's torch-op implementation runs."""
         if self.value_dims or not self.sparse_dims or (self.single and not mask.shape[0]):
             return None
         if self.single:
@@ -379,7 +379,7 @@ class CooGrouping(Grouping):
         shape = (n,) + tuple(v.shape[1:])
         if op == "sum":
             return v.new_zeros(shape).index_add(0, index, v)
-        if op in ("any", "all"):  # counting is several times faster than a bool scatter
+        if op in ("any", "all"):  # counting is faster than a bool scatter
             hits = (v if op == "any" else ~v.bool()).to(torch.int32)
             counts = torch.zeros(shape, dtype=torch.int32, device=v.device).index_add_(
                 0, index, hits)
@@ -387,7 +387,7 @@ class CooGrouping(Grouping):
         index = index.view((-1,) + (1,) * (v.dim() - 1)).expand_as(v)
         if op in ("amax", "amin", "prod") and plain_eager(v):
             # Every slot has an element: starting from the identity gives the same result,
-            # and include_self=True is 2-3x faster than the initialization pass of False.
+            # and include_self=True saves the initialization pass of False.
             init = 1 if op == "prod" else identity(op, v.dtype)
             return v.new_full(shape, init).scatter_reduce_(0, index, v, op)
         # Note: scatter_reduce's backward shares the gradient of amax/amin with the initial
@@ -531,8 +531,8 @@ class CompressedGrouping(CooGrouping):
 
     # Note [Reducing along lines]
     # Along the lines, a float sum is torch's own CSR ``sum(1)`` over the values (no
-    # autograd needed; its output holds exactly the non-empty lines, in order), about 1.5x
-    # faster than ``segment_reduce``, which serves the other ops and autograd. Masks are
+    # autograd needed; its output holds exactly the non-empty lines, in order), faster
+    # than ``segment_reduce``, which serves the other ops and autograd. Masks are
     # counted the same way, as uint8 (torch sums it into int64: exact, no float pass, and
     # faster than an int32 ``cumsum`` read at the pointers). Below ``_FEW`` stored
     # elements, building the torch CSR tensor costs more than the sum itself: one

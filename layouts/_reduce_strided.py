@@ -14,12 +14,14 @@ copied block by block into an integer buffer of the data's width (sign extension
 all-ones / zero bits; minus its sum is the count) and AND-ed with the data's bits, which
 leaves each specified element bit for bit and a +0 elsewhere (NaN or inf under the mask
 included), and the block is summed from cache. It is exact, reads data and mask once and
-allocates one small buffer (and the int8 mask): ~10x faster than ``where + sum`` on 4000².
-With autograd (or for other dtypes / layouts of memory) the plain ``where`` path runs.
+allocates one small buffer (and the int8 mask); ``benchmarks/bench_core.py`` times it.
+It is the CPU forward of the strided sum family (Note [One kernel route]): with autograd
+the same pass runs, recorded with the family's backward. For other dtypes / layouts of
+memory / devices the plain ``where`` path runs.
 Under torch.compile / torch.export (``torch.compiler.is_compiling()``) the plain path runs
 too: Inductor fuses ``where + sum`` into one pass by itself, while the Python block loop
-would be unrolled into hundreds of small kernels (44x slower than eager). There every
-kernel reads the mask through :func:`vector_mask` (Note [Compiled mask loads]); outputs
+would be unrolled into hundreds of small kernels (``benchmarks/bench_compile.py``). There
+every kernel reads the mask through :func:`vector_mask` (Note [Compiled mask loads]); outputs
 keep the input's own mask (``restore``).
 """
 
@@ -142,7 +144,7 @@ class StridedGrouping(Grouping):
         return self.input.with_values(values)  # the input's own mask object
 
 
-_BLOCK = 1 << 18  # elements per row block (1-2 MB: stays in cache)
+_BLOCK = 1 << 18  # elements per row block (stays in cache)
 _FUSE_MIN = 1 << 16
 
 
