@@ -68,6 +68,14 @@ def _where(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return zero_unspecified(x.expand_as(mask) if x.shape != mask.shape else x, mask)
 
 
+def _operand(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``values`` as a backward multiplies them: as they are when the backward is not
+    differentiated (the result is filled once, at the end), else filled with 0 first, so
+    that what an unspecified element holds (NaN, inf) never meets a zero gradient in the
+    double backward (Note [Fill before transform])."""
+    return _where(mask, values) if torch.is_grad_enabled() else values
+
+
 class Family:
     """One kernel family: ``forward`` (by device), ``torch_ops`` (differentiable torch
     ops), ``backward`` (masked torch ops); outputs are tuples of tensors."""
@@ -142,7 +150,7 @@ class REDUCE(Family):
         if op == "sum":
             return _where(mask, g.expand(grad))
         if op == "sumsq":
-            return _where(mask, 2 * values * g.expand(grad))
+            return _where(mask, 2 * _operand(values, mask) * g.expand(grad))
         if op in ("amax", "amin"):  # split among the specified ties, as torch's amax
             hit = mask & (values == g.expand(out))
             ties = g.reduce(hit, "sum").to(grad.dtype)  # counted by the layout's kernel
@@ -180,12 +188,12 @@ class MOMENTS(Family):
         total = None
         if g_mean is not None:
             total = g.expand(g_mean / count.clamp(min=1))
-        if g_var is not None:
+        if g_var is not None:  # 2 (x - mean) / dof; the mean's own term sums to 0
             dof = count - correction
             ok = dof > 0
-            coef = _where(ok, g_var / torch.where(ok, dof, torch.ones((), dtype=dof.dtype)))
-            dev = _where(mask, values - g.expand(outs[1]))
-            part = 2 * dev * g.expand(coef)
+            coef = _where(ok, 2 * g_var / torch.where(ok, dof, torch.ones((), dtype=dof.dtype)))
+            # unspecified elements (NaN or inf included) are filled once, at the end
+            part = (_operand(values, mask) - g.expand(outs[1])) * g.expand(coef)
             total = part if total is None else total + part
         if total is None:
             return torch.zeros_like(values)

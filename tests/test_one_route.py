@@ -231,3 +231,24 @@ def test_cumsum_along_lines_with_grad(implementation, layout):
     (torch.where(m, torch.where(m, xx, 0).cumsum(1), 0) * w).sum().backward()
     got, _ = dense_of(leaf.grad)
     torch.testing.assert_close(torch.where(m, got, 0), torch.where(m, xx.grad, 0))
+
+
+@pytest.mark.parametrize("layout", LAYOUT_IDS)
+@pytest.mark.parametrize("op", ["var", "std", "norm", "logsumexp"])
+def test_double_backward_ignores_what_unspecified_elements_hold(implementation, layout, op):
+    """A gradient penalty through the families' backwards (create_graph=True) on stored
+    entries holding NaN / inf under the mask: finite, and equal to the dense reference."""
+    mt, x, m = _operand(layout, F64, seed=8)
+    leaf = mt.clone().requires_grad_()
+    w = torch.rand(x.shape[0], dtype=F64, generator=torch.Generator().manual_seed(3))
+    (g,) = torch.autograd.grad((_dense(ms.to_tensor(_call(op, leaf, 1), 0)) * w).sum(),
+                               leaf, create_graph=True)
+    (gg,) = torch.autograd.grad(_dense(ms.to_tensor(g, 0)).pow(2).sum(), leaf)
+    xx = x.clone().requires_grad_()
+    want, spec = _ref(op, xx, m, 1)
+    (gr,) = torch.autograd.grad((torch.where(spec, want, 0) * w).sum(), xx,
+                                create_graph=True)
+    (ggr,) = torch.autograd.grad(torch.where(m, gr, 0).pow(2).sum(), xx)
+    got, got_mask = dense_of(gg)
+    assert torch.equal(got_mask, m)
+    torch.testing.assert_close(torch.where(m, got, 0), torch.where(m, ggr, 0))
