@@ -60,11 +60,17 @@ def eager(values: torch.Tensor) -> bool:
     return not (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active())
 
 
-def _where(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def _where(mask: torch.Tensor, x: torch.Tensor, fresh: bool = False) -> torch.Tensor:
     """``torch.where(mask, x, 0)``: the layouts' exact fill (one native pass on CPU where
-    nothing is to be differentiated)."""
+    nothing is to be differentiated); with ``fresh`` (``x`` is a temporary of the caller's)
+    in place there, one output-sized allocation less."""
+    from . import _native
     from ._grouping import zero_unspecified  # (it imports this module)
 
+    if (fresh and not torch.is_grad_enabled() and x.shape == mask.shape
+            and not x._is_view()  # an expand shares the memory of what it broadcasts
+            and x.is_contiguous() and _native.fill(x, mask, 0, out=x) is not None):
+        return x
     return zero_unspecified(x.expand_as(mask) if x.shape != mask.shape else x, mask)
 
 
@@ -148,14 +154,14 @@ class REDUCE(Family):
     def backward(g, values, mask, outs, grads, op):
         (grad,), (out,) = grads, outs
         if op == "sum":
-            return _where(mask, g.expand(grad))
+            return _where(mask, g.expand(grad), fresh=True)
         if op == "sumsq":
-            return _where(mask, 2 * _operand(values, mask) * g.expand(grad))
+            return _where(mask, 2 * _operand(values, mask) * g.expand(grad), fresh=True)
         if op in ("amax", "amin"):  # split among the specified ties, as torch's amax
             hit = mask & (values == g.expand(out))
             ties = g.reduce(hit, "sum").to(grad.dtype)  # counted by the layout's kernel
             share = grad / ties.clamp(min=1)
-            return _where(hit, g.expand(share))
+            return _where(hit, g.expand(share), fresh=True)
         # prod: differentiate the torch ops (torch's own rule for zeros), first order only
         with torch.enable_grad():
             leaf = values.detach().requires_grad_()
@@ -197,7 +203,7 @@ class MOMENTS(Family):
             total = part if total is None else total + part
         if total is None:
             return torch.zeros_like(values)
-        return _where(mask, total.expand_as(values))
+        return _where(mask, total.expand_as(values), fresh=True)
 
 
 class LOGSUMEXP(Family):
@@ -219,7 +225,7 @@ class LOGSUMEXP(Family):
         # exp of the filled difference (Note [Fill before transform]): what an unspecified
         # element holds never reaches an exp
         weight = _where(mask, values - g.expand(out)).exp()
-        return _where(mask, g.expand(grad) * weight)
+        return _where(mask, g.expand(grad) * weight, fresh=True)
 
 
 class SOFTMAX(Family):
@@ -240,9 +246,9 @@ class SOFTMAX(Family):
         (grad,), (out,) = grads, outs
         if log:
             total = g.masked_sum(grad, mask)[0]
-            return _where(mask, grad - out.exp() * g.expand(total))
+            return _where(mask, grad - out.exp() * g.expand(total), fresh=True)
         total = g.masked_sum(grad * out, mask)[0]
-        return _where(mask, out * (grad - g.expand(total)))
+        return _where(mask, out * (grad - g.expand(total)), fresh=True)
 
 
 class ARG(Family):

@@ -492,11 +492,13 @@ def arg_scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.
     return top, at
 
 
-def fill(values: torch.Tensor, mask: torch.Tensor, bits: int) -> torch.Tensor | None:
+def fill(values: torch.Tensor, mask: torch.Tensor, bits: int,
+         out: torch.Tensor | None = None) -> torch.Tensor | None:
     """``where(mask, values, fill)`` bit for bit, in one pass, for ``bits`` the fill's bit
     pattern as an integer of the values' width (1, 2, 4 or 8 bytes an element): a new
-    contiguous tensor of the values' shape; None where the native kernels do not apply
-    (not contiguous, another device, autograd, a transform, compiling).
+    contiguous tensor of the values' shape (``out=values``: written in place, element by
+    element); None where the native kernels do not apply (not contiguous, another device,
+    autograd, a transform, compiling).
 
     >>> out = fill(torch.tensor([1., 2.]), torch.tensor([True, False]), 0)
     >>> out is None or out.tolist() == [1.0, 0.0]
@@ -505,7 +507,10 @@ def fill(values: torch.Tensor, mask: torch.Tensor, bits: int) -> torch.Tensor | 
     kernel = _FILL.get(values.element_size()) if _readable(values, mask) else None
     if kernel is None:
         return None
-    out = torch.empty_like(values)  # contiguous, as the values
+    if out is None:
+        out = torch.empty_like(values)  # contiguous, as the values
+    elif out is not values:
+        raise ValueError("fill: out must be None or the values themselves")
     kernel(values.data_ptr(), mask.data_ptr(), values.numel(), bits, out.data_ptr())
     return out
 

@@ -253,3 +253,21 @@ def test_double_backward_ignores_what_unspecified_elements_hold(implementation, 
     got, got_mask = dense_of(gg)
     assert torch.equal(got_mask, m)
     torch.testing.assert_close(torch.where(m, got, 0), torch.where(m, ggr, 0))
+
+
+@pytest.mark.parametrize("layout", LAYOUT_IDS)
+@pytest.mark.parametrize("op", ["sum", "mean", "amax", "var", "logsumexp"])
+def test_backward_leaves_the_incoming_gradient_alone(layout, op):
+    """The families' backwards fill their own temporaries in place, never the gradient
+    they receive (a broadcast of it shares its memory)."""
+    x = torch.randn(6, 1, dtype=F64, generator=torch.Generator().manual_seed(9))
+    m = torch.tensor([[True], [False], [True], [True], [False], [True]])
+    mt = ms.masked_tensor(x, m)
+    mt = {"strided": mt, "coo": mt.to_sparse_coo(), "csr": mt.to_sparse_csr(),
+          "csc": mt.to_sparse_csc()}[layout]
+    leaf = mt.clone().requires_grad_()
+    out = getattr(torch, op)(leaf, 1, keepdim=True) if op != "var" else \
+        torch.var(leaf, 1, keepdim=True, correction=0)
+    grad = torch.full(out.shape, 2.0, dtype=F64)
+    out.backward(grad)
+    assert torch.equal(grad, torch.full(out.shape, 2.0, dtype=F64))
