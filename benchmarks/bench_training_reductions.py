@@ -71,6 +71,20 @@ def _timed(fns: dict[str, Any], min_run_time: float, rounds: int) -> dict[str, l
 def case(layout: str, op: str, dim: int, rows: int, min_run_time: float,
          rounds: int) -> dict[str, float]:
     """Median timings and per-round ratios of one (layout, op, dim)."""
+    no_grad, forward, both = _fns(layout, op, dim, rows)
+    times = _timed({"no grad": no_grad, "fwd (rg)": forward, "fwd+bwd": both},
+                   min_run_time, rounds)
+    base = times["no grad"]
+    return {"no grad": statistics.median(base),
+            "fwd": statistics.median(a / b for a, b in zip(times["fwd (rg)"], base)),
+            "both": statistics.median(a / b for a, b in zip(times["fwd+bwd"], base))}
+
+
+TITLE = "Reductions in a training step (forward with requires_grad / forward+backward vs no grad)"
+
+
+def _fns(layout: str, op: str, dim: int, rows: int) -> tuple[Any, Any, Any]:
+    """``(no grad, forward with requires_grad, forward + backward)`` callables."""
     leaf = operand(layout, rows).requires_grad_()
     fn = OPS[op]
 
@@ -86,12 +100,24 @@ def case(layout: str, op: str, dim: int, rows: int, min_run_time: float,
         out.backward(torch.ones_like(out))
         leaf.grad = None
 
-    times = _timed({"no grad": no_grad, "fwd (rg)": forward, "fwd+bwd": both},
-                   min_run_time, rounds)
-    base = times["no grad"]
-    return {"no grad": statistics.median(base),
-            "fwd": statistics.median(a / b for a, b in zip(times["fwd (rg)"], base)),
-            "both": statistics.median(a / b for a, b in zip(times["fwd+bwd"], base))}
+    return no_grad, forward, both
+
+
+def cases(quick: bool = False) -> list[tuple]:
+    """The suite's cases (``python -m benchmarks``): per layout, op and dim, the forward
+    with requires_grad (target 1.3x) and forward + backward (target 3x), each against the
+    no-grad forward; ``quick``: 2000 x 100 instead of 20000 x 100."""
+    rows = 2000 if quick else 20000
+    out = []
+    for layout in ("csr", "coo"):
+        for op in OPS:
+            for dim in (0, 1):
+                no_grad, forward, both = _fns(layout, op, dim, rows)
+                name = f"{layout} {op}({dim}) {rows}x100"
+                out.append((f"{name} fwd(rg)", forward, {"no grad": no_grad},
+                            {"no grad": 1.3}))
+                out.append((f"{name} fwd+bwd", both, {"no grad": no_grad}, {"no grad": 3.0}))
+    return out
 
 
 def main() -> None:
