@@ -33,7 +33,11 @@ Primitives (all on plain tensors, differentiable with respect to ``values``)
     ``reduce(where(mask, values, identity), op)`` for ``op`` "sum", "prod", "amax" or
     "amin" (unspecified elements read the op's identity), and "sumsq": the sum of the
     squares of ``where(mask, values, 0)``. A layout may fuse the fill into the reduction
-    (Note [Native reductions]).
+    (Note [Native reductions]) by a ``_native_reduce`` method.
+
+The masked primitives (``masked_*`` and ``softmax``) are kernel families (Note [One kernel
+route] in ``layouts._kernels``): each runs a layout's ``_native_*`` method where it applies
+(by device), else the ``_torch_*`` torch ops here, with one backward either way.
 ``masked_arg_extreme(values, mask, op)``
     Per group, ``masked_reduce(values, mask, op)`` for ``op`` "amax" or "amin" and the
     smallest ``positions()`` of a ``mask``-ed element reaching it (NaN counts as the
@@ -53,9 +57,9 @@ Primitives (all on plain tensors, differentiable with respect to ``values``)
 ``softmax(values, mask, log)``
     Softmax / log_softmax within each group of a ``keepdim=True`` grouping over the
     ``mask``-ed elements (the others weigh nothing), and whether the result already holds
-    0 at every other element (a one-call kernel writes them; otherwise they read anything
-    and the caller zero-fills them); a group whose specified values are all -inf gives
-    NaN, as in torch.
+    0 at every other element (the softmax family writes them; a layout's own softmax may
+    leave anything there, and the caller zero-fills them); a group whose specified values
+    are all -inf gives NaN, as in torch.
 ``build(out_values, out_mask)``
     The output :class:`Storage` (its layout is the layout's choice).
 ``restore(values)``
@@ -77,6 +81,7 @@ from typing import Any
 
 import torch
 
+from . import _kernels
 from .registry import Storage
 
 OPS = ("sum", "prod", "amax", "amin", "any", "all")
@@ -100,29 +105,79 @@ class Grouping:
     def expand(self, out: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    # Note [One kernel route] (``layouts._kernels``): each masked primitive below is one
+    # kernel family; ``_kernels.run`` picks the layout's ``_native_*`` implementation (the
+    # C kernels; None where they do not apply) or the ``_torch_*`` one by device, and
+    # records the family's backward when the values require grad.
+    def masked_reduce(self, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor:
+        return _kernels.run(_kernels.REDUCE, self, values, mask, op)[0]
+
+    def masked_sum(self, values: torch.Tensor, mask: torch.Tensor,
+                   with_count: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        total = self.masked_reduce(values, mask, "sum")
+        return total, (self.reduce(mask, "sum") if with_count else None)
+
+    def masked_mean(self, values: torch.Tensor, mask: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per group, the mean of its specified elements (0 where none is) and whether it
+        has one; differentiable."""
+        mean, specified = _kernels.run(_kernels.MOMENTS, self, values, mask, None)
+        return mean, specified
+
+    def masked_var(self, values: torch.Tensor, mask: torch.Tensor, correction: float
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per group, the variance of its specified elements with ``correction`` (0 where
+        ``count - correction <= 0``), their mean (0 where none is specified), and where the
+        variance is specified; differentiable.
+        """
+        var, mean, specified = _kernels.run(_kernels.MOMENTS, self, values, mask, correction)
+        return var, mean, specified
+
+    def masked_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
+                         specified: torch.Tensor) -> torch.Tensor:
+        """Per group, the log of the sum of ``exp`` of its specified elements, 0 where
+        ``specified`` (the groups with one) is False; differentiable."""
+        return _kernels.run(_kernels.LOGSUMEXP, self, values, mask, specified)[0]
+
     def softmax(self, values: torch.Tensor, mask: torch.Tensor,
                 log: bool) -> tuple[torch.Tensor, bool]:
-        # The shift cancels in value and gradient; detaching it saves a backward pass. A +inf
-        # or NaN maximum is kept: the whole group is NaN, as torch.softmax gives.
-        top = self.masked_reduce(values, mask, "amax").detach()
-        top = torch.where(torch.isneginf(top), torch.zeros((), dtype=top.dtype,
-                                                           device=top.device), top)
-        # Unspecified elements are shifted to 0, not -inf, before ``exp`` (torch's CPU exp is
-        # 5-10x slower on arguments that underflow) and left out of the sum; the caller
-        # zero-fills them in the output.
-        shifted = zero_unspecified(values - self.expand(top), mask)
-        e = shifted.exp()
-        total = self.expand(self.masked_reduce(e, mask, "sum"))
-        return (shifted - total.log() if log else e / total), False
+        return _kernels.run(_kernels.SOFTMAX, self, values, mask, log)[0], True
 
-    def masked_reduce(self, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor:
+    def masked_arg_extreme(self, values: torch.Tensor, mask: torch.Tensor,
+                           op: str) -> tuple[torch.Tensor, torch.Tensor]:
+        top, at = _kernels.run(_kernels.ARG, self, values, mask, op)
+        return top, at
+
+    # -- the native implementations: None here (a layout overrides those it has) -------
+    def _native_reduce(self, op: str, values: torch.Tensor,
+                       mask: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+    def _native_moments(self, values: torch.Tensor, mask: torch.Tensor,
+                        correction: float | None) -> tuple | None:
+        return None
+
+    def _native_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
+                          specified: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+    def _native_softmax(self, values: torch.Tensor, mask: torch.Tensor,
+                        log: bool) -> torch.Tensor | None:
+        return None
+
+    def _native_arg(self, values: torch.Tensor, mask: torch.Tensor,
+                    op: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return None
+
+    # -- the torch-op implementations (every device; differentiable) -------------------
+    def _torch_reduce(self, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor:
         if op == "sumsq":
             filled = zero_unspecified(values, mask)
             return self.reduce(filled * filled, "sum")
         return self.reduce(fill_unspecified(values, mask, start(op, values.dtype)), op)
 
-    def masked_arg_extreme(self, values: torch.Tensor, mask: torch.Tensor,
-                           op: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def _torch_arg(self, values: torch.Tensor, mask: torch.Tensor,
+                   op: str) -> tuple[torch.Tensor, torch.Tensor]:
         top = self.masked_reduce(values, mask, op)
         at = self.expand(top)
         hit = values == at
@@ -133,10 +188,44 @@ class Grouping:
         found = at != none
         return zero_unspecified(top, found), zero_unspecified(at, found)
 
-    def masked_sum(self, values: torch.Tensor, mask: torch.Tensor,
-                   with_count: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        total = self.reduce(zero_unspecified(values, mask), "sum")
-        return total, (self.reduce(mask, "sum") if with_count else None)
+    def _torch_moments(self, values: torch.Tensor, mask: torch.Tensor,
+                       correction: float | None) -> tuple:
+        total, count = self.masked_sum(values, mask, with_count=True)
+        mean = total / count.clamp(min=1)
+        if correction is None:
+            return mean, count > 0
+        dof = count - correction  # float32, as torch makes an int64 tensor minus a float
+        specified = dof > 0
+        var = self.masked_sqdev(values, mask, mean) / torch.where(
+            specified, dof, torch.ones((), dtype=dof.dtype, device=dof.device))
+        return zero_unspecified(var, specified), mean, specified
+
+    def _torch_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
+                         specified: torch.Tensor) -> torch.Tensor:
+        # The shift by the group's max cancels in value and gradient (detached: no backward
+        # pass for it); a max that is not finite shifts by 0 (all -inf: log 0 = -inf; +inf:
+        # inf; NaN: NaN).
+        top = self.masked_reduce(values, mask, "amax").detach()
+        top = torch.where(torch.isfinite(top), top, torch.zeros((), dtype=top.dtype,
+                                                                device=top.device))
+        total = self.masked_sumexp(values, mask, top)
+        one = torch.ones((), dtype=total.dtype, device=total.device)
+        out = torch.log(torch.where(specified, total, one)) + top
+        return zero_unspecified(out, specified)
+
+    def _torch_softmax(self, values: torch.Tensor, mask: torch.Tensor,
+                       log: bool) -> torch.Tensor:
+        # The shift cancels in value and gradient; detaching it saves a backward pass. A +inf
+        # or NaN maximum is kept: the whole group is NaN, as torch.softmax gives.
+        top = self.masked_reduce(values, mask, "amax").detach()
+        top = torch.where(torch.isneginf(top), torch.zeros((), dtype=top.dtype,
+                                                           device=top.device), top)
+        # Unspecified elements are shifted to 0, not -inf, before ``exp`` (torch's CPU exp is
+        # much slower on arguments that underflow) and left out of the sum.
+        shifted = zero_unspecified(values - self.expand(top), mask)
+        e = shifted.exp()
+        total = self.expand(self.masked_reduce(e, mask, "sum"))
+        return zero_unspecified(shifted - total.log() if log else e / total, mask)
 
     def masked_sqdev(self, values: torch.Tensor, mask: torch.Tensor,
                      center: torch.Tensor) -> torch.Tensor:
@@ -146,50 +235,10 @@ class Grouping:
     def masked_sumexp(self, values: torch.Tensor, mask: torch.Tensor,
                       center: torch.Tensor) -> torch.Tensor:
         # Unspecified elements are shifted to 0, not -inf, then left out of the sum: torch's
-        # CPU exp is 5-10x slower on arguments that underflow. exp in place: the fill's
+        # CPU exp is much slower on arguments that underflow. exp in place: the fill's
         # output is a new tensor that no backward reads.
         shifted = fill_unspecified(values - self.expand(center), mask, 0).exp_()
         return self.masked_reduce(shifted, mask, "sum")
-
-    def masked_mean(self, values: torch.Tensor, mask: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per group, the mean of its specified elements (0 where none is) and whether it
-        has one; differentiable."""
-        mean, count = self._mean_and_count(values, mask)
-        return mean, count > 0
-
-    def _mean_and_count(self, values: torch.Tensor, mask: torch.Tensor
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-        total, count = self.masked_sum(values, mask, with_count=True)
-        return total / count.clamp(min=1), count
-
-    def masked_var(self, values: torch.Tensor, mask: torch.Tensor, correction: float
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per group, the variance of its specified elements with ``correction`` (0 where
-        ``count - correction <= 0``), their mean (0 where none is specified), and where the
-        variance is specified; differentiable.
-        """
-        mean, count = self._mean_and_count(values, mask)
-        dof = count - correction  # float32, as torch makes an int64 tensor minus a float
-        specified = dof > 0
-        var = self.masked_sqdev(values, mask, mean) / torch.where(
-            specified, dof, torch.ones((), dtype=dof.dtype))
-        return zero_unspecified(var, specified), mean, specified
-
-    def masked_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
-                         specified: torch.Tensor) -> torch.Tensor:
-        """Per group, the log of the sum of ``exp`` of its specified elements, 0 where
-        ``specified`` (the groups with one) is False; differentiable.
-
-        The shift by the group's max cancels in value and gradient (detached: no backward
-        pass for it); a max that is not finite shifts by 0 (all -inf: log 0 = -inf; +inf:
-        inf; NaN: NaN).
-        """
-        top = self.masked_reduce(values, mask, "amax").detach()
-        top = torch.where(torch.isfinite(top), top, torch.zeros((), dtype=top.dtype))
-        total = self.masked_sumexp(values, mask, top)
-        out = torch.log(torch.where(specified, total, torch.ones((), dtype=total.dtype))) + top
-        return zero_unspecified(out, specified)
 
     def positions(self) -> torch.Tensor:
         raise NotImplementedError
@@ -217,12 +266,11 @@ def zero_unspecified(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return fill_unspecified(values, mask, 0)
 
 
-# Same-size integer dtypes for a bitwise fill (Note [Bitwise fill]).
+# Same-size integer dtypes: the bits of a fill value (``_fill_bits``).
 _BITS = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
          torch.bfloat16: torch.int16, torch.int64: torch.int64, torch.int32: torch.int32,
          torch.int16: torch.int16, torch.int8: torch.int8, torch.uint8: torch.uint8}
-_BITWISE_MIN = 1 << 12  # below this, one ``where`` call costs less than three bitwise ones
-_BITWISE_BLOCK = 1 << 18  # elements per block of a large fill (1-2 MB)
+_FILL_MIN = 1 << 12  # below this, one ``where`` call costs less than the native call
 
 
 def plain_eager(values: torch.Tensor) -> bool:
@@ -259,58 +307,24 @@ def fill_unspecified(values: torch.Tensor, mask: torch.Tensor, value: Any) -> to
     """``torch.where(mask, values, value)``, bit for bit: unspecified elements (NaN and inf
     included) read ``value``, specified ones keep their exact bits (-0.0 and NaN payloads).
 
-    Differentiable (through ``torch.where``) when ``values`` requires grad; otherwise, on
-    CPU, one native pass (``_native.fill``) or a bitwise fill (Note [Bitwise fill]).
+    The one exact fill: differentiable (through ``torch.where``) when ``values`` requires
+    grad; otherwise, on CPU, one native pass of masked blends (``_native.fill``: ``where``
+    on CPU branches on its bool condition per element); ``torch.where`` everywhere else
+    (other devices, torch.compile -- Inductor fuses it --, torch.func, no native library).
 
     >>> fill_unspecified(torch.tensor([1., float("nan")]), torch.tensor([True, False]),
     ...                  float("-inf")).tolist()
     [1.0, -inf]
     """
-    bits = _BITS.get(values.dtype)
-    if (bits is None or values.numel() < _BITWISE_MIN or mask.shape != values.shape
-            or not plain_eager(values)):
-        fill = torch.full((), value, dtype=values.dtype, device=values.device)
-        return torch.where(mask, values, fill)
-    from . import _native  # (it imports this module)
+    if (values.dtype in _BITS and values.numel() >= _FILL_MIN and mask.shape == values.shape
+            and plain_eager(values)):
+        from . import _native  # (it imports this module)
 
-    f = _fill_bits(value, values.dtype)
-    out = _native.fill(values, mask, f)
-    if out is not None:
-        return out
-    # Note [Bitwise fill]
-    # ``torch.where`` on CPU branches on its bool condition: 4-6 ns per element on a random
-    # mask, 10-20x a memory-bound pass. The native kernels fill in one compiled pass of
-    # masked blends (``_native.fill``: 1M float32 in 0.13 ms against 0.43 ms below); without
-    # them the mask becomes an integer of the values'
-    # width, negated to all-ones / all-zeros bits (``keep``), and the fill is bit logic:
-    # ``((data ^ f) & keep) ^ f`` is ``data`` where ``keep`` is all ones and ``f`` (the
-    # fill's bits) elsewhere; for ``f == 0`` it is ``data & keep``. Exact for every value,
-    # in-place on one temporary. (``data * mask`` on the integer view is as exact, but an
-    # int64 by bool product takes a slow path: 15x slower at 2M elements.) Autograd,
-    # torch.func, torch.compile (Inductor fuses ``where`` itself) and other devices use
-    # ``where`` (:func:`plain_eager`).
-    data = values.reshape(-1).view(bits)
-    flat = mask.reshape(-1)
-    n = data.numel()
-    if n <= _BITWISE_BLOCK:
-        keep = flat.to(bits).neg_()
-        out = keep.bitwise_and_(data) if f == 0 else keep.bitwise_and_(data ^ f).bitwise_xor_(f)
-        return out.view(values.dtype).view(values.shape)
-    # Large: block by block through one cache-sized buffer, so that the output is the only
-    # full-size allocation (a fresh one costs a page fault per 4 KB) and is written once.
-    out = torch.empty(n, dtype=bits)
-    keep = torch.empty(_BITWISE_BLOCK, dtype=bits)
-    signs = flat.view(torch.int8).neg()  # -1 / 0: sign-extends to all bits / none
-    for start in range(0, n, _BITWISE_BLOCK):
-        stop = min(n, start + _BITWISE_BLOCK)
-        k = keep[: stop - start]
-        k.copy_(signs[start:stop])
-        o = out[start:stop]
-        if f == 0:
-            torch.bitwise_and(data[start:stop], k, out=o)
-        else:
-            torch.bitwise_xor(data[start:stop], f, out=o).bitwise_and_(k).bitwise_xor_(f)
-    return out.view(values.dtype).view(values.shape)
+        out = _native.fill(values, mask, _fill_bits(value, values.dtype))
+        if out is not None:
+            return out
+    fill = torch.full((), value, dtype=values.dtype, device=values.device)
+    return torch.where(mask, values, fill)
 
 
 def _fill_bits(value: Any, dtype: torch.dtype) -> int:
@@ -344,7 +358,7 @@ def reduce_dense(values: torch.Tensor, dims: tuple[int, ...], keepdim: bool,
             return torch.full(shape, op == "all", dtype=torch.bool, device=values.device)
         return torch.zeros(shape, dtype=values.dtype, device=values.device)
     if op in ("any", "all") and values.dtype == torch.bool and not torch.compiler.is_compiling():
-        # uint8 amax/amin are vectorized; bool any/all are ~20x slower on CPU. Inductor
+        # uint8 amax/amin are vectorized; bool any/all are much slower on CPU. Inductor
         # compiles the plain any/all well and fails on the uint8 view of a bool tensor.
         small = values.view(torch.uint8)
         out = small.amax(dims, keepdim=keepdim) if op == "any" else small.amin(dims, keepdim)

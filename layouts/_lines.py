@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from . import _native
+from . import _kernels
 from ._index import linearize, rows_from_crow, sort_key
 from .registry import Storage, get_layout
 
@@ -174,6 +174,9 @@ class SparseLines(Lines):
     blocks hold < 2 nnz slots, at one torch call per bucket. Short rows also sort faster
     than one long array (n log(width) instead of n log(nnz)).
 
+    ``cumsum`` on CPU runs the native running sum per line (``_kernels.cumsum_lines``:
+    torch.cumsum's bits, with or without autograd; its backward, the reverse running sum
+    along the same lines, is the same kernel on the flipped lines). Elsewhere,
     ``cumsum`` of finite float32 (or narrower) values and of integers takes a faster path
     with no padding: the values are widened to float64 (int64), each line's first value
     has the sum of the previous line subtracted (``segment_reduce``), and one running sum
@@ -317,7 +320,7 @@ class SparseLines(Lines):
         """The cumsum of each line by one running sum (Note [Padded lines]), or None: in one
         native pass where it applies (a running sum per line, torch.cumsum's bits)."""
         offsets = torch.cat([self.starts, self.starts.new_tensor([self.nnz])])
-        native = _native.cumsum_lines(v, offsets)
+        native = _kernels.cumsum_lines(v, offsets)
         if native is not None:
             return native
         if v.dtype not in (torch.float32, torch.float16, torch.bfloat16) and (

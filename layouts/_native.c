@@ -554,7 +554,7 @@ NARROW(u16)
 /* -- the exact fill --------------------------------------------------------------------- */
 /* out[j] = m[j] ? v[j] : f over the values' bits (B-bit unsigned integers: every float
  * bit pattern, NaN payloads and -0.0 included, is copied as it is): where(mask, values,
- * fill) in one pass, vectorized by the compiler into masked blends (Note [Bitwise fill] in
+ * fill) in one pass, vectorized by the compiler into masked blends (fill_unspecified in
  * _grouping.py: torch's CPU where branches on its condition, which mispredicts on a
  * random mask). */
 #define FILL(B)                                                                          \

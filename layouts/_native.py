@@ -3,7 +3,7 @@
 Note [Native reductions]
 ~~~~~~~~~~~~~~~~~~~~~~~~
 A masked reduction of stored values composed from torch ops makes several passes: fill the
-unspecified values with the identity (Note [Bitwise fill]), then reduce (``segment_reduce``,
+unspecified values with the identity (``fill_unspecified``), then reduce (``segment_reduce``,
 ``index_add_``, ``scatter_reduce_``), and each torch call has a fixed cost before it
 starts. scipy.sparse reduces in one compiled loop. The kernels of ``_native.c`` do the
 same for a mask: per group, ``reduce(where(mask, values, identity))`` in one pass, the
@@ -577,11 +577,13 @@ def arg_scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.
     return top, at
 
 
-def fill(values: torch.Tensor, mask: torch.Tensor, bits: int) -> torch.Tensor | None:
+def fill(values: torch.Tensor, mask: torch.Tensor, bits: int,
+         out: torch.Tensor | None = None) -> torch.Tensor | None:
     """``where(mask, values, fill)`` bit for bit, in one pass, for ``bits`` the fill's bit
     pattern as an integer of the values' width (1, 2, 4 or 8 bytes an element): a new
-    contiguous tensor of the values' shape; None where the native kernels do not apply
-    (not contiguous, another device, autograd, a transform, compiling).
+    contiguous tensor of the values' shape (``out=values``: written in place, element by
+    element); None where the native kernels do not apply (not contiguous, another device,
+    autograd, a transform, compiling).
 
     >>> out = fill(torch.tensor([1., 2.]), torch.tensor([True, False]), 0)
     >>> out is None or out.tolist() == [1.0, 0.0]
@@ -590,7 +592,10 @@ def fill(values: torch.Tensor, mask: torch.Tensor, bits: int) -> torch.Tensor | 
     kernel = _FILL.get(values.element_size()) if _readable(values, mask) else None
     if kernel is None:
         return None
-    out = torch.empty_like(values)  # contiguous, as the values
+    if out is None:
+        out = torch.empty_like(values)  # contiguous, as the values
+    elif out is not values:
+        raise ValueError("fill: out must be None or the values themselves")
     kernel(values.data_ptr(), mask.data_ptr(), values.numel(), bits, out.data_ptr())
     return out
 

@@ -15,7 +15,7 @@ index tensor) and *dense* ones (trailing dims of a hybrid tensor's values):
 
 Everything is O(nnz) (O(nnz log nnz) when a sort is needed, O(nnz + kept key space) for the
 bincount path); nothing is densified, so a 100000 x 100000 matrix with 1000 stored entries
-reduces in microseconds. Every group has at least one stored element. When no sparse dim is
+reduces in O(nnz) time. Every group has at least one stored element. When no sparse dim is
 left (a full reduction) the result is a strided storage, as ``torch.sparse.sum`` returns a
 dense tensor then.
 
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from . import _blocked, _native
+from . import _kernels, _native
 from ._grouping import (
     _BITS,
     Grouping,
@@ -43,10 +43,8 @@ from ._grouping import (
     plain_eager,
     reduce_dense,
     reduced_shape,
-    start,
 )
 from ._index import cached, crow_from_rows, linearize, rows_from_crow, sort_key
-from ._reduce_strided import fused_masked_sum
 from .registry import Storage, get_layout
 
 _SLOTS_PER_NNZ = 4  # bincount grouping while the kept key space is <= 4 * nnz + 4096
@@ -74,7 +72,7 @@ class CooGrouping(Grouping):
         self._coords = coords
         self.dims = dims
         self.keepdim = keepdim
-        if owner is None or not plain_eager(storage.values):
+        if owner is None or not _kernels.eager(storage.values):
             facts = self._index_facts(row_major)
         else:  # Note [Index facts of a grouping]
             facts = cached(owner, ("grouping", dims, keepdim, tuple(storage.shape), row_major),
@@ -99,7 +97,7 @@ class CooGrouping(Grouping):
     # What a grouping knows of its groups (their number, the present key slots, each
     # element's group id, the output's coordinates and index tensor) comes from the index
     # tensors, the dims and the shape alone: built once per index tensor and reused by every
-    # eager reduction over it, as ``cached`` facts (a few microseconds less per reduction,
+    # eager reduction over it, as ``cached`` facts (a fixed cost less per reduction,
     # as much as the kernel of a small one). They never hold the index tensors themselves
     # or views of them (a cached fact must not keep its owner alive): those are read from
     # the storage per grouping.
@@ -134,7 +132,7 @@ class CooGrouping(Grouping):
                 uniq, facts["_gid"] = torch.unique_consecutive(keys, return_inverse=True)
             elif space <= _SLOTS_PER_NNZ * nnz + 4096:
                 # Note [Reducing into key slots]
-                if plain_eager(keys):  # a count: 2x faster than a bool index_put
+                if plain_eager(keys):  # a count: faster than a bool index_put
                     present = torch.bincount(keys, minlength=space) > 0
                 else:  # compiled: an output size that does not depend on the data
                     present = torch.zeros(space, dtype=torch.bool, device=device)
@@ -221,32 +219,15 @@ class CooGrouping(Grouping):
         small = mask.shape[0] < 2**31  # int32 counts cannot overflow
         return self.reduce(mask.to(torch.int32 if small else torch.long), "sum").long()
 
-    def masked_sum(self, values: torch.Tensor, mask: torch.Tensor,
-                   with_count: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        total = self._fused("sum", values, mask)
-        if total is not None:
-            return total, self._count(mask) if with_count else None
-        if self.single and not self.value_dims:
-            # One group without native kernels: the strided layout's blocked bitwise sum,
-            # which also counts the mask when asked (Note [Fused masked sum]).
-            fused = fused_masked_sum(values, mask, (0,), True, with_count)
-            if fused is not None:
-                if with_count:
-                    self._counted = (mask, fused[1])
-                return fused
-        return super().masked_sum(values, mask, with_count)
-
-    def masked_reduce(self, values: torch.Tensor, mask: torch.Tensor,
-                      op: str) -> torch.Tensor:
-        out = self._fused(op, values, mask)
-        return out if out is not None else super().masked_reduce(values, mask, op)
+    def _native_reduce(self, op: str, values: torch.Tensor,
+                       mask: torch.Tensor) -> torch.Tensor | None:
+        return self._fused(op, values, mask)
 
     def _fused(self, op: str, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
         """Per group, ``masked_reduce(values, mask, op)`` or the count of ``mask``
         (``op="count"``) in one pass over the stored elements: the native kernels (Note
-        [Native reductions]), else for sum / amax / amin the fill fused block by block
-        (:mod:`layouts._blocked`); None where neither applies (autograd, dense dims, other
-        dtypes, small inputs without native kernels): the composed path."""
+        [Native reductions]); None where they do not apply (dense dims, other dtypes or
+        devices, no library): the torch-op implementation."""
         if (op not in _FUSED or self.value_dims
                 or not self.sparse_dims or (self.single and not mask.shape[0])):
             return None
@@ -266,16 +247,14 @@ class CooGrouping(Grouping):
             out = _native.count_scatter(mask, index, n)
         else:
             out = _native.scatter(values, mask, op, index, n)
-            if out is None and op in _blocked.OPS and _blocked.applies(values, mask):
-                out = _blocked.scatter(values, mask, start(op, values.dtype), op, index, n)
         if out is None or not present or self._uniq.shape[0] == n:  # every slot a group
             return out
         return out.index_select(0, self._uniq)
 
     def _group_ids(self, values: torch.Tensor) -> torch.Tensor | None:
         """The cached narrowed group id of every stored element (:meth:`_narrowed`), or None
-        (no owner to cache it on, autograd or a transform, no native kernels)."""
-        if self._owner is None or not plain_eager(values):
+        (no owner to cache it on, a transform, no native kernels)."""
+        if self._owner is None or not _kernels.eager(values):
             return None
         return cached(self._owner, ("narrow", self.dims, tuple(self.source.shape)),  # Note
                       self._narrowed)  # [Narrow group indices]
@@ -288,27 +267,34 @@ class CooGrouping(Grouping):
         slots = self._present.numel()
         return _native.narrow(self._keys, slots, remap=self._present.cumsum(0) - 1)
 
+    # Note [Sparse sums in double]
+    # The native kernels accumulate every float sum in double. The torch ops that stand in
+    # for them on other devices (``index_add`` / ``segment_reduce``) add float32 values one
+    # after the other in float32, which drifts from the exact sum by many ulps on long
+    # groups (3000 values near 3000: 2e-6 relative). So the sparse groupings' torch-op sums
+    # (and sums of squares, and the squared deviations of a variance) of float32 values run
+    # in float64 and round once: the same value class on every device, for one cast pass.
+    # Dense (strided) sums keep torch's own accumulation, which is pairwise already.
+    def _torch_reduce(self, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor:
+        if op in ("sum", "sumsq") and values.dtype == torch.float32:
+            return super()._torch_reduce(values.double(), mask, op).float()
+        return super()._torch_reduce(values, mask, op)
+
     def masked_sqdev(self, values: torch.Tensor, mask: torch.Tensor,
                      center: torch.Tensor) -> torch.Tensor:
         out = self._fused_dev("sqdev", values, mask, center)
-        return out if out is not None else super().masked_sqdev(values, mask, center)
+        if out is not None:
+            return out
+        if values.dtype == torch.float32:  # Note [Sparse sums in double]
+            return super().masked_sqdev(values.double(), mask, center.double()).float()
+        return super().masked_sqdev(values, mask, center)
 
     def masked_sumexp(self, values: torch.Tensor, mask: torch.Tensor,
                       center: torch.Tensor) -> torch.Tensor:
         out = self._fused_dev("sumexp", values, mask, center)
         return out if out is not None else super().masked_sumexp(values, mask, center)
 
-    def masked_mean(self, values: torch.Tensor, mask: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self._fused_moments(values, mask, None)
-        return out[1:] if out is not None else super().masked_mean(values, mask)
-
-    def masked_var(self, values: torch.Tensor, mask: torch.Tensor, correction: float
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        out = self._fused_moments(values, mask, correction)
-        return out if out is not None else super().masked_var(values, mask, correction)
-
-    def _fused_moments(self, values: torch.Tensor, mask: torch.Tensor,
+    def _native_moments(self, values: torch.Tensor, mask: torch.Tensor,
                        correction: float | None) -> tuple | None:
         """``masked_mean`` (``correction`` None) or ``masked_var`` in one native call
         (``_native.moments``, over the group ids with the counts cached per mask; the line
@@ -322,12 +308,7 @@ class CooGrouping(Grouping):
         return self._one_call(values, mask, lambda: _native.moments(values, mask, correction),
                               per_group)
 
-    def masked_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
-                         specified: torch.Tensor) -> torch.Tensor:
-        out = self._fused_logsumexp(values, mask, specified)
-        return out if out is not None else super().masked_logsumexp(values, mask, specified)
-
-    def _fused_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
+    def _native_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
                          specified: torch.Tensor) -> torch.Tensor | None:
         """``masked_logsumexp`` in one native call (``_native.logsumexp_all`` /
         ``logsumexp_scatter``; the line grouping's: ``logsumexp_lines``), or None
@@ -337,12 +318,7 @@ class CooGrouping(Grouping):
             lambda index: _native.logsumexp_scatter(values, mask, index, specified,
                                                     self.ngroups))
 
-    def softmax(self, values: torch.Tensor, mask: torch.Tensor,
-                log: bool) -> tuple[torch.Tensor, bool]:
-        out = self._fused_softmax(values, mask, log)  # 0 where unspecified
-        return (out, True) if out is not None else super().softmax(values, mask, log)
-
-    def _fused_softmax(self, values: torch.Tensor, mask: torch.Tensor,
+    def _native_softmax(self, values: torch.Tensor, mask: torch.Tensor,
                        log: bool) -> torch.Tensor | None:
         """``softmax`` in one native call: of a single group, over the group ids (the
         line grouping's: along its lines), or None (:meth:`_one_call`)."""
@@ -365,8 +341,8 @@ class CooGrouping(Grouping):
         """A native kernel's result for this grouping: ``whole()`` for a single group,
         ``per_group(ids)`` over the group ids (their narrowed copy where one exists: Note
         [Narrow group indices]); None where no kernel applies (dense dims, an empty single
-        group, several groups without ``per_group``, autograd, other dtypes): the caller
-        composes torch ops."""
+        group, several groups without ``per_group``, other dtypes or devices): the
+        family's torch-op implementation runs."""
         if self.value_dims or not self.sparse_dims or (self.single and not mask.shape[0]):
             return None
         if self.single:
@@ -376,13 +352,12 @@ class CooGrouping(Grouping):
         narrowed = self._group_ids(values)
         return per_group(narrowed if narrowed is not None else self.gid)
 
-    def masked_arg_extreme(self, values: torch.Tensor, mask: torch.Tensor,
-                           op: str) -> tuple[torch.Tensor, torch.Tensor]:
-        out = None
-        if (not self.value_dims and self.sparse_dims and mask.shape[0]
-                and _native.arg_applies(values, mask, op)):  # autograd, dtype, device, 1-D
-            out = self._fused_arg(values, mask, op)
-        return out if out is not None else super().masked_arg_extreme(values, mask, op)
+    def _native_arg(self, values: torch.Tensor, mask: torch.Tensor,
+                    op: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if (self.value_dims or not self.sparse_dims or not mask.shape[0]
+                or not _native.arg_applies(values, mask, op)):  # dtype, device, 1-D
+            return None
+        return self._fused_arg(values, mask, op)
 
     def _fused_arg(self, values: torch.Tensor, mask: torch.Tensor,
                    op: str) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -400,14 +375,6 @@ class CooGrouping(Grouping):
     # -- primitives --------------------------------------------------------------------
     def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
         v = values
-        if (op == "any" and v.dtype == torch.bool and self._present is not None
-                and not self.value_dims and not _native.available()
-                and (self._counted is None or self._counted[0] is not v)):
-            return self._of_mask("any", v, self._slot_any)
-        counted = self._counted is not None and self._counted[0] is v
-        if (self.single and op == "any" and not counted and not self.value_dims
-                and not _native.available()):  # else the count, cached per mask
-            return reduce_dense(v, (0,), True, "any") if v.shape[0] else v.bool()
         if v.dtype == torch.bool and op in ("sum", "any") and not self.value_dims:
             return self._count(v) if op == "sum" else self._specified(v)
         if op == "sum" and v.dtype == torch.bool:
@@ -425,18 +392,11 @@ class CooGrouping(Grouping):
             v = v.squeeze(self.value_dims)
         return v
 
-    def _slot_any(self, v: torch.Tensor) -> torch.Tensor:
-        slots = torch.zeros(self._present.shape + v.shape[1:], dtype=torch.uint8,
-                            device=v.device)
-        index = self._keys.view((-1,) + (1,) * (v.dim() - 1)).expand(v.shape)
-        hit = slots.scatter_reduce_(0, index, v.view(torch.uint8), "amax")
-        return hit.index_select(0, self._uniq).view(torch.bool)
-
     def _scatter(self, v: torch.Tensor, op: str, index: torch.Tensor, n: int) -> torch.Tensor:
         shape = (n,) + tuple(v.shape[1:])
         if op == "sum":
             return v.new_zeros(shape).index_add(0, index, v)
-        if op in ("any", "all"):  # counting is several times faster than a bool scatter
+        if op in ("any", "all"):  # counting is faster than a bool scatter
             hits = (v if op == "any" else ~v.bool()).to(torch.int32)
             counts = torch.zeros(shape, dtype=torch.int32, device=v.device).index_add_(
                 0, index, hits)
@@ -444,7 +404,7 @@ class CooGrouping(Grouping):
         index = index.view((-1,) + (1,) * (v.dim() - 1)).expand_as(v)
         if op in ("amax", "amin", "prod") and plain_eager(v):
             # Every slot has an element: starting from the identity gives the same result,
-            # and include_self=True is 2-3x faster than the initialization pass of False.
+            # and include_self=True saves the initialization pass of False.
             init = 1 if op == "prod" else identity(op, v.dtype)
             return v.new_full(shape, init).scatter_reduce_(0, index, v, op)
         # Note: scatter_reduce's backward shares the gradient of amax/amin with the initial
@@ -588,8 +548,8 @@ class CompressedGrouping(CooGrouping):
 
     # Note [Reducing along lines]
     # Along the lines, a float sum is torch's own CSR ``sum(1)`` over the values (no
-    # autograd needed; its output holds exactly the non-empty lines, in order), about 1.5x
-    # faster than ``segment_reduce``, which serves the other ops and autograd. Masks are
+    # autograd needed; its output holds exactly the non-empty lines, in order), faster
+    # than ``segment_reduce``, which serves the other ops and autograd. Masks are
     # counted the same way, as uint8 (torch sums it into int64: exact, no float pass, and
     # faster than an int32 ``cumsum`` read at the pointers). Below ``_FEW`` stored
     # elements, building the torch CSR tensor costs more than the sum itself: one
@@ -600,15 +560,7 @@ class CompressedGrouping(CooGrouping):
             return super()._fused(op, values, mask)
         if op == "count":
             return _native.count_lines(mask, self.offsets, self._which)
-        out = _native.lines(values, mask, op, self.offsets, self._which)
-        if out is not None or op not in _blocked.OPS or not _blocked.applies(values, mask) or (
-                op != "sum" and not values.is_floating_point()):
-            return out  # segment_reduce has no integer kernel
-        inner = self.coords[self.dims[0]]
-        cuts = cached(self.ptr, "cuts", lambda: _blocked.line_cuts(
-            torch.cat([self.offsets[self.lines], self.offsets[-1:]]), inner.dtype))
-        return _blocked.segments(values, mask, start(op, values.dtype), op, cuts,
-                                 self.ngroups, inner, self.inner)
+        return _native.lines(values, mask, op, self.offsets, self._which)
 
     def _fused_dev(self, dev: str, values: torch.Tensor, mask: torch.Tensor,
                    center: torch.Tensor) -> torch.Tensor | None:
@@ -616,22 +568,22 @@ class CompressedGrouping(CooGrouping):
             return super()._fused_dev(dev, values, mask, center)
         return _native.deviations_lines(dev, values, mask, center, self.offsets, self._which)
 
-    def _fused_moments(self, values: torch.Tensor, mask: torch.Tensor,
+    def _native_moments(self, values: torch.Tensor, mask: torch.Tensor,
                        correction: float | None) -> tuple | None:
         if not self.by_lines:
-            return super()._fused_moments(values, mask, correction)
+            return super()._native_moments(values, mask, correction)
         return _native.moments(values, mask, correction, self.offsets, self._which)
 
-    def _fused_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
+    def _native_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
                          specified: torch.Tensor) -> torch.Tensor | None:
         if not self.by_lines:
-            return super()._fused_logsumexp(values, mask, specified)
+            return super()._native_logsumexp(values, mask, specified)
         return _native.logsumexp_lines(values, mask, self.offsets, self._which)
 
-    def _fused_softmax(self, values: torch.Tensor, mask: torch.Tensor,
+    def _native_softmax(self, values: torch.Tensor, mask: torch.Tensor,
                        log: bool) -> torch.Tensor | None:
         if not self.by_lines:
-            return super()._fused_softmax(values, mask, log)
+            return super()._native_softmax(values, mask, log)
         return _native.softmax(values, mask, log, self.offsets, self._which)
 
     def _fused_arg(self, values: torch.Tensor, mask: torch.Tensor,
@@ -697,8 +649,11 @@ class CompressedGrouping(CooGrouping):
             return super().expand(out)
         if self.keepdim:
             out = out.squeeze(1) if out.dim() > 1 else out
-        return torch.repeat_interleave(out, self.lengths, dim=0,
-                                       output_size=self.source.values.shape[0])
+        if torch.compiler.is_compiling():
+            return torch.repeat_interleave(out, self.lengths, dim=0,
+                                           output_size=self.source.values.shape[0])
+        self._with_gid()  # the line of each element, cached per pointer tensor: one gather
+        return out.index_select(0, self.gid)
 
     def positions(self) -> torch.Tensor:
         if not self.by_lines:
@@ -785,12 +740,13 @@ def masked_arg(storage: Storage, dims: tuple[int, ...], keepdim: bool, op: str,
     """
     values, mask = storage.values, storage.mask
     if (with_values or keepdim or len(dims) != len(storage.shape) or values.dim() != 1
-            or values.numel() == 0 or values.dtype not in _BITS or not plain_eager(values)):
+            or values.numel() == 0 or values.dtype not in _BITS or _kernels.traced(values)):
         return NotImplemented
+    values = values.detach()  # an index: nothing to differentiate
     top = _native.reduce_all(values, mask, op)
     at = None if top is None else _native.first(values, mask, top)
     if at is None:  # without native kernels: torch's arg-extreme of the filled values
-        filled = fill_unspecified(values.detach(), mask, identity(op, values.dtype))
+        filled = fill_unspecified(values, mask, identity(op, values.dtype))
         at = int(filled.argmax() if op == "amax" else filled.argmin())
         if not bool(mask[at]):
             return NotImplemented

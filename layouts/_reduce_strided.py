@@ -14,12 +14,14 @@ copied block by block into an integer buffer of the data's width (sign extension
 all-ones / zero bits; minus its sum is the count) and AND-ed with the data's bits, which
 leaves each specified element bit for bit and a +0 elsewhere (NaN or inf under the mask
 included), and the block is summed from cache. It is exact, reads data and mask once and
-allocates one small buffer (and the int8 mask): ~10x faster than ``where + sum`` on 4000².
-With autograd (or for other dtypes / layouts of memory) the plain ``where`` path runs.
+allocates one small buffer (and the int8 mask); ``benchmarks/bench_core.py`` times it.
+It is the CPU forward of the strided sum family (Note [One kernel route]): with autograd
+the same pass runs, recorded with the family's backward. For other dtypes / layouts of
+memory / devices the plain ``where`` path runs.
 Under torch.compile / torch.export (``torch.compiler.is_compiling()``) the plain path runs
 too: Inductor fuses ``where + sum`` into one pass by itself, while the Python block loop
-would be unrolled into hundreds of small kernels (44x slower than eager). There every
-kernel reads the mask through :func:`vector_mask` (Note [Compiled mask loads]); outputs
+would be unrolled into hundreds of small kernels (``benchmarks/bench_compile.py``). There
+every kernel reads the mask through :func:`vector_mask` (Note [Compiled mask loads]); outputs
 keep the input's own mask (``restore``).
 """
 
@@ -61,17 +63,25 @@ class StridedGrouping(Grouping):
     def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
         return reduce_dense(values, self.dims, self.keepdim, op)
 
-    def masked_reduce(self, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor:
+    def _native_reduce(self, op: str, values: torch.Tensor,
+                       mask: torch.Tensor) -> torch.Tensor | None:
         out = self._native_full(op, values, mask)
-        return out if out is not None else super().masked_reduce(values, mask, op)
+        if out is None and op == "sum":
+            fused = fused_masked_sum(values, mask, self.dims, self.keepdim, False)
+            out = None if fused is None else fused[0]
+        return out
 
     def masked_sum(self, values: torch.Tensor, mask: torch.Tensor,
                    with_count: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        total = self._native_full("sum", values, mask)
-        if total is not None:
-            return total, self._native_full("count", mask, mask) if with_count else None
-        fused = fused_masked_sum(values, mask, self.dims, self.keepdim, with_count)
-        return fused if fused is not None else super().masked_sum(values, mask, with_count)
+        if with_count and not (values.requires_grad and torch.is_grad_enabled()):
+            # the count in the same pass (the total is the sum family's forward, bit for bit)
+            total = self._native_full("sum", values, mask)
+            if total is not None:
+                return total, self._native_full("count", mask, mask)
+            fused = fused_masked_sum(values, mask, self.dims, self.keepdim, True)
+            if fused is not None:
+                return fused
+        return super().masked_sum(values, mask, with_count)
 
     def _native_full(self, op: str, values: torch.Tensor,
                      mask: torch.Tensor) -> torch.Tensor | None:
@@ -136,7 +146,7 @@ class StridedGrouping(Grouping):
         return self.input.with_values(values)  # the input's own mask object
 
 
-_BLOCK = 1 << 18  # elements per row block (1-2 MB: stays in cache)
+_BLOCK = 1 << 18  # elements per row block (stays in cache)
 _FUSE_MIN = 1 << 16
 
 
@@ -147,7 +157,7 @@ def fused_masked_sum(values: torch.Tensor, mask: torch.Tensor, dims: tuple[int, 
     fast path does not apply (see Note [Fused masked sum])."""
     bits = BITS.get(values.dtype)
     if (bits is None or not dims or values.numel() < _FUSE_MIN or values.device.type != "cpu"
-            or not plain_eager(values)
+            or not plain_eager(values) or type(values) is not torch.Tensor
             or not values.is_contiguous() or not mask.is_contiguous()):
         return None
     shape = values.shape

@@ -216,7 +216,7 @@ def test_zero_fill_by_bits_matches_where(dtype, monkeypatch):
     # (where an integer product would be slower or wrong) by ``where``; same result.
     bits_calls = []
     by_bits = fill._bitwise_zero_fill
-    monkeypatch.setattr(grouping, "_BITWISE_MIN", 1)  # the exact fill of a full-size mask
+    monkeypatch.setattr(grouping, "_FILL_MIN", 1)  # the exact fill of a full-size mask
     monkeypatch.setattr(fill, "_bitwise_zero_fill",
                         lambda v, m: bits_calls.append(v.dtype) or by_bits(v, m))
     g = torch.Generator().manual_seed(8)

@@ -1,16 +1,16 @@
 """The fast paths of the sparse reductions give the results of the dense reference.
 
-The paths under test (they only run without autograd, on CPU, and above a size; the
-fixture ``fast`` lowers the sizes so that small inputs take them):
+The paths under test (the fixture ``fast`` runs each test with the native kernels and with
+their torch-op implementation, and lowers the sizes so that small inputs take them):
 
-- ``layouts.fill_unspecified``: the bitwise fill (Note [Bitwise fill]), whole-array and
-  block by block, must be bit-identical to ``torch.where``;
+- ``layouts.fill_unspecified``: the one exact fill (native, else ``torch.where``) must be
+  bit-identical to ``torch.where``;
 - the 2-norm: the sum of squares fused with the fill, torch's norm over every dim;
 - ``argmax`` / ``argmin`` over every dim of COO / CSR through torch's own ``argmax``;
   amax / amin / prod scattered from the identity (``include_self``);
 - the native kernels (Note [Native reductions]: sums, amax/amin and counts in one pass),
-  and without them ``layouts._blocked``: sums and amax/amin fused with the fill -- runs of
-  whole lines
+  and without them the torch-op implementation of each kernel family (Note [One kernel
+  route]) -- runs of whole lines
   (CSR rows, CSC columns, rows of a COO matrix: ordered storage) and scatters into slots
   or group ids (COO / CSR columns, a 3-D COO grouped by ``unique``: unordered storage);
 - the group counts and result masks cached per index and mask object (Note [Facts of a
@@ -30,7 +30,6 @@ import pytest
 import torch
 
 import layouts
-import layouts._blocked as blocked
 import layouts._grouping as grouping
 import layouts._native as native
 import masked_sparse as ms
@@ -43,18 +42,15 @@ SPARSE = {"coo": torch.sparse_coo, "csr": torch.sparse_csr, "csc": torch.sparse_
           "csr32": torch.sparse_csr}
 
 
-@pytest.fixture(params=["native", "blocked"])
+@pytest.fixture(params=["native", "torch ops"])
 def fast(request, monkeypatch):
-    """Every fast path runs: the native kernels, or without them the blocked torch path
-    with blocks of a few elements (many blocks per input)."""
+    """Every fast path runs: the native kernels (the exact fill from one element on), or
+    without them the torch-op implementation (``MASKED_SPARSE_NATIVE=0``)."""
     if request.param == "native" and not native.available():
         pytest.skip(f"native kernels: {native.status()}")
-    if request.param == "blocked":  # every native entry point asks _library()
+    if request.param == "torch ops":  # every native entry point asks _library()
         monkeypatch.setattr(native, "_library", lambda: None)
-    monkeypatch.setattr(blocked, "MIN_SIZE", 1)
-    monkeypatch.setattr(blocked, "BLOCK", 5)
-    monkeypatch.setattr(grouping, "_BITWISE_MIN", 1)
-    monkeypatch.setattr(grouping, "_BITWISE_BLOCK", 3)
+    monkeypatch.setattr(grouping, "_FILL_MIN", 1)
 
 
 def _matrix(dtype, shape=(9, 13), seed=0, specials=True):
@@ -125,9 +121,8 @@ def test_fast_paths_match_dense_and_generic(fast, monkeypatch, layout, dtype, op
     data, mask, stored = _matrix(dtype, specials=specials)
     got = _call(op, _sparse(data, mask, stored, layout), dim, keepdim)
     check_invariants(got)
-    monkeypatch.setattr(blocked, "applies", lambda values, mask: False)
     monkeypatch.setattr(native, "_library", lambda: None)
-    monkeypatch.setattr(grouping, "_BITWISE_MIN", 1 << 62)
+    monkeypatch.setattr(grouping, "_FILL_MIN", 1 << 62)
     # References without the fast paths and without cached counts: dense, and the generic
     # route on a freshly built tensor.
     _same(got, _call(op, ms.masked_tensor(data, mask), dim, keepdim))
@@ -218,8 +213,9 @@ def test_cached_counts_follow_in_place_writes(fast, layout, dim):
 
 
 @pytest.mark.parametrize("layout", list(SPARSE))
-def test_gradients_skip_the_fast_paths(fast, layout):
-    """With autograd the generic differentiable route runs; its gradients carry the mask."""
+def test_gradients_take_the_fast_paths(fast, layout):
+    """With autograd the same kernels run (Note [One kernel route]), recorded with their
+    backwards; the gradients carry the mask and equal the strided route's."""
     data, mask, stored = _matrix(torch.float64)
     data = torch.where(data.isfinite(), data, 1.0)
     mt = _sparse(data, mask, stored, layout).requires_grad_()

@@ -25,15 +25,12 @@ def _fills_by_bits(dtype: torch.dtype) -> bool:
 
 
 def _bitwise_zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``torch.where(mask, values, 0)`` by bits (Note [Zero fill by bits]): an integer
-    product with the (compacted) mask, or for a full-size mask the layouts' exact fill
-    (native, else bitwise: then for float64 only)."""
+    """``torch.where(mask, values, 0)`` exactly: for a full-size mask the layouts' one
+    exact fill (``layouts.zero_unspecified``), for a broadcast mask an integer product with
+    the compacted mask (Note [Zero fill by bits])."""
     small = compact(mask)
-    # (Non-contiguous values too: there the layouts' bitwise fill beats the integer product;
-    # Note [Bitwise fill].)
-    if small is mask and (values.dtype == torch.float64
-                          or layouts.native_status().startswith("available")):
-        return layouts.fill_unspecified(values, mask, 0)
+    if small is mask:
+        return layouts.zero_unspecified(values, mask)
     return (values.view(layouts.SAME_WIDTH_INT[values.dtype]) * small).view(values.dtype)
 
 
@@ -68,18 +65,17 @@ def zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
     Note [Zero fill by bits]
     ~~~~~~~~~~~~~~~~~~~~~~~~
-    ``torch.where(mask, values, 0)`` takes a slow path on CPU for its bool condition (it
-    branches on the mask element by element); ``values * mask`` is vectorized but keeps NaN
-    and inf under the mask. Multiplying the float's *bits*, viewed as an integer of the same
-    width, by the 0/1 mask is exact (the bits survive or become +0.0), one vectorized pass
-    with no temporary. CPUs have no vector int64 multiply, so float64 with a full-size mask
-    takes the layouts' bitwise AND instead (Note [Bitwise fill]); with the native kernels
-    every full-size mask takes the layouts' one-pass fill. ``python -m benchmarks.bench_core``
-    and ``bench_goals`` time ``to_tensor(0)``, which runs this fill. A mask
+    ``values * mask`` keeps NaN and inf under the mask; ``torch.where`` is exact but takes a
+    slow path on CPU for its bool condition. A full-size mask takes the layouts' exact fill
+    (``layouts.fill_unspecified``: one native pass on CPU, else ``where``;
+    ``python -m benchmarks.bench_core`` and ``bench_goals`` time ``to_tensor(0)``, which
+    runs this fill). A mask
     broadcast over some dims (stride 0, e.g. an attention mask expanded over heads) is read
-    once per stored element. Other dtypes (integers, complex), and a mask that ``values``
-    would have to broadcast to, use ``torch.where``; so does compiled code, where Inductor
-    fuses the ``where`` into the kernel that computes ``values``.
+    once per stored element: the float's *bits*, viewed as an integer of the same width, are
+    multiplied by the compacted 0/1 mask, which is exact (the bits survive or become +0.0).
+    Other dtypes (integers, complex), and a mask that ``values`` would have to broadcast
+    to, use ``torch.where``; so does compiled code, where Inductor fuses the ``where`` into
+    the kernel that computes ``values``.
     """
     if (not _fills_by_bits(values.dtype) or mask.dtype != torch.bool
             or torch.compiler.is_compiling()
@@ -103,7 +99,9 @@ def mark_zero_filled(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     >>> is_zero_filled(mark_zero_filled(torch.tensor([1., 0.]), m), m)
     True
     """
-    if not (torch.compiler.is_compiling() or values.is_inference()):  # no version counter
+    # An inference tensor has no version counter to read (it cannot be written in place
+    # outside inference mode either): it is not tagged.
+    if not torch.compiler.is_compiling() and not torch.is_inference(values):
         _ZERO_FILLED[values] = (mask, values._version)
     return values
 
@@ -141,9 +139,10 @@ def is_zero_filled(values: torch.Tensor, mask: torch.Tensor) -> bool:
     worst case is one fill too many, never one too few; autograd's own detached aliases
     (``on_values``) take the tag along (:func:`carry_zero_fill`).
     """
+    if torch.is_inference(values):
+        return False
     tag = _ZERO_FILLED.get(values)
-    return (tag is not None and tag[0] is mask and not values.is_inference()
-            and tag[1] == values._version)
+    return tag is not None and tag[0] is mask and tag[1] == values._version
 
 
 def all_specified(mask: torch.Tensor) -> bool:

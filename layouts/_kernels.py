@@ -1,0 +1,324 @@
+"""One operation per masked kernel family, the same in inference and training.
+
+Note [One kernel route]
+~~~~~~~~~~~~~~~~~~~~~~~
+The families are the groupings' masked primitives (``layouts._grouping``): ``REDUCE``
+(sum, sum of squares, prod, amax, amin per group), ``MOMENTS`` (mean, and variance with a
+correction), ``LOGSUMEXP``, ``SOFTMAX`` (softmax / log_softmax within groups, zeros at
+unspecified elements), ``ARG`` (the extreme and the position of its first specified
+element) and :func:`cumsum_lines`. Each is one ``torch.autograd.Function`` (:class:`_Op`,
+cheaper per call than a ``torch.library.custom_op`` on the eager hot path):
+
+- its forward picks the implementation by *device* only: a grouping's ``_native_*``
+  method (the C kernels of ``_native``: CPU, float32 / float64, the library loaded) where
+  it applies, else the grouping's torch-op implementation (``_torch_*``: every other
+  device, dtype or shape, and ``MASKED_SPARSE_NATIVE=0``), run without autograd. Whether
+  the input requires grad never changes which one runs, so a training step gets the
+  inference value bit for bit (the kernels accumulate float sums in double; the torch ops
+  in the values' type);
+- its backward is written with masked torch ops and the grouping's own ``expand`` /
+  masked sums (themselves families), differentiable, so that a backward with
+  ``create_graph=True`` can be differentiated again.
+
+Without autograd to record, :func:`run` calls the family's forward directly (no Function).
+Under torch.compile, a torch.func transform or a dispatch mode (fake tensors, ``make_fx``)
+the ctypes kernels cannot be traced: :func:`run` takes the torch-op implementation as
+plain differentiable torch ops, which the tracer records (the "fake" implementation of
+these families is that of their torch ops). Complex values take it too (the backwards
+here are written for real values).
+
+>>> import torch
+>>> class Whole:  # a grouping of one group, for the example
+...     def _native_reduce(self, op, values, mask): return None
+...     def _torch_reduce(self, values, mask, op):
+...         return torch.where(mask, values, 0).sum(0, keepdim=True)
+...     def expand(self, out): return out.expand(3)
+>>> v = torch.tensor([1., 2., 3.], requires_grad=True)
+>>> out, = run(REDUCE, Whole(), v, torch.tensor([True, False, True]), "sum")
+>>> out.backward(torch.ones(1)); v.grad.tolist()
+[1.0, 0.0, 1.0]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def traced(values: torch.Tensor) -> bool:
+    """True where the ctypes kernels cannot serve ``values`` whatever its device: while
+    torch.compile traces, inside a torch.func transform or a dispatch mode, and for complex
+    values (Note [One kernel route]): the torch-op implementation runs, differentiably."""
+    return (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+            or bool(torch._C._len_torch_dispatch_stack()) or values.is_complex())
+
+
+def eager(values: torch.Tensor) -> bool:
+    """True where index facts may be cached and narrowed per index tensor: not tracing (a
+    traced graph must not capture them), whether or not ``values`` requires grad."""
+    return not (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active())
+
+
+def _where(mask: torch.Tensor, x: torch.Tensor, fresh: bool = False) -> torch.Tensor:
+    """``torch.where(mask, x, 0)``: the layouts' exact fill (one native pass on CPU where
+    nothing is to be differentiated); with ``fresh`` (``x`` is a temporary of the caller's)
+    in place there, one output-sized allocation less."""
+    from . import _native
+    from ._grouping import zero_unspecified  # (it imports this module)
+
+    if (fresh and not torch.is_grad_enabled() and x.shape == mask.shape
+            and not x._is_view()  # an expand shares the memory of what it broadcasts
+            and x.is_contiguous() and _native.fill(x, mask, 0, out=x) is not None):
+        return x
+    return zero_unspecified(x.expand_as(mask) if x.shape != mask.shape else x, mask)
+
+
+def _operand(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``values`` as a backward multiplies them: as they are when the backward is not
+    differentiated (the result is filled once, at the end), else filled with 0 first, so
+    that what an unspecified element holds (NaN, inf) never meets a zero gradient in the
+    double backward (Note [Fill before transform])."""
+    return _where(mask, values) if torch.is_grad_enabled() else values
+
+
+class Family:
+    """One kernel family: ``forward`` (by device), ``torch_ops`` (differentiable torch
+    ops), ``backward`` (masked torch ops); outputs are tuples of tensors."""
+
+    name = ""
+
+    @staticmethod
+    def native(g: Any, values: torch.Tensor, mask: torch.Tensor, *args: Any) -> tuple | None:
+        raise NotImplementedError
+
+    @staticmethod
+    def torch_ops(g: Any, values: torch.Tensor, mask: torch.Tensor, *args: Any) -> tuple:
+        raise NotImplementedError
+
+    @classmethod
+    def forward(cls, g: Any, values: torch.Tensor, mask: torch.Tensor, *args: Any) -> tuple:
+        out = cls.native(g, values, mask, *args)
+        return out if out is not None else cls.torch_ops(g, values, mask, *args)
+
+    @staticmethod
+    def backward(g: Any, values: torch.Tensor, mask: torch.Tensor, outs: tuple,
+                 grads: tuple, *args: Any) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class _Op(torch.autograd.Function):
+    """A family's forward, recorded with the family's backward (Note [One kernel route])."""
+
+    @staticmethod
+    def forward(ctx, family: type[Family], g: Any, args: tuple,  # type: ignore[override]
+                values: torch.Tensor, mask: torch.Tensor) -> tuple:
+        outs = family.forward(g, values, mask, *args)
+        ctx.family, ctx.g, ctx.args = family, g, args
+        ctx.set_materialize_grads(False)  # an output not used gets no gradient pass
+        ctx.save_for_backward(values, mask, *outs)
+        ctx.mark_non_differentiable(*[o for o in outs if not o.is_floating_point()])
+        return outs
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor | None) -> tuple:  # type: ignore[override]
+        values, mask, *outs = ctx.saved_tensors
+        grad = ctx.family.backward(ctx.g, values, mask, tuple(outs), grads, *ctx.args)
+        return None, None, None, grad, None
+
+
+def run(family: type[Family], g: Any, values: torch.Tensor, mask: torch.Tensor,
+        *args: Any) -> tuple:
+    """``family``'s outputs for grouping ``g`` (Note [One kernel route])."""
+    if traced(values):
+        return family.torch_ops(g, values, mask, *args)
+    if values.requires_grad and torch.is_grad_enabled():
+        return _Op.apply(family, g, args, values, mask)
+    return family.forward(g, values, mask, *args)
+
+
+class REDUCE(Family):
+    """Per group, the masked ``op`` ("sum", "sumsq", "prod", "amax", "amin"): unspecified
+    elements read the op's identity (0 for "sumsq")."""
+
+    @staticmethod
+    def native(g, values, mask, op):
+        out = g._native_reduce(op, values, mask)
+        return None if out is None else (out,)
+
+    @staticmethod
+    def torch_ops(g, values, mask, op):
+        return (g._torch_reduce(values, mask, op),)
+
+    @staticmethod
+    def backward(g, values, mask, outs, grads, op):
+        (grad,), (out,) = grads, outs
+        if op == "sum":
+            return _where(mask, g.expand(grad), fresh=True)
+        if op == "sumsq":
+            return _where(mask, 2 * _operand(values, mask) * g.expand(grad), fresh=True)
+        if op in ("amax", "amin"):  # split among the specified ties, as torch's amax
+            hit = mask & (values == g.expand(out))
+            ties = g.reduce(hit, "sum").to(grad.dtype)  # counted by the layout's kernel
+            share = grad / ties.clamp(min=1)
+            return _where(hit, g.expand(share), fresh=True)
+        # prod: differentiate the torch ops (torch's own rule for zeros), first order only
+        with torch.enable_grad():
+            leaf = values.detach().requires_grad_()
+            again = g._torch_reduce(leaf, mask, op)
+            return torch.autograd.grad(again, leaf, grad)[0]
+
+
+class MOMENTS(Family):
+    """Per group, ``(var, mean, specified)`` for a ``correction`` (``(mean, specified)``
+    for None): ``Grouping.masked_var`` / ``masked_mean``."""
+
+    @staticmethod
+    def native(g, values, mask, correction):
+        out = g._native_moments(values, mask, correction)
+        if out is None:
+            return None
+        return out[1:] if correction is None else out
+
+    @staticmethod
+    def torch_ops(g, values, mask, correction):
+        return g._torch_moments(values, mask, correction)
+
+    @staticmethod
+    def backward(g, values, mask, outs, grads, correction):
+        count = g.reduce(mask, "sum").to(values.dtype)
+        if correction is None:
+            g_mean, g_var = grads[0], None
+        else:
+            g_var, g_mean = grads[0], grads[1]
+        total = None
+        if g_mean is not None:
+            total = g.expand(g_mean / count.clamp(min=1))
+        if g_var is not None:  # 2 (x - mean) / dof; the mean's own term sums to 0
+            dof = count - correction
+            ok = dof > 0
+            coef = _where(ok, 2 * g_var / torch.where(ok, dof, torch.ones((), dtype=dof.dtype)))
+            # unspecified elements (NaN or inf included) are filled once, at the end
+            part = (_operand(values, mask) - g.expand(outs[1])) * g.expand(coef)
+            total = part if total is None else total + part
+        if total is None:
+            return torch.zeros_like(values)
+        return _where(mask, total.expand_as(values), fresh=True)
+
+
+class LOGSUMEXP(Family):
+    """Per group, the log of the sum of ``exp`` of the specified elements, 0 where the
+    bool ``specified`` (one per group) is False."""
+
+    @staticmethod
+    def native(g, values, mask, specified):
+        out = g._native_logsumexp(values, mask, specified)
+        return None if out is None else (out,)
+
+    @staticmethod
+    def torch_ops(g, values, mask, specified):
+        return (g._torch_logsumexp(values, mask, specified),)
+
+    @staticmethod
+    def backward(g, values, mask, outs, grads, specified):
+        (grad,), (out,) = grads, outs
+        # exp of the filled difference (Note [Fill before transform]): what an unspecified
+        # element holds never reaches an exp
+        weight = _where(mask, values - g.expand(out)).exp()
+        return _where(mask, g.expand(grad) * weight, fresh=True)
+
+
+class SOFTMAX(Family):
+    """Softmax (``log``: log_softmax) within each group of a ``keepdim=True`` grouping over
+    the specified elements, 0 at every other element."""
+
+    @staticmethod
+    def native(g, values, mask, log):
+        out = g._native_softmax(values, mask, log)
+        return None if out is None else (out,)
+
+    @staticmethod
+    def torch_ops(g, values, mask, log):
+        return (g._torch_softmax(values, mask, log),)
+
+    @staticmethod
+    def backward(g, values, mask, outs, grads, log):
+        (grad,), (out,) = grads, outs
+        if log:
+            total = g.masked_sum(grad, mask)[0]
+            return _where(mask, grad - out.exp() * g.expand(total), fresh=True)
+        total = g.masked_sum(grad * out, mask)[0]
+        return _where(mask, out * (grad - g.expand(total)), fresh=True)
+
+
+class ARG(Family):
+    """Per group, the masked extreme (``op`` "amax" / "amin") and the smallest position of
+    a specified element reaching it (NaN first), both 0 where none is specified."""
+
+    @staticmethod
+    def native(g, values, mask, op):
+        return g._native_arg(values, mask, op)
+
+    @staticmethod
+    def torch_ops(g, values, mask, op):
+        return g._torch_arg(values, mask, op)
+
+    @staticmethod
+    def backward(g, values, mask, outs, grads, op):
+        grad = grads[0]
+        if grad is None:
+            return torch.zeros_like(values)
+        hit = mask & (g.positions() == g.expand(outs[1]))
+        return _where(hit, g.expand(grad).expand_as(values))
+
+
+class _CumsumLines(torch.autograd.Function):
+    """:func:`cumsum_lines` recorded with its backward: the reverse running sum along the
+    same lines (the lines flipped, their running sums, flipped back)."""
+
+    @staticmethod
+    def forward(ctx, values: torch.Tensor, offsets: torch.Tensor,  # type: ignore[override]
+                out: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(offsets)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple:  # type: ignore[override]
+        (offsets,) = ctx.saved_tensors
+        back = cumsum_lines(grad.flip(0).contiguous(), (offsets[-1] - offsets).flip(0))
+        if back is None:  # not a kernel's input (a gradient of another dtype)
+            return _reverse_cumsum(grad, offsets), None, None
+        return back.flip(0), None, None
+
+
+def _reverse_cumsum(grad: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The reverse running sum of ``grad`` along the lines of ``offsets``, by torch ops:
+    each element's line total minus the sum of the line's elements before it."""
+    lengths = offsets.diff()
+    line = torch.repeat_interleave(torch.arange(lengths.numel(), device=grad.device), lengths,
+                                   output_size=grad.shape[0])
+    total = grad.new_zeros(lengths.numel()).index_add(0, line, grad)
+    inclusive = grad.cumsum(0)
+    before = (inclusive - grad) - torch.cat([inclusive.new_zeros(1), inclusive])[
+        offsets[:-1]].index_select(0, line)
+    return total.index_select(0, line) - before
+
+
+def cumsum_lines(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor | None:
+    """Per line (``offsets``: int64, from 0 to the number of 1-D ``values``) the running
+    sum of ``values``, restarting at each line, by the native kernel (``torch.cumsum``'s
+    bits), recorded for autograd when ``values`` requires grad; None where the kernel does
+    not apply (the caller's torch ops run).
+
+    >>> out = cumsum_lines(torch.tensor([1., 2., 3., 4.]), torch.tensor([0, 2, 4]))
+    >>> out is None or out.tolist() == [1.0, 3.0, 3.0, 7.0]
+    True
+    """
+    from . import _native  # (it imports the groupings, which import this module)
+
+    if traced(values):
+        return None
+    out = _native.cumsum_lines(values.detach(), offsets)
+    if out is None or not (values.requires_grad and torch.is_grad_enabled()):
+        return out
+    return _CumsumLines.apply(values, offsets, out)
