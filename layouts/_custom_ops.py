@@ -4,8 +4,8 @@ Note [Kernel families as custom ops]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 Eager calls run a family through ``layouts._kernels`` (an ``autograd.Function``: the
 cheaper call, Note [One kernel route]). A tracer cannot follow those ctypes calls, so while
-torch.compile / torch.export trace (``torch.compiler.is_compiling()``), :func:`call` puts one
-custom op per family in the graph instead:
+torch.compile traces (``torch.compiler.is_compiling()``), :func:`call` puts one custom op
+per family in the graph instead:
 
 =============================  ================================================
 ``masked_sparse::reduce``      ``REDUCE``: sum, sumsq, prod, amax, amin per group
@@ -30,9 +30,13 @@ reads no data. Implementations:
 
 So a compiled graph on CPU runs the same kernels as eager code, bit for bit. The routing
 covers the groupings that can describe their groups this way (``Grouping.kernel_groups``):
-the sparse ones without dense dims. Strided groupings keep the torch ops under compile
-(Inductor fuses them: Note [Compiled mask loads]). ``cumsum_lines`` has no op: under
-compile its caller's torch ops run.
+the sparse ones without dense dims. In practice that is a sparse full reduction: a sparse
+reduction along a dim or softmax breaks the graph before (its output size depends on the
+data) and runs eagerly, on the same kernels. Strided groupings keep the torch ops under
+compile (Inductor fuses them: Note [Compiled mask loads]). torch.export records a
+MaskedTensor input's ops at the aten level on the subclass (the exported program runs them
+through the eager handlers, on these kernels), so no op shows in an exported graph.
+``cumsum_lines`` has no op: under compile its caller's torch ops run.
 
 >>> import torch
 >>> v, m = torch.tensor([1., 2., 3.]), torch.tensor([True, False, True])
@@ -350,7 +354,7 @@ def call(family: type[_kernels.Family], g: Any, values: torch.Tensor, mask: torc
          *args: Any) -> tuple | None:
     """``family``'s outputs for grouping ``g`` by its custom op, or None where none serves
     (a grouping that cannot describe its groups, values that are not 1-D real floats): the
-    caller runs the torch ops. Called while torch.compile / export trace."""
+    caller runs the torch ops. Called while torch.compile traces."""
     op = _OPS.get(family)
     spec = None if op is None else g.kernel_groups(values)
     if (spec is None or values.dtype not in _FLOATS or values.dim() != 1

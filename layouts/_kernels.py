@@ -21,8 +21,8 @@ cheaper per call than a ``torch.library.custom_op`` on the eager hot path):
   ``create_graph=True`` can be differentiated again.
 
 Without autograd to record, :func:`run` calls the family's forward directly (no Function).
-The ctypes kernels cannot be traced. While torch.compile / torch.export trace, :func:`run`
-puts the family's ``torch.library`` custom op in the graph instead (``masked_sparse::reduce``,
+The ctypes kernels cannot be traced. While torch.compile traces, :func:`run` puts the
+family's ``torch.library`` custom op in the graph instead (``masked_sparse::reduce``,
 ``moments``, ``logsumexp``, ``softmax``, ``arg_extreme``: Note [Kernel families as custom
 ops] in ``layouts._custom_ops``), for the groupings that describe their groups by plain
 tensors (``Grouping.kernel_groups``: the sparse ones without dense dims): its CPU
