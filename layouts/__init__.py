@@ -21,7 +21,10 @@ from . import sparse_csr  # noqa: F401
 from . import sparse_csc  # noqa: F401
 
 # isort: split
-from . import sparse_bsr  # noqa: F401
+from . import (
+    _custom_ops,  # noqa: F401  (registers torch.ops.masked_sparse.*)
+    sparse_bsr,  # noqa: F401
+)
 from ._grouping import _BITS as SAME_WIDTH_INT  # dtype -> the integer dtype of its bits
 from ._grouping import Grouping, fill_unspecified, identity, plain_eager, zero_unspecified
 from ._index import all_true, linearize

@@ -148,6 +148,13 @@ class Grouping:
         top, at = _kernels.run(_kernels.ARG, self, values, mask, op)
         return top, at
 
+    def kernel_groups(self, values: torch.Tensor) -> tuple | None:
+        """The groups as the custom ops take them (Note [Kernel families as custom ops]):
+        ``(offsets, which, index, n)`` -- every element one group (``offsets`` and
+        ``index`` None), lines, or a scatter into ``n`` groups -- or None where this
+        grouping has no such form (its torch ops run under compile)."""
+        return None
+
     # -- the native implementations: None here (a layout overrides those it has) -------
     def _native_reduce(self, op: str, values: torch.Tensor,
                        mask: torch.Tensor) -> torch.Tensor | None:

@@ -21,11 +21,20 @@ cheaper per call than a ``torch.library.custom_op`` on the eager hot path):
   ``create_graph=True`` can be differentiated again.
 
 Without autograd to record, :func:`run` calls the family's forward directly (no Function).
-Under torch.compile, a torch.func transform or a dispatch mode (fake tensors, ``make_fx``)
-the ctypes kernels cannot be traced: :func:`run` takes the torch-op implementation as
-plain differentiable torch ops, which the tracer records (the "fake" implementation of
-these families is that of their torch ops). Complex values take it too (the backwards
-here are written for real values).
+The ctypes kernels cannot be traced. While torch.compile traces, :func:`run` puts the
+family's ``torch.library`` custom op in the graph instead (``masked_sparse::reduce``,
+``moments``, ``logsumexp``, ``softmax``, ``arg_extreme``: Note [Kernel families as custom
+ops] in ``layouts._custom_ops``), for the groupings that describe their groups by plain
+tensors (``Grouping.kernel_groups``: the sparse ones without dense dims): its CPU
+implementation is the family's ``forward`` here, its backward the family's ``backward``, so
+a compiled graph runs the same C kernels, bit for bit. Eager calls keep the
+``autograd.Function`` (a custom op costs more per call on this hot path; the fixed cost is
+measured by ``benchmarks/profile_overhead.py --fixed``). Everywhere else a tracer runs --
+the strided groupings under compile (Inductor fuses their torch ops), a torch.func
+transform, a dispatch mode (fake tensors, ``make_fx``), complex values (the backwards here
+are written for real values) -- :func:`run` takes the torch-op implementation as plain
+differentiable torch ops, which the tracer records. :func:`cumsum_lines` has no custom op:
+under compile its caller's torch ops run.
 
 >>> import torch
 >>> class Whole:  # a grouping of one group, for the example
@@ -131,6 +140,12 @@ def run(family: type[Family], g: Any, values: torch.Tensor, mask: torch.Tensor,
         *args: Any) -> tuple:
     """``family``'s outputs for grouping ``g`` (Note [One kernel route])."""
     if traced(values):
+        if torch.compiler.is_compiling():  # Note [Kernel families as custom ops]
+            from ._custom_ops import call  # (it imports this module)
+
+            out = call(family, g, values, mask, *args)
+            if out is not None:
+                return out
         return family.torch_ops(g, values, mask, *args)
     if values.requires_grad and torch.is_grad_enabled():
         return _Op.apply(family, g, args, values, mask)

@@ -352,6 +352,13 @@ class CooGrouping(Grouping):
         narrowed = self._group_ids(values)
         return per_group(narrowed if narrowed is not None else self.gid)
 
+    def kernel_groups(self, values: torch.Tensor) -> tuple | None:
+        if self.value_dims or not self.sparse_dims or values.dim() != 1:
+            return None
+        if self.single:
+            return None, None, None, 1
+        return None if self.gid is None else (None, None, self.gid, self.ngroups)
+
     def _native_arg(self, values: torch.Tensor, mask: torch.Tensor,
                     op: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         if (self.value_dims or not self.sparse_dims or not mask.shape[0]
@@ -561,6 +568,11 @@ class CompressedGrouping(CooGrouping):
         if op == "count":
             return _native.count_lines(mask, self.offsets, self._which)
         return _native.lines(values, mask, op, self.offsets, self._which)
+
+    def kernel_groups(self, values: torch.Tensor) -> tuple | None:
+        if not self.by_lines:
+            return super().kernel_groups(values)
+        return self.offsets, self._which, None, self.ngroups
 
     def _fused_dev(self, dev: str, values: torch.Tensor, mask: torch.Tensor,
                    center: torch.Tensor) -> torch.Tensor | None:

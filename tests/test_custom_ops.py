@@ -1,0 +1,268 @@
+"""The kernel families as ``torch.library`` custom ops (``layouts/_custom_ops.py``).
+
+- each op against a float64 reference computed group by group with ``torch.where``, by
+  the CPU implementation (the C kernels where loaded), by the torch-op implementation
+  (the native library hidden: what other devices and ``MASKED_SPARSE_NATIVE=0`` run) and,
+  with ``--device``, on that device;
+- ``torch.library.opcheck`` of each op (fake vs real, autograd registration, AOT);
+- torch.compile of sparse masked reductions puts the ops in the graph, and the compiled
+  values and gradients equal eager ones bit for bit (the same C kernels).
+Compiles are few and small (``aot_eager`` but one Inductor case); speed lives in
+``benchmarks/``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from conftest import cpu_only, dense_of, make_masked
+
+import layouts
+import masked_sparse as ms
+from layouts import _native
+
+pytestmark = pytest.mark.device_generic
+ops = torch.ops.masked_sparse
+
+# The groups of 10 values: (offsets, which, index, n) per kind (Note [Kernel families as
+# custom ops]); the reference's group of each element.
+KINDS = {
+    "all": ((None, None, None, 1), [0] * 10),
+    "lines": (([0, 3, 3, 7, 10], None, None, 4), [0, 0, 0, 2, 2, 2, 2, 3, 3, 3]),
+    "listed lines": (([0, 3, 3, 7, 10], [0, 2, 3], None, 3), [0, 0, 0, 1, 1, 1, 1, 2, 2, 2]),
+    "scatter": ((None, None, [0, 2, 1, 2, 0, 1, 1, 2, 0, 0], 3),
+                [0, 2, 1, 2, 0, 1, 1, 2, 0, 0]),
+}
+CASES = [("reduce", "sum"), ("reduce", "sumsq"), ("reduce", "prod"), ("reduce", "amax"),
+         ("reduce", "amin"), ("moments", None), ("moments", 1.0), ("logsumexp", None),
+         ("softmax", False), ("softmax", True), ("arg_extreme", "amax"),
+         ("arg_extreme", "amin")]
+
+
+def _inputs(kind, dtype, device, requires_grad=False):
+    gen = torch.Generator().manual_seed(5)
+    values = torch.randn(10, dtype=dtype, generator=gen)
+    mask = torch.rand(10, generator=gen) > 0.35
+    mask[[1, 2]] = False  # a scatter group with one specified element
+    values[2] = float("nan")  # unspecified: never read
+    (offsets, which, index, n), group = KINDS[kind]
+
+    def t(x):
+        return None if x is None else torch.tensor(x, device=device)
+
+    return (values.to(device).requires_grad_(requires_grad), mask.to(device), t(offsets),
+            t(which), t(index), n), torch.tensor(group)
+
+
+def _specified(mask, group, n):
+    """Per group, whether it holds a specified element (what ``logsumexp`` is given)."""
+    return torch.zeros(n, dtype=torch.bool).index_put_((group,), mask.cpu(), accumulate=True)
+
+
+def _call(name, arg, inputs, n, group):
+    if name == "logsumexp":
+        return ops.logsumexp(*inputs, _specified(inputs[1], group, n).to(inputs[0].device))
+    if name == "arg_extreme":
+        return ops.arg_extreme(*inputs, torch.arange(10, device=inputs[0].device), arg)
+    return getattr(ops, name)(*inputs, arg)
+
+
+def _reference(name, arg, values, mask, group, n):
+    """Group by group in float64, from the specified elements (``torch.where``)."""
+    v, m = values.detach().double().cpu(), mask.cpu()
+    outs = []
+    if name == "softmax":
+        out = torch.zeros(10, dtype=torch.float64)
+    for k in range(n):
+        sel = (group == k) & m
+        x = torch.where(sel, v, 0.0)[sel]
+        if name == "reduce":
+            op = {"sum": torch.sum, "prod": torch.prod, "sumsq": lambda y: (y * y).sum(),
+                  "amax": lambda y: y.max() if y.numel() else torch.tensor(-torch.inf),
+                  "amin": lambda y: y.min() if y.numel() else torch.tensor(torch.inf)}[arg]
+            outs.append(op(x))
+        elif name == "moments":
+            mean = x.mean() if x.numel() else torch.tensor(0.0)
+            dof = x.numel() - (arg or 0)
+            var = ((x - mean) ** 2).sum() / dof if dof > 0 else torch.tensor(0.0)
+            outs.append((var, mean, dof > 0))  # a variance needs count > correction
+        elif name == "logsumexp":
+            outs.append(torch.logsumexp(x, 0) if x.numel() else torch.tensor(0.0))
+        elif name == "softmax":
+            out[sel] = (torch.log_softmax if arg else torch.softmax)(x, 0)
+        else:
+            pos = sel.nonzero().squeeze(1)
+            if not x.numel():
+                outs.append((0.0, 0))
+            else:
+                i = int(x.argmax() if arg == "amax" else x.argmin())
+                outs.append((float(x[i]), int(pos[i])))
+    if name == "softmax":
+        return (out,)
+    if name == "reduce" or name == "logsumexp":
+        return (torch.stack(outs),)
+    if name == "moments":
+        var = torch.stack([o[0] for o in outs]) if arg is not None else \
+            torch.zeros(0, dtype=torch.float64)
+        return (var, torch.stack([o[1] for o in outs]),
+                torch.tensor([o[2] for o in outs]))
+    return (torch.tensor([o[0] for o in outs], dtype=torch.float64),
+            torch.tensor([o[1] for o in outs]))
+
+
+def _check(got, ref, dtype):
+    got = got if isinstance(got, tuple) else (got,)
+    assert len(got) == len(ref)
+    for g, r in zip(got, ref):
+        if r.is_floating_point():
+            tol = 1e-5 if dtype == torch.float32 else 1e-12
+            torch.testing.assert_close(g.cpu().double(), r, rtol=tol, atol=tol)
+        else:
+            assert torch.equal(g.cpu(), r.to(g.dtype))
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize(("name", "arg"), CASES, ids=[f"{n}-{a}" for n, a in CASES])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("native", [True, False], ids=["kernels", "torch-ops"])
+def test_op_equals_the_reference(name, arg, kind, dtype, native, device, monkeypatch):
+    if not native:  # the torch-op implementation: what every other device runs
+        monkeypatch.setattr(_native, "_library", lambda: None)
+    elif device.type != "cpu" or not _native.available():
+        pytest.skip("the C kernels serve the CPU, when built")
+    inputs, group = _inputs(kind, dtype, device)
+    n = KINDS[kind][0][3]
+    got = _call(name, arg, inputs, n, group)
+    _check(got, _reference(name, arg, inputs[0], inputs[1], group, n), dtype)
+
+
+@cpu_only("opcheck of the CPU implementation")
+@pytest.mark.parametrize(("name", "arg"), CASES, ids=[f"{n}-{a}" for n, a in CASES])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no-grad", "grad"])
+def test_opcheck(name, arg, dtype, requires_grad):
+    for kind in KINDS:
+        inputs, group = _inputs(kind, dtype, "cpu", requires_grad)
+        n = KINDS[kind][0][3]
+        extra = {"logsumexp": (_specified(inputs[1], group, n),),
+                 "arg_extreme": (torch.arange(10), arg)}.get(name, (arg,))
+        torch.library.opcheck(getattr(ops, name).default, (*inputs, *extra))
+
+
+# -- torch.compile: the ops in the graph, eager's bits ------------------------------------
+@pytest.fixture
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+    torch._dynamo.reset()
+
+
+def _graphs_of(fn, fullgraph=True):
+    """``fn`` compiled with AOTAutograd (no Inductor), and the list of its graphs' code."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    codes: list[str] = []
+
+    def keep(gm, _):
+        codes.append(gm.code)
+        return make_boxed_func(gm.forward)
+
+    backend = aot_autograd(fw_compiler=keep, bw_compiler=keep)
+    return torch.compile(fn, fullgraph=fullgraph, dynamic=False, backend=backend), codes
+
+
+FULL = {"sum": lambda x: x.sum(), "amax": lambda x: x.amax(), "mean": lambda x: x.mean(),
+        "var": lambda x: x.var(), "logsumexp": lambda x: x.logsumexp((0, 1)),
+        "argmax": lambda x: x.argmax()}
+OP_OF = {"sum": "reduce", "amax": "reduce", "mean": "moments", "var": "moments",
+         "logsumexp": "logsumexp", "argmax": "arg_extreme"}
+
+
+def _leaf(layout, dtype=torch.float64, requires_grad=True):
+    mt = ms.to_layout(make_masked((4, 6), dtype=dtype, seed=0)[0], layout)
+    return mt.requires_grad_() if requires_grad else mt
+
+
+def _same_masked(got, ref):
+    (gd, gm), (rd, rm) = dense_of(got), dense_of(ref)
+    assert torch.equal(gm, rm)
+    assert torch.equal(torch.where(gm, gd, 0), torch.where(rm, rd, 0))  # bit for bit
+
+
+@cpu_only("the C kernels in a compiled graph")
+@pytest.mark.usefixtures("_fresh_dynamo")
+@pytest.mark.skipif(not _native.available(), reason="the native kernels are not built")
+@pytest.mark.parametrize("layout", ["sparse_csr", "sparse_coo"])
+@pytest.mark.parametrize("family", list(FULL))
+def test_compiled_full_reduction_runs_the_op_bit_for_bit(layout, family):
+    def fn(x):
+        return FULL[family](x).to_tensor(0)
+
+    ref_x, x = _leaf(layout), _leaf(layout)
+    ref = fn(ref_x)
+    compiled, codes = _graphs_of(fn)
+    got = compiled(x)
+    assert torch.equal(got, ref)
+    assert any(f"masked_sparse.{OP_OF[family]}" in code for code in codes), codes
+    if got.is_floating_point():
+        ref.backward()
+        got.backward()
+        _same_masked(x.grad, ref_x.grad)
+
+
+@cpu_only("the C kernels in a compiled graph")
+@pytest.mark.usefixtures("_fresh_dynamo")
+@pytest.mark.parametrize("layout", ["sparse_csr", "sparse_coo"])
+def test_compiled_softmax_and_dim_reductions_equal_eager(layout):
+    # A softmax or reduction along a dim of a sparse layout breaks the graph (its output
+    # size depends on the data) and runs eagerly; the full sum after it is in the graph.
+    def fn(x):
+        return (x.softmax(1).sum().to_tensor(0), x.log_softmax(0).sum().to_tensor(0),
+                x.sum(1).to_tensor(0).to_dense(), x.amax(0).to_tensor(0).to_dense())
+
+    ref_x, x = _leaf(layout, torch.float32), _leaf(layout, torch.float32)
+    ref = fn(ref_x)
+    compiled, codes = _graphs_of(fn, fullgraph=False)
+    got = compiled(x)
+    for g, r in zip(got, ref):
+        assert torch.equal(g, r)
+    (ref[0] + ref[1]).backward()
+    (got[0] + got[1]).backward()
+    _same_masked(x.grad, ref_x.grad)
+    assert any("masked_sparse.reduce" in code for code in codes)
+
+
+@cpu_only("Inductor's CPU backend")
+@pytest.mark.usefixtures("_fresh_dynamo")
+@pytest.mark.skipif(not _native.available(), reason="the native kernels are not built")
+def test_inductor_calls_the_op():
+    from torch._inductor.utils import run_and_get_code
+
+    x = _leaf("sparse_csr", torch.float32, requires_grad=False)
+
+    def fn(x):
+        return x.sum().to_tensor(0) * 2, x.var().to_tensor(0)
+
+    got, codes = run_and_get_code(torch.compile(fn, fullgraph=True, dynamic=False), x)
+    ref = fn(x)
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    assert any("masked_sparse.reduce" in c for c in codes)
+    assert any("masked_sparse.moments" in c for c in codes)
+
+
+def test_eager_calls_keep_the_autograd_function(monkeypatch):
+    # Eager code never pays a custom op's dispatch (Note [One kernel route]).
+    import layouts._custom_ops as custom_ops
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("an eager call went through the custom op")
+
+    monkeypatch.setattr(custom_ops, "call", refuse)
+    x = _leaf("sparse_csr", torch.float64)
+    x.mean().to_tensor(0).backward()
+    assert layouts.native_status()  # (the library still reports its state)
