@@ -184,7 +184,14 @@ class Compressed:
 
     def densify(self, storage: Storage, values: torch.Tensor, fill: Any) -> torch.Tensor:
         out = torch.full(storage.shape, fill, dtype=values.dtype, device=values.device)
-        return out.index_put(self.elements(storage), values)
+        row, col = self.elements(storage)
+        if self.blocked or values.dim() != 1:
+            return out.index_put((row, col), values)
+        # One scatter by the flat position: torch's CPU index_put with two index tensors
+        # takes a slower general path (a keepdim reduction densified to be read back,
+        # ``python -m benchmarks.bench_training_ops``). Differentiable in ``values``.
+        flat = row * storage.shape[1] + col
+        return out.view(-1).scatter(0, flat, values).view(storage.shape)
 
     def to_torch(self, storage: Storage, values: torch.Tensor) -> torch.Tensor:
         # Over a copy of the pointers and aliases of the other members, not the storage's

@@ -207,7 +207,10 @@ def fused_masked_sum(values: torch.Tensor, mask: torch.Tensor, dims: tuple[int, 
 # ``p * (g - sum(g * p))`` is then 0 wherever ``p`` is (every unspecified element), and the
 # same in-place fill of the gradient clears any NaN or inf the incoming gradient held
 # there. The result is tagged zero filled, so the matrix product after it fills nothing.
-# Compiled code (Inductor fuses the plain route), torch.func transforms, double backward
+# While torch.compile traces (AOTAutograd runs this Function on fake tensors) both in-place
+# fills are one ``where`` that Inductor fuses into the softmax's kernels: the graph then
+# saves the zero-filled output, as the dense recipe saves its softmax, and the product
+# reads that very buffer (no second filled copy). torch.func transforms, double backward
 # (the backward builds a graph: ``where`` instead) and dtypes without a same-width integer
 # take the plain route. Measured by ``benchmarks.bench_training_ops`` (attention rows).
 
@@ -221,14 +224,20 @@ def _compact(mask: torch.Tensor) -> torch.Tensor:
 
 
 def _fused_softmax_applies(values: torch.Tensor, mask: torch.Tensor) -> bool:
+    if torch._C._are_functorch_transforms_active() or torch.compiler.is_dynamo_compiling():
+        return False
+    if torch.compiler.is_compiling():  # traced: any device, any float dtype
+        return values.dtype.is_floating_point and mask.dtype == torch.bool \
+            and mask.shape == values.shape
     return (values.dtype in _INT_OF and mask.dtype == torch.bool
-            and mask.shape == values.shape and values.device.type == "cpu"
-            and not torch.compiler.is_compiling()
-            and not torch._C._are_functorch_transforms_active())
+            and mask.shape == values.shape and values.device.type == "cpu")
 
 
 def _zero_fill_(t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``t`` (contiguous, fresh) with every unspecified element set to +0.0 in place."""
+    """``t`` (contiguous, fresh) with every unspecified element set to +0.0 in place;
+    while tracing, one ``where`` that Inductor fuses into the kernel computing ``t``."""
+    if torch.compiler.is_compiling():
+        return torch.where(mask, t, torch.zeros((), dtype=t.dtype, device=t.device))
     t.view(_INT_OF[t.dtype]).mul_(_compact(mask))
     return t
 
@@ -243,12 +252,12 @@ class _MaskedSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, values: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
-        filled = torch.where(mask, values, torch.full((), -math.inf, dtype=values.dtype))
+        filled = fill_unspecified(values, mask, -math.inf)  # (a where while tracing)
         out = torch.softmax(filled, dim)
         del filled
         if not out.is_contiguous():
             out = out.contiguous()
-        _zero_fill_(out, mask)
+        out = _zero_fill_(out, mask)
         ctx.save_for_backward(out, mask)
         ctx.dim = dim
         return out
@@ -258,7 +267,7 @@ class _MaskedSoftmax(torch.autograd.Function):
         out, mask = ctx.saved_tensors
         g = torch._softmax_backward_data(grad, out, ctx.dim, out.dtype)
         if torch.is_grad_enabled():  # create_graph: stay differentiable
-            return torch.where(mask, g, torch.zeros((), dtype=g.dtype)), None, None
+            return torch.where(mask, g, torch.zeros((), dtype=g.dtype, device=g.device)), None, None
         if not g.is_contiguous():
             g = g.contiguous()
         return _zero_fill_(g, mask), None, None

@@ -101,7 +101,7 @@ def mark_zero_filled(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """
     # An inference tensor has no version counter to read (it cannot be written in place
     # outside inference mode either): it is not tagged.
-    if not torch.compiler.is_compiling() and not torch.is_inference(values):
+    if not torch.compiler.is_dynamo_compiling() and not torch.is_inference(values):
         _ZERO_FILLED[values] = (mask, values._version)
     return values
 
@@ -119,7 +119,7 @@ def carry_zero_fill(source: torch.Tensor, alias: torch.Tensor) -> torch.Tensor:
     True
     """
     tag = _ZERO_FILLED.get(source)
-    if tag is not None and tag[1] == source._version and not torch.compiler.is_compiling():
+    if tag is not None and tag[1] == source._version and not torch.compiler.is_dynamo_compiling():
         _ZERO_FILLED[alias] = (tag[0], alias._version)
     return alias
 
@@ -137,9 +137,12 @@ def is_zero_filled(values: torch.Tensor, mask: torch.Tensor) -> bool:
     with that mask is skipped while the version is unchanged (any in-place write bumps it).
     A result that was copied, loaded or rebuilt is a new tensor without the tag, so the
     worst case is one fill too many, never one too few; autograd's own detached aliases
-    (``on_values``) take the tag along (:func:`carry_zero_fill`).
+    (``on_values``) take the tag along (:func:`carry_zero_fill`). While torch.compile
+    traces, AOTAutograd runs this code on fake tensors, which are tagged the same way
+    (the compiled attention fills its softmax output once); only Dynamo's own bytecode
+    tracing (``is_dynamo_compiling``) skips the table.
     """
-    if torch.is_inference(values):
+    if torch.is_inference(values) or torch.compiler.is_dynamo_compiling():
         return False
     tag = _ZERO_FILLED.get(values)
     return tag is not None and tag[0] is mask and tag[1] == values._version

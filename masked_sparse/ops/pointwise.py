@@ -173,7 +173,7 @@ def _one_true(mask: torch.Tensor) -> bool:
     """True for a broadcast view of a single True (``read_broadcast``'s all-specified read):
     intersecting with it changes nothing."""
     return (mask.dim() > 0 and not any(mask.stride()) and mask.numel() > 0
-            and bool(mask[(0,) * mask.dim()]))
+            and bool(mask.as_strided((), ())))  # (its one element, no indexing)
 
 
 def _any(mask: torch.Tensor) -> bool:
