@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch._C import DisableTorchFunctionSubclass
 from torch.utils.weak import WeakIdKeyDictionary
 
 import layouts
@@ -282,6 +283,34 @@ def _fuses(a: torch.Tensor, b: torch.Tensor, bias: Any) -> bool:
                  or (bias is not None and requires_grad_of(bias))))
 
 
+def _operand(x: Any) -> bool:
+    """A 2-D strided operand of :class:`_DenseProduct` (read without ``__torch_function__``)."""
+    if isinstance(x, MaskedTensor):
+        return not x._storage.index and x.dim() == 2
+    return type(x) in _PLAIN and x.layout == torch.strided and x.dim() == 2
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _direct(a: Any, b: Any, transpose_b: bool, bias: Any) -> bool:
+    """True when ``a @ b`` (``a @ b.T``, plus ``bias``) is a valid product for
+    :class:`_DenseProduct`, decided from the wrappers' metadata in one pass
+    (Note [One Function for a dense product]): a step of a pruned MLP then reads no
+    property of a MaskedTensor through ``__torch_function__``. Anything else -- and every
+    error message -- takes the checks of :func:`matmul`."""
+    with DisableTorchFunctionSubclass():
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                and _operand(a) and _operand(b) and a.dtype == b.dtype
+                and a.shape[1] == b.shape[1 if transpose_b else 0]):
+            return False
+        if bias is not None and not (
+                type(bias) in _PLAIN and bias.layout == torch.strided and bias.dim() == 1
+                and bias.shape[0] == b.shape[0] and bias.dtype == a.dtype):
+            return False
+        return _fuses(a, b, bias)
+
+
 # -- argument checks -------------------------------------------------------------------------
 def _describe(x: torch.Tensor) -> str:
     kind = (f"{x._storage.layout.name} MaskedTensor" if isinstance(x, MaskedTensor)
@@ -396,6 +425,8 @@ def bmm(op: Any, input: torch.Tensor, mat2: torch.Tensor) -> Any:
 
 @implements(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
 def matmul_(op: Any, input: torch.Tensor, other: torch.Tensor) -> Any:
+    if _direct(input, other, False, None):  # Note [One Function for a dense product]
+        return _DenseProduct.apply(False, input, other, None)
     return _vector_matmul("matmul", input, other)
 
 
@@ -419,6 +450,8 @@ def baddbmm(op: Any, input: Any, batch1: torch.Tensor, batch2: torch.Tensor, *, 
 @implements(F.linear)
 def linear(op: Any, input: torch.Tensor, weight: torch.Tensor, bias: Any = None) -> Any:
     """``input @ weight.T + bias``; a sparse weight is multiplied without transposing it."""
+    if _direct(input, weight, True, bias):  # Note [One Function for a dense product]
+        return _DenseProduct.apply(True, input, weight, bias)
     if weight.dim() not in (1, 2):
         raise ValueError(f"linear(): weight must be 1-D or 2-D, got {_describe(weight)}")
     if _folds(bias, input, weight):
