@@ -236,15 +236,22 @@ class _DenseProduct(torch.autograd.Function):
     def forward(ctx, transpose_b: bool, a: Any, b: Any, bias: Any) -> Any:  # type: ignore[override]
         sa = a._storage if isinstance(a, MaskedTensor) else a
         sb = b._storage if isinstance(b, MaskedTensor) else b
-        fa, fb = _zero_filled(sa), _zero_filled(sb)
+        # A factor specified everywhere is plain for the fill and the output mask alike
+        # (as in _zero_filled and _output_mask, asked once here).
+        ma = sa.values if isinstance(sa, Storage) and all_specified(sa.mask) else sa
+        mb = sb.values if isinstance(sb, Storage) and all_specified(sb.mask) else sb
+        fa_in, fb_in = ma, mb
+        fa, fb = _zero_filled(ma), _zero_filled(mb)
         left, right = _dense(fa), _dense(fb, transpose_b)
         values = torch.mm(left, right) if bias is None else torch.addmm(bias, left, right)
         count_dtype = torch.float64 if values.dtype == torch.float64 else torch.float32
-        out = _STRIDED.build((), values, _output_mask(sa, sb, transpose_b, values.shape,
+        if not (isinstance(ma, Storage) or isinstance(mb, Storage)):
+            ma, mb = sa, sb  # (the mask of a factor specified everywhere, by _output_mask)
+        out = _STRIDED.build((), values, _output_mask(ma, mb, transpose_b, values.shape,
                                                       count_dtype), values.shape)
         ctx.save_for_backward(left, right)
         ctx.storages, ctx.out, ctx.transpose_b = (sa, sb), out, transpose_b
-        ctx.filled = (fa is not sa, fb is not sb)
+        ctx.filled = (fa is not fa_in, fb is not fb_in)
         ctx.tensors = (a, b, bias)
         return _wrap(out)
 
