@@ -106,3 +106,86 @@ def test_sparse_weight_product_gradients_in_float64(layout, transpose):
     torch.testing.assert_close(out.to_tensor(0), ref.detach())
     torch.testing.assert_close(xm.grad, xd.grad)
     torch.testing.assert_close(_dense(mt.grad)[m], wd.grad[m])
+
+
+# -- Note [One Function for a dense product] -------------------------------------------------
+def _nan_masked(shape, seed, dtype=torch.float64, density=0.6):
+    """A strided MaskedTensor with NaN under its mask (never read) and its dense reference."""
+    g = torch.Generator().manual_seed(seed)
+    data = torch.randn(shape, generator=g, dtype=dtype)
+    mask = torch.rand(shape, generator=g) < density
+    data = torch.where(mask, data, torch.full_like(data, float("nan")))
+    return ms.masked_tensor(data, mask), data, mask
+
+
+PRODUCTS = {  # name: (masked call, dense reference on filled operands)
+    "linear": (lambda x, w, b: F.linear(x, w, b), lambda x, w, b: F.linear(x, w, b)),
+    "linear_no_bias": (lambda x, w, b: F.linear(x, w), lambda x, w, b: F.linear(x, w)),
+    "x@W.T": (lambda x, w, b: x @ w.T, lambda x, w, b: x @ w.T),
+    "mm": (lambda x, w, b: torch.mm(x, w.mT), lambda x, w, b: torch.mm(x, w.mT)),
+}
+
+
+@pytest.mark.parametrize("masked_input", [False, True], ids=["plain_x", "masked_x"])
+@pytest.mark.parametrize("product", list(PRODUCTS))
+def test_strided_products_take_one_node_and_match_the_dense_reference(product, masked_input,
+                                                                     monkeypatch):
+    """Values, output mask, and the gradients of x, W (a MaskedTensor over W's mask) and b
+    equal the dense computation on zero-filled operands, with no nested autograd run."""
+    w, wd, wm = _nan_masked((5, 7), seed=0)
+    wm[2] = False  # a fully pruned output feature: unspecified in every row
+    w = ms.masked_tensor(wd, wm).requires_grad_()
+    b = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    if masked_input:
+        x, xd, xm = _nan_masked((4, 7), seed=1)
+        xm[1] = False  # a fully masked sample
+        x = ms.masked_tensor(xd, xm).requires_grad_()
+    else:
+        xd, xm = torch.randn(4, 7, dtype=torch.float64), torch.ones(4, 7, dtype=torch.bool)
+        x = xd.clone().requires_grad_()
+    call, ref_call = PRODUCTS[product]
+    nested = []
+    real_grad = torch.autograd.grad
+    monkeypatch.setattr(torch.autograd, "grad",
+                        lambda *a, **k: nested.append(1) or real_grad(*a, **k))
+    out = call(x, w, b)
+    assert "_DenseProduct" in type(out.grad_fn).__name__
+    g = torch.randn(4, 5, dtype=torch.float64)
+    out.to_tensor(0).backward(g)
+    # The generic route runs one autograd.grad per product; w.T's own backward runs one.
+    assert len(nested) == (0 if product.startswith("linear") else 1)
+
+    xr = torch.where(xm, xd, 0.0).requires_grad_()
+    wr = torch.where(wm, wd, 0.0).requires_grad_()
+    br = b.detach().clone().requires_grad_()
+    ref = ref_call(xr, wr, br)
+    out_mask = xm.any(1, keepdim=True) & wm.any(1) if masked_input else wm.any(1).expand(4, 5)
+    if masked_input:  # rows with a term: x's and W's masks share one
+        out_mask = (xm.double() @ wm.double().T) > 0
+    torch.testing.assert_close(out.get_mask(), out_mask.expand(4, 5), rtol=0, atol=0)
+    torch.testing.assert_close(out.to_tensor(0), torch.where(out_mask, ref, 0.0).detach())
+    (ref * out_mask).backward(g)
+    assert ms.is_masked_tensor(w.grad) and w.grad._storage.mask is w._storage.mask
+    torch.testing.assert_close(w.grad.to_tensor(0), torch.where(wm, wr.grad, 0.0))
+    if product != "linear_no_bias" and product.startswith("linear"):
+        torch.testing.assert_close(b.grad, br.grad)
+    if masked_input:
+        assert ms.is_masked_tensor(x.grad) and torch.equal(x.grad.get_mask(), xm)
+        torch.testing.assert_close(x.grad.to_tensor(0), torch.where(xm, xr.grad, 0.0))
+    else:
+        torch.testing.assert_close(x.grad, xr.grad)
+
+
+def test_strided_linear_double_backward_matches_dense():
+    """A gradient penalty (create_graph=True) through the fused product."""
+    w, wd, wm = _nan_masked((4, 6), seed=3)
+    w.requires_grad_()
+    x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+    (gx,) = torch.autograd.grad(F.linear(x, w).to_tensor(0).pow(2).sum(), x, create_graph=True)
+    gx.pow(2).sum().backward()
+    wr = torch.where(wm, wd, 0.0).requires_grad_()
+    xr = x.detach().clone().requires_grad_()
+    (gxr,) = torch.autograd.grad(F.linear(xr, wr).pow(2).sum(), xr, create_graph=True)
+    gxr.pow(2).sum().backward()
+    torch.testing.assert_close(gx, gxr)
+    torch.testing.assert_close(w.grad.to_tensor(0), torch.where(wm, wr.grad, 0.0))

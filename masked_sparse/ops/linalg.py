@@ -47,14 +47,15 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch._C import DisableTorchFunctionSubclass
 from torch.utils.weak import WeakIdKeyDictionary
 
 import layouts
 from layouts import Storage
 
-from .._autograd import on_values
+from .._autograd import _backward_with_graph, grad_on, on_values
 from .._registry import implements
-from .._tensor import MaskedTensor
+from .._tensor import MaskedTensor, _wrap, requires_grad_of
 from ._fill import all_specified, compact, is_zero_filled, zero_fill
 
 Operand = Storage | torch.Tensor
@@ -197,6 +198,126 @@ def _product(operands: list[Operand], transpose_b: bool) -> Storage:
     return _STRIDED.build((), values, mask, values.shape)
 
 
+def _mat1_grad(g: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """The gradient of ``left`` in ``left @ right``, as torch's ``mm`` backward computes it
+    (in ``left``'s memory order)."""
+    if left.stride(0) == 1 and left.stride(1) == left.shape[0] and left.shape[0] > 1:
+        return torch.mm(right, g.t()).t()
+    return torch.mm(g, right.t())
+
+
+def _mat2_grad(g: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """The gradient of ``right`` in ``left @ right``, as torch's ``mm`` backward computes it
+    (a transposed weight -- ``linear`` -- gets ``g.T @ left``, contiguous)."""
+    if right.stride(0) == 1 and right.stride(1) == right.shape[0] and right.shape[0] > 1:
+        return torch.mm(g.t(), left).t()
+    return torch.mm(left.t(), g)
+
+
+class _DenseProduct(torch.autograd.Function):
+    """Note [One Function for a dense product]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    The product of two 2-D strided operands (at least one masked) plus linear's plain
+    bias -- a pruned ``nn.Linear`` with a strided masked weight -- is differentiated by hand
+    instead of through :func:`on_values`' inner graph, which costs a nested autograd run
+    and an autograd node per fill at every layer of every step. Forward: each masked factor
+    filled once (:func:`_zero_filled`), then ``addmm`` / ``mm``; the output mask as
+    :func:`_output_mask` says. Backward: the incoming gradient read at the output as
+    ``on_values`` reads it, then torch's own ``mm`` backward formulas, each masked factor's
+    gradient filled with its mask exactly when its forward was filled, wrapped over the
+    factor's storage (its mask and layout); the bias's gradient is the plain column sum.
+    So values, masks and gradients are those of the generic route
+    (``tests/test_train_linear.py``), and ``python -m benchmarks.bench_training`` times the
+    step. A backward that builds a graph (``create_graph=True``) takes the generic route's
+    double backward (Note [Double backward]).
+    """
+
+    @staticmethod
+    def forward(ctx, transpose_b: bool, a: Any, b: Any, bias: Any) -> Any:  # type: ignore[override]
+        sa = a._storage if isinstance(a, MaskedTensor) else a
+        sb = b._storage if isinstance(b, MaskedTensor) else b
+        # A factor specified everywhere is plain for the fill and the output mask alike
+        # (as in _zero_filled and _output_mask, asked once here).
+        ma = sa.values if isinstance(sa, Storage) and all_specified(sa.mask) else sa
+        mb = sb.values if isinstance(sb, Storage) and all_specified(sb.mask) else sb
+        fa_in, fb_in = ma, mb
+        fa, fb = _zero_filled(ma), _zero_filled(mb)
+        left, right = _dense(fa), _dense(fb, transpose_b)
+        values = torch.mm(left, right) if bias is None else torch.addmm(bias, left, right)
+        count_dtype = torch.float64 if values.dtype == torch.float64 else torch.float32
+        if not (isinstance(ma, Storage) or isinstance(mb, Storage)):
+            ma, mb = sa, sb  # (the mask of a factor specified everywhere, by _output_mask)
+        out = _STRIDED.build((), values, _output_mask(ma, mb, transpose_b, values.shape,
+                                                      count_dtype), values.shape)
+        ctx.save_for_backward(left, right)
+        ctx.storages, ctx.out, ctx.transpose_b = (sa, sb), out, transpose_b
+        ctx.filled = (fa is not fa_in, fb is not fb_in)
+        ctx.tensors = (a, b, bias)
+        return _wrap(out)
+
+    @staticmethod
+    def backward(ctx, grad: Any) -> Any:  # type: ignore[override]
+        if torch.is_grad_enabled():  # create_graph=True: Note [Double backward]
+            inputs = [t for t in ctx.tensors if t is not None]
+            got = _backward_with_graph(_product, (ctx.transpose_b,), inputs, [ctx.out], [grad])
+            return (None, *got, None) if len(inputs) == 2 else (None, *got)
+        left, right = ctx.saved_tensors
+        values, mask = grad_on(grad, ctx.out)  # unspecified outputs contribute nothing
+        g = (layouts.zero_unspecified(values, mask)
+             if isinstance(grad, MaskedTensor) and not all_specified(mask) else values)
+        _, need_a, need_b, need_bias = ctx.needs_input_grad
+        result: list[Any] = [None,
+                             _mat1_grad(g, left, right) if need_a else None,
+                             _mat2_grad(g, left, right) if need_b else None,
+                             g.sum(0) if need_bias else None]
+        if need_b and ctx.transpose_b:
+            result[2] = result[2].mT
+        for i, (s, filled) in enumerate(zip(ctx.storages, ctx.filled), start=1):
+            if result[i] is not None and isinstance(s, Storage):
+                gv = zero_fill(result[i], s.mask) if filled else result[i]
+                result[i] = _wrap(s.with_values(gv))
+        return tuple(result)
+
+
+def _fuses(a: torch.Tensor, b: torch.Tensor, bias: Any) -> bool:
+    """True for :class:`_DenseProduct`: two 2-D strided operands, eager autograd."""
+    return (a.dim() == 2 and b.dim() == 2 and torch.is_grad_enabled()
+            and not (isinstance(a, MaskedTensor) and a._storage.index)
+            and not (isinstance(b, MaskedTensor) and b._storage.index)
+            and not torch.compiler.is_compiling()
+            and not torch._C._are_functorch_transforms_active()
+            and (requires_grad_of(a) or requires_grad_of(b)
+                 or (bias is not None and requires_grad_of(bias))))
+
+
+def _operand(x: Any) -> bool:
+    """A 2-D strided operand of :class:`_DenseProduct` (read without ``__torch_function__``)."""
+    if isinstance(x, MaskedTensor):
+        return not x._storage.index and x.dim() == 2
+    return type(x) in _PLAIN and x.layout == torch.strided and x.dim() == 2
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _direct(a: Any, b: Any, transpose_b: bool, bias: Any) -> bool:
+    """True when ``a @ b`` (``a @ b.T``, plus ``bias``) is a valid product for
+    :class:`_DenseProduct`, decided from the wrappers' metadata in one pass
+    (Note [One Function for a dense product]): a step of a pruned MLP then reads no
+    property of a MaskedTensor through ``__torch_function__``. Anything else -- and every
+    error message -- takes the checks of :func:`matmul`."""
+    with DisableTorchFunctionSubclass():
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                and _operand(a) and _operand(b) and a.dtype == b.dtype
+                and a.shape[1] == b.shape[1 if transpose_b else 0]):
+            return False
+        if bias is not None and not (
+                type(bias) in _PLAIN and bias.layout == torch.strided and bias.dim() == 1
+                and bias.shape[0] == b.shape[0] and bias.dtype == a.dtype):
+            return False
+        return _fuses(a, b, bias)
+
+
 # -- argument checks -------------------------------------------------------------------------
 def _describe(x: torch.Tensor) -> str:
     kind = (f"{x._storage.layout.name} MaskedTensor" if isinstance(x, MaskedTensor)
@@ -237,6 +358,8 @@ def matmul(op: str, a: torch.Tensor, b: torch.Tensor, transpose_b: bool = False,
                for x, y in zip(reversed(a.shape[:-2]), reversed(b_shape[:-2]))):
         raise ValueError(f"{op}(): batch dimensions do not broadcast: {_describe(a)} and "
                          f"{_describe(b)}")
+    if _fuses(a, b, bias):  # Note [One Function for a dense product]
+        return _DenseProduct.apply(transpose_b, a, b, bias)
     return on_values(_product, [a, b] if bias is None else [a, b, bias], transpose_b)
 
 
@@ -309,6 +432,8 @@ def bmm(op: Any, input: torch.Tensor, mat2: torch.Tensor) -> Any:
 
 @implements(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
 def matmul_(op: Any, input: torch.Tensor, other: torch.Tensor) -> Any:
+    if _direct(input, other, False, None):  # Note [One Function for a dense product]
+        return _DenseProduct.apply(False, input, other, None)
     return _vector_matmul("matmul", input, other)
 
 
@@ -332,6 +457,8 @@ def baddbmm(op: Any, input: Any, batch1: torch.Tensor, batch2: torch.Tensor, *, 
 @implements(F.linear)
 def linear(op: Any, input: torch.Tensor, weight: torch.Tensor, bias: Any = None) -> Any:
     """``input @ weight.T + bias``; a sparse weight is multiplied without transposing it."""
+    if _direct(input, weight, True, bias):  # Note [One Function for a dense product]
+        return _DenseProduct.apply(True, input, weight, bias)
     if weight.dim() not in (1, 2):
         raise ValueError(f"linear(): weight must be 1-D or 2-D, got {_describe(weight)}")
     if _folds(bias, input, weight):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._C import DisableTorchFunctionSubclass
 
 from ._scatter import target_of
 
@@ -44,11 +45,16 @@ class MaskedOptimizer(torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` whose parameters may be MaskedTensors and whose
     gradients may be dense, torch sparse or MaskedTensors (see :mod:`.functional`)."""
 
-    def _with_grads(self, group: dict[str, Any]) -> Iterator[tuple[torch.Tensor, dict]]:
-        """``(param, state)`` for the parameters of ``group`` that have a gradient."""
-        for p in group["params"]:
-            if p.grad is not None:
-                yield p, self.state[p]
+    def _with_grads(self, group: dict[str, Any]) -> list[tuple[torch.Tensor, Any, dict]]:
+        """``(param, grad, state)`` for the parameters of ``group`` that have a gradient.
+
+        Read without ``__torch_function__``: ``p.grad`` and the state's key (the tensor's
+        hash) have no masked meaning, and a MaskedTensor parameter would otherwise take a
+        round trip through the subclass for each (``benchmarks/bench_training.py`` times
+        the step)."""
+        state = self.state
+        with DisableTorchFunctionSubclass():
+            return [(p, g, state[p]) for p in group["params"] if (g := p.grad) is not None]
 
     @staticmethod
     def zeros(p: torch.Tensor, value: float = 0.0) -> torch.Tensor:

@@ -39,6 +39,7 @@ tensor([0.9000, 1.0000, 0.9000])
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,7 +49,41 @@ from torch.utils.weak import WeakIdKeyDictionary
 from .._tensor import MaskedTensor
 from ..ops._fill import is_zero_filled, zero_fill
 
-_TAGS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # state -> (mask, mask version, version)
+
+class _IdTags:
+    """A table keyed weakly by tensor identity, as ``WeakIdKeyDictionary``, read without
+    building a weak reference per lookup: an optimizer step reads and rewrites one tag per
+    state tensor (``benchmarks/bench_training.py`` times the step). An entry dies with its
+    tensor (the weak reference's callback), and a reused ``id`` is told apart by the
+    reference itself.
+
+    >>> t, tags = torch.zeros(2), _IdTags()
+    >>> tags.set(t, "tag"); tags.get(t), tags.get(torch.zeros(2))
+    ('tag', None)
+    """
+
+    def __init__(self) -> None:
+        self._table: dict[int, tuple[weakref.ref, Any]] = {}
+
+    def get(self, t: torch.Tensor) -> Any:
+        entry = self._table.get(id(t))
+        return entry[1] if entry is not None and entry[0]() is t else None
+
+    def set(self, t: torch.Tensor, value: Any) -> None:
+        key, table = id(t), self._table
+        entry = table.get(key)
+        if entry is not None and entry[0]() is t:
+            table[key] = (entry[0], value)
+            return
+
+        def forget(ref: weakref.ref, key: int = key, table: dict = table) -> None:
+            if (table.get(key) or (None,))[0] is ref:
+                del table[key]
+
+        table[key] = (weakref.ref(t, forget), value)
+
+
+_TAGS = _IdTags()  # state -> (mask, mask version, version)
 _FACTORS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # mask -> (version, value, factor)
 
 
@@ -63,7 +98,8 @@ def full_pairs(params: Sequence[torch.Tensor], grads: Sequence[Any],
         p, g = params[i], grads[i]
         if isinstance(p, MaskedTensor) and isinstance(g, MaskedTensor):
             ps, gs = p._storage, g._storage
-            if (gs.mask is ps.mask and ps.same_index(gs) and gs.values.shape == ps.values.shape
+            if (gs.mask is ps.mask and (gs.index is ps.index or ps.same_index(gs))
+                    and gs.values.shape == ps.values.shape
                     and gs.values.dtype == ps.values.dtype and not ps.values.is_complex()):
                 full.append(i)
                 continue
@@ -109,7 +145,7 @@ def zero_outside(state: torch.Tensor | None, mask: torch.Tensor) -> bool:
 def mark(state: torch.Tensor | None, mask: torch.Tensor) -> None:
     """Record that ``state`` is 0 wherever ``mask`` is False, at its current version."""
     if state is not None and not torch.compiler.is_compiling():
-        _TAGS[state] = (mask, mask._version, state._version)
+        _TAGS.set(state, (mask, mask._version, state._version))
 
 
 def decay_factor(mask: torch.Tensor, value: Any, like: torch.Tensor) -> torch.Tensor:

@@ -61,11 +61,11 @@ class Adagrad(MaskedOptimizer):
         loss = self.run_closure(closure)
         for group in self.param_groups:
             params, grads, sums, steps = [], [], [], []
-            for p, state in self._with_grads(group):
+            for p, g, state in self._with_grads(group):
                 if not state:
                     self._init_state(p, group)
                 params.append(p)
-                grads.append(p.grad)
+                grads.append(g)
                 sums.append(state["sum"])
                 steps.append(state["step"])
             F.adagrad(params, grads, sums, steps, group["foreach"], group["fused"],

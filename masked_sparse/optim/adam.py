@@ -58,7 +58,7 @@ class Adam(MaskedOptimizer):
         loss = self.run_closure(closure)
         for group in self.param_groups:
             params, grads, avgs, avg_sqs, max_sqs, steps = [], [], [], [], [], []
-            for p, state in self._with_grads(group):
+            for p, g, state in self._with_grads(group):
                 if not state:
                     state["step"] = self.new_step(p, group["fused"])
                     state["exp_avg"] = self.zeros(p)
@@ -66,7 +66,7 @@ class Adam(MaskedOptimizer):
                     if group["amsgrad"]:
                         state["max_exp_avg_sq"] = self.zeros(p)
                 params.append(p)
-                grads.append(p.grad)
+                grads.append(g)
                 avgs.append(state["exp_avg"])
                 avg_sqs.append(state["exp_avg_sq"])
                 if group["amsgrad"]:

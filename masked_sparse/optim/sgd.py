@@ -52,17 +52,18 @@ class SGD(MaskedOptimizer):
         """Perform one optimization step (``closure`` re-evaluates the loss)."""
         loss = self.run_closure(closure)
         for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            grads = [p.grad for p in params]
+            found = self._with_grads(group)
+            params = [p for p, _, _ in found]
+            grads = [g for _, g, _ in found]
             momentum = group["momentum"]
             # As torch: the state is only looked at when there is a momentum buffer.
-            buffers = ([self.state[p].get("momentum_buffer") for p in params] if momentum != 0
+            buffers = ([st.get("momentum_buffer") for _, _, st in found] if momentum != 0
                        else [None] * len(params))
             F.sgd(params, grads, buffers, group["foreach"], group["fused"],
                   weight_decay=group["weight_decay"], momentum=momentum, lr=group["lr"],
                   dampening=group["dampening"], nesterov=group["nesterov"],
                   maximize=group["maximize"])
             if momentum != 0:
-                for p, buf in zip(params, buffers):
-                    self.state[p]["momentum_buffer"] = buf
+                for (_, _, st), buf in zip(found, buffers):
+                    st["momentum_buffer"] = buf
         return loss

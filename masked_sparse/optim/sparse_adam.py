@@ -54,14 +54,14 @@ class SparseAdam(MaskedOptimizer):
         loss = self.run_closure(closure)
         for group in self.param_groups:
             params, grads, avgs, avg_sqs, steps = [], [], [], [], []
-            for p, state in self._with_grads(group):
+            for p, g, state in self._with_grads(group):
                 if not state:
                     state["step"] = 0
                     state["exp_avg"] = self.zeros(p)
                     state["exp_avg_sq"] = self.zeros(p)
                 state["step"] += 1
                 params.append(p)
-                grads.append(p.grad)
+                grads.append(g)
                 avgs.append(state["exp_avg"])
                 avg_sqs.append(state["exp_avg_sq"])
                 steps.append(state["step"])
