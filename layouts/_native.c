@@ -1269,3 +1269,147 @@ CUMSUM_KERNEL(f32)
     }
 MOMENTS_KERNELS(f64)
 MOMENTS_KERNELS(f32)
+
+/* -- backward of the reductions ---------------------------------------------------------
+ * The gradient of a grouped reduction with respect to its stored values, in one pass that
+ * writes every element: out[j] = m[j] ? f(...) : +0.0, where f reads the element's x[j]
+ * and y[j] (value arrays of n) and its group's a[g], b[g] (arrays of one per group: per
+ * listed line i for the lines kernel, per group index[j] for the scatter kernel):
+ *
+ *   expand       a                       sum (a = grad), mean (a = grad / count)
+ *   dev          (x - b) * a  [+ c]      var (a = 2 grad / dof, b = the mean; c, when not
+ *                                        NULL, one more per-group term: the mean's gradient)
+ *   exp          a * exp(x - b)          logsumexp (a = grad, b = the logsumexp)
+ *   softmax      x * (y - a)             softmax (x = its output, y = grad, a = the
+ *                                        group's sum of x * y)
+ *   log_softmax  y - exp(x) * a          log_softmax (x = its output, y = grad, a = the
+ *                                        group's sum of y)
+ *   ties         (x == b) ? a / t : 0    amax / amin (b = the extreme, t = the group's
+ *                                        count of specified elements equal to it: the
+ *                                        gradient split evenly among the ties, as torch's)
+ *
+ * each step in the value type T, in the order the composed torch-op backward of
+ * _kernels.py computes it, so that the results are that backward's bits (the exps: the
+ * kernels' exp of Note [Native exp], rounded to T, within an ULP of torch's). Where a sum
+ * is followed by a product (dev with c, log_softmax) the two run as separate loops, so
+ * that the compiler never contracts them into one fma (a different rounding). What an
+ * unspecified element holds (NaN, inf) is dropped by the bit logic of keep_T: it never
+ * reaches the result. One pass instead of the composed backward's gather of the group's
+ * values onto every element, its arithmetic and its fill
+ * (benchmarks/bench_training_reductions.py). The scatter kernel's ties take a first pass
+ * that counts them per group into the caller's scratch `counts` (nout). */
+enum { BW_EXPAND, BW_DEV, BW_EXP, BW_SOFTMAX, BW_LOG_SOFTMAX, BW_TIES };
+
+#define BACKWARD_RANGE(T)                                                                \
+    static inline __attribute__((always_inline)) void backward_range_##T(                \
+        int op, const T *x, const T *y, const uint8_t *m, int64_t lo, int64_t hi, T a,    \
+        T b, const T *c, T cg, T *out) {                                                 \
+        int64_t t = 0;                                                                   \
+        switch (op) {                                                                    \
+        case BW_EXPAND:                                                                  \
+            for (int64_t j = lo; j < hi; j++) out[j] = keep_##T(a, m[j], 0);             \
+            break;                                                                       \
+        case BW_DEV:                                                                     \
+            for (int64_t j = lo; j < hi; j++) out[j] = keep_##T((x[j] - b) * a, m[j], 0); \
+            if (c)                                                                       \
+                for (int64_t j = lo; j < hi; j++) out[j] = keep_##T(cg + out[j], m[j], 0); \
+            break;                                                                       \
+        case BW_EXP:                                                                     \
+            for (int64_t j = lo; j < hi; j++) {                                          \
+                T d = x[j] - b;                                                          \
+                out[j] = keep_##T(a * (T)exp_dev((double)d), m[j], 0);                   \
+            }                                                                            \
+            break;                                                                       \
+        case BW_SOFTMAX:                                                                 \
+            for (int64_t j = lo; j < hi; j++) out[j] = keep_##T(x[j] * (y[j] - a), m[j], 0); \
+            break;                                                                       \
+        case BW_LOG_SOFTMAX:                                                             \
+            for (int64_t j = lo; j < hi; j++) out[j] = (T)exp_dev((double)x[j]) * a;     \
+            for (int64_t j = lo; j < hi; j++) out[j] = keep_##T(y[j] - out[j], m[j], 0); \
+            break;                                                                       \
+        default: /* BW_TIES */                                                           \
+            for (int64_t j = lo; j < hi; j++) t += (m[j] != 0) & (x[j] == b);            \
+            T share = a / (T)t;                                                          \
+            for (int64_t j = lo; j < hi; j++)                                            \
+                out[j] = keep_##T(share, (m[j] != 0) & (x[j] == b), 0);                  \
+        }                                                                                \
+    }
+#define BACKWARD_KERNELS(T)                                                              \
+    BACKWARD_RANGE(T)                                                                    \
+    /* every line's elements: offsets from 0 to n, each line listed once at most (the    \
+     * caller's `lines` are the non-empty ones); a, b, c: one per listed line */          \
+    int ms_lines_backward_##T(const T *x, const T *y, const uint8_t *m, int64_t n,       \
+                              const int64_t *offsets, int64_t nlines_all,                \
+                              const int64_t *lines, int64_t nlines, int op, const T *a,  \
+                              const T *b, const T *c, T *out) {                          \
+        if (op < BW_EXPAND || op > BW_TIES) return -1;                                   \
+        if (offsets[0] != 0 || offsets[nlines_all] != n) return -1;                      \
+        for (int64_t i = 0; i < nlines; i++) {                                           \
+            LINE_BOUNDS(i, lo, hi);                                                      \
+            backward_range_##T(op, x, y, m, lo, hi, a[i], b ? b[i] : 0, c,               \
+                               c ? c[i] : 0, out);                                       \
+        }                                                                                \
+        return 0;                                                                        \
+    }                                                                                    \
+    BACKWARD_SCATTER(T, i64) BACKWARD_SCATTER(T, i32) BACKWARD_SCATTER(T, u16)
+/* One pass over the elements, the group's a, b, c gathered per element; every index
+ * checked first (a pass of its own, so that nothing is written before a bad index is
+ * found: the counts of the ties are that pass). */
+#define BACKWARD_SCATTER(T, I)                                                           \
+    int ms_scatter_backward_##T##_##I(const T *x, const T *y, const uint8_t *m,          \
+                                      int64_t n, const I *index, int op, const T *a,     \
+                                      const T *b, const T *c, int64_t *counts, T *out,   \
+                                      int64_t nout) {                                    \
+        if (op < BW_EXPAND || op > BW_TIES) return -1;                                   \
+        uint64_t bad = 0;                                                                \
+        if (op == BW_TIES) {                                                             \
+            memset(counts, 0, (size_t)nout * sizeof *counts);                            \
+            for (int64_t j = 0; j < n; j++) {                                            \
+                uint64_t g = (uint64_t)(int64_t)index[j];                                \
+                if (g >= (uint64_t)nout) return -1;                                      \
+                counts[g] += (m[j] != 0) & (x[j] == b[g]);                               \
+            }                                                                            \
+        } else {                                                                         \
+            for (int64_t j = 0; j < n; j++)                                              \
+                bad |= (uint64_t)(int64_t)index[j] >= (uint64_t)nout;                    \
+            if (bad) return -1;                                                          \
+        }                                                                                \
+        switch (op) {                                                                    \
+        case BW_EXPAND:                                                                  \
+            for (int64_t j = 0; j < n; j++) out[j] = keep_##T(a[index[j]], m[j], 0);      \
+            break;                                                                       \
+        case BW_DEV:                                                                     \
+            for (int64_t j = 0; j < n; j++) {                                            \
+                int64_t g = (int64_t)index[j];                                           \
+                out[j] = keep_##T((x[j] - b[g]) * a[g], m[j], 0);                        \
+            }                                                                            \
+            if (c)                                                                       \
+                for (int64_t j = 0; j < n; j++)                                          \
+                    out[j] = keep_##T(c[index[j]] + out[j], m[j], 0);                    \
+            break;                                                                       \
+        case BW_EXP:                                                                     \
+            for (int64_t j = 0; j < n; j++) {                                            \
+                int64_t g = (int64_t)index[j];                                           \
+                T d = x[j] - b[g];                                                       \
+                out[j] = keep_##T(a[g] * (T)exp_dev((double)d), m[j], 0);                \
+            }                                                                            \
+            break;                                                                       \
+        case BW_SOFTMAX:                                                                 \
+            for (int64_t j = 0; j < n; j++)                                              \
+                out[j] = keep_##T(x[j] * (y[j] - a[index[j]]), m[j], 0);                 \
+            break;                                                                       \
+        case BW_LOG_SOFTMAX:                                                             \
+            for (int64_t j = 0; j < n; j++)                                              \
+                out[j] = (T)exp_dev((double)x[j]) * a[index[j]];                         \
+            for (int64_t j = 0; j < n; j++) out[j] = keep_##T(y[j] - out[j], m[j], 0);   \
+            break;                                                                       \
+        default: /* BW_TIES */                                                           \
+            for (int64_t j = 0; j < n; j++) {                                            \
+                int64_t g = (int64_t)index[j];                                           \
+                out[j] = keep_##T(a[g] / (T)counts[g], (m[j] != 0) & (x[j] == b[g]), 0);  \
+            }                                                                            \
+        }                                                                                \
+        return 0;                                                                        \
+    }
+BACKWARD_KERNELS(f64)
+BACKWARD_KERNELS(f32)

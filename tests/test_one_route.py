@@ -129,7 +129,7 @@ def _assert_ref(out, op, x, m, dim, dtype):
 @pytest.fixture(params=["native", "torch ops"])
 def implementation(request, monkeypatch):
     """The native kernels, or the torch-op implementation (``MASKED_SPARSE_NATIVE=0``)."""
-    if request.param == "native" and native.status() != "available":
+    if request.param == "native" and not native.status().startswith("available"):
         pytest.skip(f"native kernels: {native.status()}")
     if request.param == "torch ops":  # every native entry point asks _library()
         monkeypatch.setattr(native, "_library", lambda: None)
