@@ -1297,45 +1297,78 @@ MOMENTS_KERNELS(f32)
  * reaches the result. One pass instead of the composed backward's gather of the group's
  * values onto every element, its arithmetic and its fill
  * (benchmarks/bench_training_reductions.py). The scatter kernel's ties take a first pass
- * that counts them per group into the caller's scratch `counts` (nout). */
+ * that counts them per group into the caller's scratch `shares` (nout doubles). */
 enum { BW_EXPAND, BW_DEV, BW_EXP, BW_SOFTMAX, BW_LOG_SOFTMAX, BW_TIES };
 
-#define BACKWARD_RANGE(T)                                                                \
-    static inline __attribute__((always_inline)) void backward_range_##T(                \
-        int op, const T *x, const T *y, const uint8_t *m, int64_t lo, int64_t hi, T a,    \
-        T b, const T *c, T cg, T *out) {                                                 \
-        int64_t t = 0;                                                                   \
+/* exp_dev of xs[0] .. xs[c - 1] in place, c a multiple of 8 (the exps of the backward's
+ * blocks): exp_dev8 with AVX-512 (as the forward's sumexp), else a simd loop the compiler
+ * vectorizes (a scalar exp_dev per element would not be). */
+static inline void exps_in_place(double *xs, int c) {
+#if VECTOR
+    for (int q = 0; q < c; q += 8) _mm512_storeu_pd(xs + q, exp_dev8(_mm512_loadu_pd(xs + q)));
+#else
+    PRAGMA(omp simd)
+    for (int q = 0; q < c; q++) xs[q] = exp_dev(xs[q]);
+#endif
+}
+
+/* The elements lo .. hi - 1 of one op, A(j), B(j), C(j) the group values of element j and
+ * SHARE(j) its share of a tie (a, b, c of its line, or gathered per group); c_on: C is
+ * added (dev). Exps go by blocks of 64: their arguments in double into xs, exps_in_place,
+ * then the results. */
+#define BACKWARD_LOOP(T, A, B, C, SHARE, c_on)                                           \
+    do {                                                                                 \
+        double xs[64];                                                                   \
         switch (op) {                                                                    \
         case BW_EXPAND:                                                                  \
-            for (int64_t j = lo; j < hi; j++) out[j] = keep_##T(a, m[j], 0);             \
+            for (int64_t j = lo; j < hi; j++) out[j] = keep_##T(A(j), m[j], 0);          \
             break;                                                                       \
         case BW_DEV:                                                                     \
-            for (int64_t j = lo; j < hi; j++) out[j] = keep_##T((x[j] - b) * a, m[j], 0); \
-            if (c)                                                                       \
-                for (int64_t j = lo; j < hi; j++) out[j] = keep_##T(cg + out[j], m[j], 0); \
+            for (int64_t j = lo; j < hi; j++) out[j] = keep_##T((x[j] - B(j)) * A(j), m[j], 0); \
+            if (c_on)                                                                    \
+                for (int64_t j = lo; j < hi; j++) out[j] = keep_##T(C(j) + out[j], m[j], 0); \
             break;                                                                       \
         case BW_EXP:                                                                     \
-            for (int64_t j = lo; j < hi; j++) {                                          \
-                T d = x[j] - b;                                                          \
-                out[j] = keep_##T(a * (T)exp_dev((double)d), m[j], 0);                   \
+        case BW_LOG_SOFTMAX:                                                             \
+            for (int64_t j0 = lo; j0 < hi; j0 += 64) {                                   \
+                int cnt = hi - j0 < 64 ? (int)(hi - j0) : 64;                            \
+                for (int q = cnt; q < 64; q++) xs[q] = 0;                                \
+                if (op == BW_EXP)                                                        \
+                    for (int q = 0; q < cnt; q++) {                                        \
+                        T d = x[j0 + q] - B(j0 + q);                                     \
+                        xs[q] = (double)d;                                               \
+                    }                                                                    \
+                else                                                                     \
+                    for (int q = 0; q < cnt; q++) xs[q] = (double)x[j0 + q];               \
+                exps_in_place(xs, (cnt + 7) & ~7);                                         \
+                if (op == BW_EXP)                                                        \
+                    for (int q = 0; q < cnt; q++)                                          \
+                        out[j0 + q] = keep_##T(A(j0 + q) * (T)xs[q], m[j0 + q], 0);      \
+                else { /* the product stored first: never contracted with the difference */ \
+                    for (int q = 0; q < cnt; q++) out[j0 + q] = (T)xs[q] * A(j0 + q);      \
+                    for (int q = 0; q < cnt; q++)                                          \
+                        out[j0 + q] = keep_##T(y[j0 + q] - out[j0 + q], m[j0 + q], 0);   \
+                }                                                                        \
             }                                                                            \
             break;                                                                       \
         case BW_SOFTMAX:                                                                 \
-            for (int64_t j = lo; j < hi; j++) out[j] = keep_##T(x[j] * (y[j] - a), m[j], 0); \
-            break;                                                                       \
-        case BW_LOG_SOFTMAX:                                                             \
-            for (int64_t j = lo; j < hi; j++) out[j] = (T)exp_dev((double)x[j]) * a;     \
-            for (int64_t j = lo; j < hi; j++) out[j] = keep_##T(y[j] - out[j], m[j], 0); \
+            for (int64_t j = lo; j < hi; j++) out[j] = keep_##T(x[j] * (y[j] - A(j)), m[j], 0); \
             break;                                                                       \
         default: /* BW_TIES */                                                           \
-            for (int64_t j = lo; j < hi; j++) t += (m[j] != 0) & (x[j] == b);            \
-            T share = a / (T)t;                                                          \
             for (int64_t j = lo; j < hi; j++)                                            \
-                out[j] = keep_##T(share, (m[j] != 0) & (x[j] == b), 0);                  \
+                out[j] = keep_##T((T)SHARE(j), (m[j] != 0) & (x[j] == B(j)), 0);            \
         }                                                                                \
-    }
+    } while (0)
+
+#define BW_LINE(j) a_
+#define BW_LINE_B(j) b_
+#define BW_LINE_C(j) c_
+#define BW_LINE_SHARE(j) share
+#define BW_GROUP(j) a[index[j]]
+#define BW_GROUP_B(j) b[index[j]]
+#define BW_GROUP_C(j) c[index[j]]
+#define BW_GROUP_SHARE(j) shares[index[j]]
 #define BACKWARD_KERNELS(T)                                                              \
-    BACKWARD_RANGE(T)                                                                    \
     /* every line's elements: offsets from 0 to n, each line listed once at most (the    \
      * caller's `lines` are the non-empty ones); a, b, c: one per listed line */          \
     int ms_lines_backward_##T(const T *x, const T *y, const uint8_t *m, int64_t n,       \
@@ -1346,69 +1379,44 @@ enum { BW_EXPAND, BW_DEV, BW_EXP, BW_SOFTMAX, BW_LOG_SOFTMAX, BW_TIES };
         if (offsets[0] != 0 || offsets[nlines_all] != n) return -1;                      \
         for (int64_t i = 0; i < nlines; i++) {                                           \
             LINE_BOUNDS(i, lo, hi);                                                      \
-            backward_range_##T(op, x, y, m, lo, hi, a[i], b ? b[i] : 0, c,               \
-                               c ? c[i] : 0, out);                                       \
+            const T a_ = a[i], b_ = b ? b[i] : 0, c_ = c ? c[i] : 0;                     \
+            T share = 0;                                                                 \
+            if (op == BW_TIES) {                                                         \
+                int64_t t = 0;                                                           \
+                for (int64_t j = lo; j < hi; j++) t += (m[j] != 0) & (x[j] == b_);       \
+                share = a_ / (T)t;                                                       \
+            }                                                                            \
+            BACKWARD_LOOP(T, BW_LINE, BW_LINE_B, BW_LINE_C, BW_LINE_SHARE, c != NULL);   \
         }                                                                                \
         return 0;                                                                        \
     }                                                                                    \
     BACKWARD_SCATTER(T, i64) BACKWARD_SCATTER(T, i32) BACKWARD_SCATTER(T, u16)
-/* One pass over the elements, the group's a, b, c gathered per element; every index
- * checked first (a pass of its own, so that nothing is written before a bad index is
- * found: the counts of the ties are that pass). */
+/* Every index checked first (a pass of its own, so that nothing is written before a bad
+ * index is found; for ties the pass that counts them per group into the caller's scratch
+ * `shares`, then each group's share a / count, in T, kept there as a double), then one
+ * pass over the elements, the group's a, b, c gathered per element. */
 #define BACKWARD_SCATTER(T, I)                                                           \
     int ms_scatter_backward_##T##_##I(const T *x, const T *y, const uint8_t *m,          \
                                       int64_t n, const I *index, int op, const T *a,     \
-                                      const T *b, const T *c, int64_t *counts, T *out,   \
+                                      const T *b, const T *c, double *shares, T *out,    \
                                       int64_t nout) {                                    \
         if (op < BW_EXPAND || op > BW_TIES) return -1;                                   \
         uint64_t bad = 0;                                                                \
         if (op == BW_TIES) {                                                             \
-            memset(counts, 0, (size_t)nout * sizeof *counts);                            \
+            for (int64_t g = 0; g < nout; g++) shares[g] = 0;                            \
             for (int64_t j = 0; j < n; j++) {                                            \
                 uint64_t g = (uint64_t)(int64_t)index[j];                                \
                 if (g >= (uint64_t)nout) return -1;                                      \
-                counts[g] += (m[j] != 0) & (x[j] == b[g]);                               \
+                shares[g] += (double)((m[j] != 0) & (x[j] == b[g]));                     \
             }                                                                            \
+            for (int64_t g = 0; g < nout; g++) shares[g] = (double)(a[g] / (T)shares[g]); \
         } else {                                                                         \
             for (int64_t j = 0; j < n; j++)                                              \
                 bad |= (uint64_t)(int64_t)index[j] >= (uint64_t)nout;                    \
             if (bad) return -1;                                                          \
         }                                                                                \
-        switch (op) {                                                                    \
-        case BW_EXPAND:                                                                  \
-            for (int64_t j = 0; j < n; j++) out[j] = keep_##T(a[index[j]], m[j], 0);      \
-            break;                                                                       \
-        case BW_DEV:                                                                     \
-            for (int64_t j = 0; j < n; j++) {                                            \
-                int64_t g = (int64_t)index[j];                                           \
-                out[j] = keep_##T((x[j] - b[g]) * a[g], m[j], 0);                        \
-            }                                                                            \
-            if (c)                                                                       \
-                for (int64_t j = 0; j < n; j++)                                          \
-                    out[j] = keep_##T(c[index[j]] + out[j], m[j], 0);                    \
-            break;                                                                       \
-        case BW_EXP:                                                                     \
-            for (int64_t j = 0; j < n; j++) {                                            \
-                int64_t g = (int64_t)index[j];                                           \
-                T d = x[j] - b[g];                                                       \
-                out[j] = keep_##T(a[g] * (T)exp_dev((double)d), m[j], 0);                \
-            }                                                                            \
-            break;                                                                       \
-        case BW_SOFTMAX:                                                                 \
-            for (int64_t j = 0; j < n; j++)                                              \
-                out[j] = keep_##T(x[j] * (y[j] - a[index[j]]), m[j], 0);                 \
-            break;                                                                       \
-        case BW_LOG_SOFTMAX:                                                             \
-            for (int64_t j = 0; j < n; j++)                                              \
-                out[j] = (T)exp_dev((double)x[j]) * a[index[j]];                         \
-            for (int64_t j = 0; j < n; j++) out[j] = keep_##T(y[j] - out[j], m[j], 0);   \
-            break;                                                                       \
-        default: /* BW_TIES */                                                           \
-            for (int64_t j = 0; j < n; j++) {                                            \
-                int64_t g = (int64_t)index[j];                                           \
-                out[j] = keep_##T(a[g] / (T)counts[g], (m[j] != 0) & (x[j] == b[g]), 0);  \
-            }                                                                            \
-        }                                                                                \
+        const int64_t lo = 0, hi = n;                                                    \
+        BACKWARD_LOOP(T, BW_GROUP, BW_GROUP_B, BW_GROUP_C, BW_GROUP_SHARE, c != NULL);   \
         return 0;                                                                        \
     }
 BACKWARD_KERNELS(f64)

@@ -1005,9 +1005,9 @@ def backward(op: str, mask: torch.Tensor, a: torch.Tensor, b: torch.Tensor | Non
         status = kernel(x_, y_, mask.data_ptr(), nnz, *lines, code, a_, b_, c_,
                         out.data_ptr())
     else:
-        counts = torch.empty(n if op == "ties" else 0, dtype=torch.long)
+        shares = torch.empty(n if op == "ties" else 0, dtype=torch.float64)
         status = kernel(x_, y_, mask.data_ptr(), nnz, index.data_ptr(), code, a_, b_, c_,
-                        counts.data_ptr(), out.data_ptr(), n)
+                        shares.data_ptr(), out.data_ptr(), n)
     _check(status, f"{what or op} backward")
     return out
 
