@@ -1296,8 +1296,10 @@ MOMENTS_KERNELS(f32)
  * unspecified element holds (NaN, inf) is dropped by the bit logic of keep_T: it never
  * reaches the result. One pass instead of the composed backward's gather of the group's
  * values onto every element, its arithmetic and its fill
- * (benchmarks/bench_training_reductions.py). The scatter kernel's ties take a first pass
- * that counts them per group into the caller's scratch `shares` (nout doubles). */
+ * (benchmarks/bench_training_reductions.py). Ties: the lines kernel writes a at a line's
+ * ties while it counts them, and again a / t only where a line has more than one (a / 1 is
+ * a); the scatter kernel takes a first pass that counts them per group into the caller's
+ * scratch `shares` (nout doubles). */
 enum { BW_EXPAND, BW_DEV, BW_EXP, BW_SOFTMAX, BW_LOG_SOFTMAX, BW_TIES };
 
 /* exp_dev of xs[0] .. xs[c - 1] in place, c a multiple of 8 (the exps of the backward's
@@ -1363,7 +1365,7 @@ static inline void exps_in_place(double *xs, int c) {
 #define BW_LINE(j) a_
 #define BW_LINE_B(j) b_
 #define BW_LINE_C(j) c_
-#define BW_LINE_SHARE(j) share
+#define BW_LINE_SHARE(j) a_ /* (the lines' ties are written before) */
 #define BW_GROUP(j) a[index[j]]
 #define BW_GROUP_B(j) b[index[j]]
 #define BW_GROUP_C(j) c[index[j]]
@@ -1380,11 +1382,18 @@ static inline void exps_in_place(double *xs, int c) {
         for (int64_t i = 0; i < nlines; i++) {                                           \
             LINE_BOUNDS(i, lo, hi);                                                      \
             const T a_ = a[i], b_ = b ? b[i] : 0, c_ = c ? c[i] : 0;                     \
-            T share = 0;                                                                 \
-            if (op == BW_TIES) {                                                         \
-                int64_t t = 0;                                                           \
-                for (int64_t j = lo; j < hi; j++) t += (m[j] != 0) & (x[j] == b_);       \
-                share = a_ / (T)t;                                                       \
+            if (op == BW_TIES) { /* a_ at the ties, then a_ / t where t > 1 (a_ / 1 is a_) */ \
+                int32_t t = 0;                                                           \
+                for (int64_t j = lo; j < hi; j++) {                                      \
+                    uint8_t hit = (uint8_t)((m[j] != 0) & (x[j] == b_));                \
+                    t += hit;                                                            \
+                    out[j] = keep_##T(a_, hit, 0);                                       \
+                }                                                                        \
+                const T share = a_ / (T)t;                                               \
+                if (t > 1)                                                               \
+                    for (int64_t j = lo; j < hi; j++)                                    \
+                        out[j] = keep_##T(share, (m[j] != 0) & (x[j] == b_), 0);           \
+                continue;                                                                \
             }                                                                            \
             BACKWARD_LOOP(T, BW_LINE, BW_LINE_B, BW_LINE_C, BW_LINE_SHARE, c != NULL);   \
         }                                                                                \
