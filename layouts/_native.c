@@ -1299,7 +1299,9 @@ MOMENTS_KERNELS(f32)
  * (benchmarks/bench_training_reductions.py). Ties: the lines kernel writes a at a line's
  * ties while it counts them, and again a / t only where a line has more than one (a / 1 is
  * a); the scatter kernel takes a first pass that counts them per group into the caller's
- * scratch `shares` (nout doubles). */
+ * scratch `shares` (nout doubles). `out` (restrict) is the caller's fresh array: no
+ * input shares its memory, so that the compiler vectorizes the loops that count as they
+ * write. */
 enum { BW_EXPAND, BW_DEV, BW_EXP, BW_SOFTMAX, BW_LOG_SOFTMAX, BW_TIES };
 
 /* exp_dev of xs[0] .. xs[c - 1] in place, c a multiple of 8 (the exps of the backward's
@@ -1376,7 +1378,7 @@ static inline void exps_in_place(double *xs, int c) {
     int ms_lines_backward_##T(const T *x, const T *y, const uint8_t *m, int64_t n,       \
                               const int64_t *offsets, int64_t nlines_all,                \
                               const int64_t *lines, int64_t nlines, int op, const T *a,  \
-                              const T *b, const T *c, T *out) {                          \
+                              const T *b, const T *c, T *restrict out) {                 \
         if (op < BW_EXPAND || op > BW_TIES) return -1;                                   \
         if (offsets[0] != 0 || offsets[nlines_all] != n) return -1;                      \
         for (int64_t i = 0; i < nlines; i++) {                                           \
@@ -1407,8 +1409,8 @@ static inline void exps_in_place(double *xs, int c) {
 #define BACKWARD_SCATTER(T, I)                                                           \
     int ms_scatter_backward_##T##_##I(const T *x, const T *y, const uint8_t *m,          \
                                       int64_t n, const I *index, int op, const T *a,     \
-                                      const T *b, const T *c, double *shares, T *out,    \
-                                      int64_t nout) {                                    \
+                                      const T *b, const T *c, double *shares,            \
+                                      T *restrict out, int64_t nout) {                   \
         if (op < BW_EXPAND || op > BW_TIES) return -1;                                   \
         uint64_t bad = 0;                                                                \
         if (op == BW_TIES) {                                                             \
