@@ -1290,11 +1290,11 @@ MOMENTS_KERNELS(f32)
  *
  * each step in the value type T, in the order the composed torch-op backward of
  * _kernels.py computes it, so that the results are that backward's bits (the exps: the
- * kernels' exp of Note [Native exp], rounded to T, within an ULP of torch's). Where a sum
- * is followed by a product (dev with c, log_softmax) the two run as separate loops, so
- * that the compiler never contracts them into one fma (a different rounding). What an
- * unspecified element holds (NaN, inf) is dropped by the bit logic of keep_T: it never
- * reaches the result. One pass instead of the composed backward's gather of the group's
+ * kernels' exp of Note [Native exp], rounded to T, within an ULP of torch's). Where a
+ * product feeds a sum or difference (dev with c, log_softmax) the two run as separate
+ * loops, so that the compiler never contracts them into one fma (a different rounding).
+ * What an unspecified element holds (NaN, inf) is dropped by the bit logic of keep_T: it
+ * never reaches the result. One pass instead of the composed backward's gather of the group's
  * values onto every element, its arithmetic and its fill
  * (benchmarks/bench_training_reductions.py). Ties: the lines kernel writes a at a line's
  * ties while it counts them, and again a / t only where a line has more than one (a / 1 is
