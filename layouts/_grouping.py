@@ -176,6 +176,13 @@ class Grouping:
                     op: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         return None
 
+    def _native_backward(self, op: str, mask: torch.Tensor, a: torch.Tensor,
+                         **operands: Any) -> torch.Tensor | None:
+        """A family's gradient with respect to the stored values in one native pass over
+        this grouping's groups (``_native.backward``: ``op``, the per-group ``a`` and the
+        ``operands`` b, c, x, y), or None: the family's torch-op backward runs."""
+        return None
+
     # -- the torch-op implementations (every device; differentiable) -------------------
     def _torch_reduce(self, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor:
         if op == "sumsq":

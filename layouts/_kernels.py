@@ -18,7 +18,12 @@ cheaper per call than a ``torch.library.custom_op`` on the eager hot path):
   in the values' type);
 - its backward is written with masked torch ops and the grouping's own ``expand`` /
   masked sums (themselves families), differentiable, so that a backward with
-  ``create_graph=True`` can be differentiated again.
+  ``create_graph=True`` can be differentiated again. Where that backward is not recorded
+  (grad mode off in it, as in a plain ``.backward()``) and a kernel applies, the
+  elementwise part -- the groups' values onto their elements, the family's arithmetic and
+  the fill -- is one native pass instead (``_native.backward`` through
+  ``Grouping._native_backward``: sum, mean, var, amax / amin, logsumexp, softmax and
+  log_softmax), step for step the same arithmetic.
 
 Without autograd to record, :func:`run` calls the family's forward directly (no Function).
 The ctypes kernels cannot be traced. While torch.compile traces, :func:`run` puts the
@@ -89,6 +94,22 @@ def _operand(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     that what an unspecified element holds (NaN, inf) never meets a zero gradient in the
     double backward (Note [Fill before transform])."""
     return _where(mask, values) if torch.is_grad_enabled() else values
+
+
+def _native_backward(g: Any, op: str, mask: torch.Tensor, a: torch.Tensor,
+                     **operands: Any) -> torch.Tensor | None:
+    """A backward in one native pass (``Grouping._native_backward``: the layout's kernel of
+    ``_native.backward``, op ``op``, per group ``a``), or None: where the backward is
+    itself recorded (``create_graph=True``: the torch ops, differentiable, run) and where no
+    kernel applies (other devices or dtypes, no library)."""
+    if torch.is_grad_enabled():
+        return None
+    native = getattr(g, "_native_backward", None)
+    if native is None:
+        return None
+    operands = {k: t.detach() if isinstance(t, torch.Tensor) else t
+                for k, t in operands.items()}
+    return native(op, mask, a.detach(), **operands)
 
 
 class Family:
@@ -169,10 +190,14 @@ class REDUCE(Family):
     def backward(g, values, mask, outs, grads, op):
         (grad,), (out,) = grads, outs
         if op == "sum":
-            return _where(mask, g.expand(grad), fresh=True)
+            out = _native_backward(g, "expand", mask, grad, what=op)
+            return out if out is not None else _where(mask, g.expand(grad), fresh=True)
         if op == "sumsq":
             return _where(mask, 2 * _operand(values, mask) * g.expand(grad), fresh=True)
         if op in ("amax", "amin"):  # split among the specified ties, as torch's amax
+            out_ = _native_backward(g, "ties", mask, grad, b=out, x=values, what=op)
+            if out_ is not None:
+                return out_
             hit = mask & (values == g.expand(out))
             ties = g.reduce(hit, "sum").to(grad.dtype)  # counted by the layout's kernel
             share = grad / ties.clamp(min=1)
@@ -207,12 +232,21 @@ class MOMENTS(Family):
         else:
             g_var, g_mean = grads[0], grads[1]
         total = None
-        if g_mean is not None:
-            total = g.expand(g_mean / count.clamp(min=1))
+        share = None if g_mean is None else g_mean / count.clamp(min=1)
+        if g_var is None and share is not None:
+            out = _native_backward(g, "expand", mask, share, what="mean")
+            if out is not None:
+                return out
+        if share is not None:
+            total = g.expand(share)
         if g_var is not None:  # 2 (x - mean) / dof; the mean's own term sums to 0
             dof = count - correction
             ok = dof > 0
             coef = _where(ok, 2 * g_var / torch.where(ok, dof, torch.ones((), dtype=dof.dtype)))
+            out = _native_backward(g, "dev", mask, coef, b=outs[1], x=values, c=share,
+                                   what="var")
+            if out is not None:
+                return out
             # unspecified elements (NaN or inf included) are filled once, at the end
             part = (_operand(values, mask) - g.expand(outs[1])) * g.expand(coef)
             total = part if total is None else total + part
@@ -237,6 +271,9 @@ class LOGSUMEXP(Family):
     @staticmethod
     def backward(g, values, mask, outs, grads, specified):
         (grad,), (out,) = grads, outs
+        native = _native_backward(g, "exp", mask, grad, b=out, x=values, what="logsumexp")
+        if native is not None:
+            return native
         # exp of the filled difference (Note [Fill before transform]): what an unspecified
         # element holds never reaches an exp
         weight = _where(mask, values - g.expand(out)).exp()
@@ -259,10 +296,17 @@ class SOFTMAX(Family):
     @staticmethod
     def backward(g, values, mask, outs, grads, log):
         (grad,), (out,) = grads, outs
+        what = "log_softmax" if log else "softmax"
         if log:
             total = g.masked_sum(grad, mask)[0]
+            native = _native_backward(g, what, mask, total, x=out, y=grad, what=what)
+            if native is not None:
+                return native
             return _where(mask, grad - out.exp() * g.expand(total), fresh=True)
         total = g.masked_sum(grad * out, mask)[0]
+        native = _native_backward(g, what, mask, total, x=out, y=grad, what=what)
+        if native is not None:
+            return native
         return _where(mask, out * (grad - g.expand(total)), fresh=True)
 
 

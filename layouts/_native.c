@@ -1269,3 +1269,166 @@ CUMSUM_KERNEL(f32)
     }
 MOMENTS_KERNELS(f64)
 MOMENTS_KERNELS(f32)
+
+/* -- backward of the reductions ---------------------------------------------------------
+ * The gradient of a grouped reduction with respect to its stored values, in one pass that
+ * writes every element: out[j] = m[j] ? f(...) : +0.0, where f reads the element's x[j]
+ * and y[j] (value arrays of n) and its group's a[g], b[g] (arrays of one per group: per
+ * listed line i for the lines kernel, per group index[j] for the scatter kernel):
+ *
+ *   expand       a                       sum (a = grad), mean (a = grad / count)
+ *   dev          (x - b) * a  [+ c]      var (a = 2 grad / dof, b = the mean; c, when not
+ *                                        NULL, one more per-group term: the mean's gradient)
+ *   exp          a * exp(x - b)          logsumexp (a = grad, b = the logsumexp)
+ *   softmax      x * (y - a)             softmax (x = its output, y = grad, a = the
+ *                                        group's sum of x * y)
+ *   log_softmax  y - exp(x) * a          log_softmax (x = its output, y = grad, a = the
+ *                                        group's sum of y)
+ *   ties         (x == b) ? a / t : 0    amax / amin (b = the extreme, t = the group's
+ *                                        count of specified elements equal to it: the
+ *                                        gradient split evenly among the ties, as torch's)
+ *
+ * each step in the value type T, in the order the composed torch-op backward of
+ * _kernels.py computes it, so that the results are that backward's bits (the exps: the
+ * kernels' exp of Note [Native exp], rounded to T, within an ULP of torch's). Where a
+ * product feeds a sum or difference (dev with c, log_softmax) the two run as separate
+ * loops, so that the compiler never contracts them into one fma (a different rounding).
+ * What an unspecified element holds (NaN, inf) is dropped by the bit logic of keep_T: it
+ * never reaches the result. One pass instead of the composed backward's gather of the group's
+ * values onto every element, its arithmetic and its fill
+ * (benchmarks/bench_training_reductions.py). Ties: the lines kernel writes a at a line's
+ * ties while it counts them, and again a / t only where a line has more than one (a / 1 is
+ * a); the scatter kernel takes a first pass that counts them per group into the caller's
+ * scratch `shares` (nout doubles). `out` (restrict) is the caller's fresh array: no
+ * input shares its memory, so that the compiler vectorizes the loops that count as they
+ * write. */
+enum { BW_EXPAND, BW_DEV, BW_EXP, BW_SOFTMAX, BW_LOG_SOFTMAX, BW_TIES };
+
+/* exp_dev of xs[0] .. xs[c - 1] in place, c a multiple of 8 (the exps of the backward's
+ * blocks): exp_dev8 with AVX-512 (as the forward's sumexp), else a simd loop the compiler
+ * vectorizes (a scalar exp_dev per element would not be). */
+static inline void exps_in_place(double *xs, int c) {
+#if VECTOR
+    for (int q = 0; q < c; q += 8) _mm512_storeu_pd(xs + q, exp_dev8(_mm512_loadu_pd(xs + q)));
+#else
+    PRAGMA(omp simd)
+    for (int q = 0; q < c; q++) xs[q] = exp_dev(xs[q]);
+#endif
+}
+
+/* The elements lo .. hi - 1 of one op, A(j), B(j), C(j) the group values of element j and
+ * SHARE(j) its share of a tie (a, b, c of its line, or gathered per group); c_on: C is
+ * added (dev). Exps go by blocks of 64: their arguments in double into xs, exps_in_place,
+ * then the results. */
+#define BACKWARD_LOOP(T, A, B, C, SHARE, c_on)                                           \
+    do {                                                                                 \
+        double xs[64];                                                                   \
+        switch (op) {                                                                    \
+        case BW_EXPAND:                                                                  \
+            for (int64_t j = lo; j < hi; j++) out[j] = keep_##T(A(j), m[j], 0);          \
+            break;                                                                       \
+        case BW_DEV:                                                                     \
+            for (int64_t j = lo; j < hi; j++) out[j] = keep_##T((x[j] - B(j)) * A(j), m[j], 0); \
+            if (c_on)                                                                    \
+                for (int64_t j = lo; j < hi; j++) out[j] = keep_##T(C(j) + out[j], m[j], 0); \
+            break;                                                                       \
+        case BW_EXP:                                                                     \
+        case BW_LOG_SOFTMAX:                                                             \
+            for (int64_t j0 = lo; j0 < hi; j0 += 64) {                                   \
+                int cnt = hi - j0 < 64 ? (int)(hi - j0) : 64;                            \
+                for (int q = cnt; q < 64; q++) xs[q] = 0;                                \
+                if (op == BW_EXP)                                                        \
+                    for (int q = 0; q < cnt; q++) {                                        \
+                        T d = x[j0 + q] - B(j0 + q);                                     \
+                        xs[q] = (double)d;                                               \
+                    }                                                                    \
+                else                                                                     \
+                    for (int q = 0; q < cnt; q++) xs[q] = (double)x[j0 + q];               \
+                exps_in_place(xs, (cnt + 7) & ~7);                                         \
+                if (op == BW_EXP)                                                        \
+                    for (int q = 0; q < cnt; q++)                                          \
+                        out[j0 + q] = keep_##T(A(j0 + q) * (T)xs[q], m[j0 + q], 0);      \
+                else { /* the product stored first: never contracted with the difference */ \
+                    for (int q = 0; q < cnt; q++) out[j0 + q] = (T)xs[q] * A(j0 + q);      \
+                    for (int q = 0; q < cnt; q++)                                          \
+                        out[j0 + q] = keep_##T(y[j0 + q] - out[j0 + q], m[j0 + q], 0);   \
+                }                                                                        \
+            }                                                                            \
+            break;                                                                       \
+        case BW_SOFTMAX:                                                                 \
+            for (int64_t j = lo; j < hi; j++) out[j] = keep_##T(x[j] * (y[j] - A(j)), m[j], 0); \
+            break;                                                                       \
+        default: /* BW_TIES */                                                           \
+            for (int64_t j = lo; j < hi; j++)                                            \
+                out[j] = keep_##T((T)SHARE(j), (m[j] != 0) & (x[j] == B(j)), 0);            \
+        }                                                                                \
+    } while (0)
+
+#define BW_LINE(j) a_
+#define BW_LINE_B(j) b_
+#define BW_LINE_C(j) c_
+#define BW_LINE_SHARE(j) a_ /* (the lines' ties are written before) */
+#define BW_GROUP(j) a[index[j]]
+#define BW_GROUP_B(j) b[index[j]]
+#define BW_GROUP_C(j) c[index[j]]
+#define BW_GROUP_SHARE(j) shares[index[j]]
+#define BACKWARD_KERNELS(T)                                                              \
+    /* every line's elements: offsets from 0 to n, each line listed once at most (the    \
+     * caller's `lines` are the non-empty ones); a, b, c: one per listed line */          \
+    int ms_lines_backward_##T(const T *x, const T *y, const uint8_t *m, int64_t n,       \
+                              const int64_t *offsets, int64_t nlines_all,                \
+                              const int64_t *lines, int64_t nlines, int op, const T *a,  \
+                              const T *b, const T *c, T *restrict out) {                 \
+        if (op < BW_EXPAND || op > BW_TIES) return -1;                                   \
+        if (offsets[0] != 0 || offsets[nlines_all] != n) return -1;                      \
+        for (int64_t i = 0; i < nlines; i++) {                                           \
+            LINE_BOUNDS(i, lo, hi);                                                      \
+            const T a_ = a[i], b_ = b ? b[i] : 0, c_ = c ? c[i] : 0;                     \
+            if (op == BW_TIES) { /* a_ at the ties, then a_ / t where t > 1 (a_ / 1 is a_) */ \
+                int32_t t = 0;                                                           \
+                for (int64_t j = lo; j < hi; j++) {                                      \
+                    uint8_t hit = (uint8_t)((m[j] != 0) & (x[j] == b_));                \
+                    t += hit;                                                            \
+                    out[j] = keep_##T(a_, hit, 0);                                       \
+                }                                                                        \
+                const T share = a_ / (T)t;                                               \
+                if (t > 1)                                                               \
+                    for (int64_t j = lo; j < hi; j++)                                    \
+                        out[j] = keep_##T(share, (m[j] != 0) & (x[j] == b_), 0);           \
+                continue;                                                                \
+            }                                                                            \
+            BACKWARD_LOOP(T, BW_LINE, BW_LINE_B, BW_LINE_C, BW_LINE_SHARE, c != NULL);   \
+        }                                                                                \
+        return 0;                                                                        \
+    }                                                                                    \
+    BACKWARD_SCATTER(T, i64) BACKWARD_SCATTER(T, i32) BACKWARD_SCATTER(T, u16)
+/* Every index checked first (a pass of its own, so that nothing is written before a bad
+ * index is found; for ties the pass that counts them per group into the caller's scratch
+ * `shares`, then each group's share a / count, in T, kept there as a double), then one
+ * pass over the elements, the group's a, b, c gathered per element. */
+#define BACKWARD_SCATTER(T, I)                                                           \
+    int ms_scatter_backward_##T##_##I(const T *x, const T *y, const uint8_t *m,          \
+                                      int64_t n, const I *index, int op, const T *a,     \
+                                      const T *b, const T *c, double *shares,            \
+                                      T *restrict out, int64_t nout) {                   \
+        if (op < BW_EXPAND || op > BW_TIES) return -1;                                   \
+        uint64_t bad = 0;                                                                \
+        if (op == BW_TIES) {                                                             \
+            for (int64_t g = 0; g < nout; g++) shares[g] = 0;                            \
+            for (int64_t j = 0; j < n; j++) {                                            \
+                uint64_t g = (uint64_t)(int64_t)index[j];                                \
+                if (g >= (uint64_t)nout) return -1;                                      \
+                shares[g] += (double)((m[j] != 0) & (x[j] == b[g]));                     \
+            }                                                                            \
+            for (int64_t g = 0; g < nout; g++) shares[g] = (double)(a[g] / (T)shares[g]); \
+        } else {                                                                         \
+            for (int64_t j = 0; j < n; j++)                                              \
+                bad |= (uint64_t)(int64_t)index[j] >= (uint64_t)nout;                    \
+            if (bad) return -1;                                                          \
+        }                                                                                \
+        const int64_t lo = 0, hi = n;                                                    \
+        BACKWARD_LOOP(T, BW_GROUP, BW_GROUP_B, BW_GROUP_C, BW_GROUP_SHARE, c != NULL);   \
+        return 0;                                                                        \
+    }
+BACKWARD_KERNELS(f64)
+BACKWARD_KERNELS(f32)

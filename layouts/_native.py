@@ -321,6 +321,12 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
             index: _declared(lib, f"ms_scatter_softmax_{suffix}_{i}",
                              [p, p, n, p, flag, p, p, p, n])
             for index, i in _INDEX.items()}
+        _BACKWARD["lines", dtype] = _declared(lib, f"ms_lines_backward_{suffix}",
+                                              [p, p, p, n, p, n, p, n, flag, p, p, p, p])
+        _BACKWARD["scatter", dtype] = {
+            index: _declared(lib, f"ms_scatter_backward_{suffix}_{i}",
+                             [p, p, p, n, p, flag, p, p, p, p, p, n])
+            for index, i in _INDEX.items()}
         for op in ("amax", "amin"):
             name = _OPS[op]
             _ARG["lines", op, dtype] = _declared(lib, f"ms_lines_arg{name}_{suffix}",
@@ -362,9 +368,10 @@ _LSE: dict[tuple[str, torch.dtype], Any] = {}  # (kind, dtype) -> logsumexp, as 
 _SOFTMAX: dict[tuple[str, torch.dtype], ctypes._CFuncPtr] = {}  # (kind, dtype) -> softmax
 _MOMENTS: dict[tuple[str, torch.dtype], Any] = {}  # (kind, dtype) -> mean / var, as _LSE
 _CUMSUM: dict[torch.dtype, ctypes._CFuncPtr] = {}  # dtype -> running sums along lines
+_BACKWARD: dict[tuple[str, torch.dtype], Any] = {}  # (kind, dtype) -> backward, as _LSE
 #: the tables :func:`_declare` fills (a test that loads another build swaps them all)
 _TABLES = ("_KERNELS", "_COUNT_SCATTER", "_NARROW", "_FIRST", "_ARG", "_FILL", "_DEV",
-           "_LSE", "_SOFTMAX", "_MOMENTS", "_CUMSUM")
+           "_LSE", "_SOFTMAX", "_MOMENTS", "_CUMSUM", "_BACKWARD")
 
 
 def available() -> bool:
@@ -922,3 +929,91 @@ def deviations_scatter(f: str, values: torch.Tensor, mask: torch.Tensor,
                                 index.data_ptr(), center.data_ptr(), out.data_ptr(), n),
            _DEVIATIONS[f])
     return out.to(values.dtype)
+
+
+#: the backward kernels' ops (``enum`` in _native.c) -> (their code, the arguments each
+#: reads besides ``a``), and the op an error names
+_BACKWARD_OPS = {"expand": (0, ""), "dev": (1, "xb"), "exp": (2, "xb"), "softmax": (3, "xy"),
+                 "log_softmax": (4, "xy"), "ties": (5, "xb")}
+
+
+def backward(op: str, mask: torch.Tensor, a: torch.Tensor, b: torch.Tensor | None = None,
+             x: torch.Tensor | None = None, y: torch.Tensor | None = None,
+             c: torch.Tensor | None = None, offsets: torch.Tensor | None = None,
+             which: torch.Tensor | None = None, index: torch.Tensor | None = None,
+             n: int = 0, what: str = "") -> torch.Tensor | None:
+    """The gradient of a grouped reduction with respect to its stored values, in one pass:
+    ``out[j] = mask[j] ? f(x[j], y[j], a[g], b[g]) : +0.0`` for the group ``g`` of element
+    ``j`` -- per line (``offsets``, ``which``: as :func:`softmax`; the lines hold every
+    element) or per group of ``index`` into ``n`` (as :func:`scatter`). ``a``, ``b``, ``c``
+    hold one value per group (per listed line), ``x`` and ``y`` one per element (``mask``'s
+    shape, 1-D); ``op`` is one of
+
+    - ``"expand"``: ``a`` (sum: the gradient; mean: the gradient / the count);
+    - ``"dev"``: ``(x - b) * a``, plus ``c`` where given (var);
+    - ``"exp"``: ``a * exp(x - b)`` (logsumexp);
+    - ``"softmax"``: ``x * (y - a)``; ``"log_softmax"``: ``y - exp(x) * a``;
+    - ``"ties"``: ``a / t`` where ``x == b``, ``t`` the group's count of specified such
+      elements, else 0 (amax / amin: split among the ties).
+
+    Step for step the torch-op backwards of ``_kernels.py`` (the exps within an ULP of
+    torch's). None where the kernels do not apply (other dtypes, devices, shapes, no
+    library); ``what`` is the op an error names.
+
+    >>> m = torch.tensor([True, False, True])
+    >>> out = backward("expand", m, torch.tensor([2., 5.]), index=torch.tensor([0, 1, 1]), n=2)
+    >>> out is None or out.tolist() == [2.0, 0.0, 5.0]
+    True
+    """
+    code, reads = _BACKWARD_OPS[op]
+    dtype, nnz = a.dtype, mask.shape[0] if mask.dim() == 1 else -1
+    kind = "lines" if offsets is not None else "scatter"
+    kernel = _BACKWARD.get((kind, dtype)) if (
+        nnz >= 0 and _mask_ok(mask, nnz) and _library() is not None) else None
+    if kernel is None:
+        return None
+    if kind == "lines":
+        lines = _line_args(offsets, which)
+        if lines is None:
+            return None
+        groups = lines[-1]
+    else:
+        if index is None or not _index_ok(index, nnz, group=True):
+            return None
+        kernel, groups = kernel[index.dtype], n
+    per_element = {"x": x, "y": y}
+    per_group = {"a": a, "b": b, "c": c}
+    for name, t in per_group.items():
+        if t is not None:
+            if not _operand_ok(t, dtype, groups):
+                return None
+            per_group[name] = t.reshape(groups).contiguous()
+    for name in reads:
+        t = per_element.get(name, per_group.get(name))
+        if t is None:
+            return None
+    for name, t in per_element.items():
+        if t is not None:
+            if not _operand_ok(t, dtype, nnz):
+                return None
+            per_element[name] = t.reshape(nnz).contiguous()
+    tensors = [per_element["x"], per_element["y"], per_group["a"], per_group["b"],
+               per_group["c"]]
+    x_, y_, a_, b_, c_ = [None if t is None else t.data_ptr() for t in tensors]
+    out = torch.empty(nnz, dtype=dtype)
+    if kind == "lines":
+        status = kernel(x_, y_, mask.data_ptr(), nnz, *lines, code, a_, b_, c_,
+                        out.data_ptr())
+    else:
+        shares = torch.empty(n if op == "ties" else 0, dtype=torch.float64)
+        status = kernel(x_, y_, mask.data_ptr(), nnz, index.data_ptr(), code, a_, b_, c_,
+                        shares.data_ptr(), out.data_ptr(), n)
+    _check(status, f"{what or op} backward")
+    return out
+
+
+def _operand_ok(t: torch.Tensor, dtype: torch.dtype, numel: int) -> bool:
+    """True for a plain CPU tensor of ``dtype`` with ``numel`` elements (any shape and
+    strides: the caller reshapes it into a contiguous vector)."""
+    return (type(t) is torch.Tensor and t.dtype is dtype and t.is_cpu
+            and t.numel() == numel and not t.is_complex())

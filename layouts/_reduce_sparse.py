@@ -359,6 +359,23 @@ class CooGrouping(Grouping):
             return None, None, None, 1
         return None if self.gid is None else (None, None, self.gid, self.ngroups)
 
+    def _native_backward(self, op: str, mask: torch.Tensor, a: torch.Tensor,
+                         **operands: Any) -> torch.Tensor | None:
+        """One native pass per element over the group ids (their narrowed copy where one
+        exists), or one line of every element for a single group; None where no kernel
+        applies (dense dims, an empty single group)."""
+        if self.value_dims or not self.sparse_dims or not mask.shape[0]:
+            return None
+        if self.single:
+            offsets = torch.tensor([0, mask.shape[0]])
+            return _native.backward(op, mask, a, offsets=offsets, **operands)
+        ids = self._group_ids(a)
+        if ids is None:
+            ids = self.gid  # the slot groupings build their group ids
+        if ids is None:
+            return None
+        return _native.backward(op, mask, a, index=ids, n=self.ngroups, **operands)
+
     def _native_arg(self, values: torch.Tensor, mask: torch.Tensor,
                     op: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         if (self.value_dims or not self.sparse_dims or not mask.shape[0]
@@ -597,6 +614,13 @@ class CompressedGrouping(CooGrouping):
         if not self.by_lines:
             return super()._native_softmax(values, mask, log)
         return _native.softmax(values, mask, log, self.offsets, self._which)
+
+    def _native_backward(self, op: str, mask: torch.Tensor, a: torch.Tensor,
+                         **operands: Any) -> torch.Tensor | None:
+        if not self.by_lines:
+            return super()._native_backward(op, mask, a, **operands)
+        return _native.backward(op, mask, a, offsets=self.offsets, which=self._which,
+                                **operands)
 
     def _fused_arg(self, values: torch.Tensor, mask: torch.Tensor,
                    op: str) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -26,12 +26,14 @@ NEG_INF = -math.inf
 LAYOUT_IDS = ["strided", "coo", "csr", "csc"]
 
 
-def _operand(layout: str, dtype: torch.dtype, seed: int = 0, shape=(7, 9)):
+def _operand(layout: str, dtype: torch.dtype, seed: int = 0, shape=(7, 9), step: float = 0):
     """A MaskedTensor of ``layout`` with a fully masked row, a fully masked stored column,
     an empty row (sparse), stored entries that are unspecified (holding NaN / inf), and its
-    dense data (float64) and mask."""
+    dense data (float64) and mask; with ``step``, the data are multiples of it (ties)."""
     g = torch.Generator().manual_seed(seed)
     data = torch.randn(shape, generator=g, dtype=F64) * 2
+    if step:
+        data = (data / step).round() * step
     mask = torch.rand(shape, generator=g) < 0.6
     mask[2] = False
     mask[:, 4] = False
@@ -129,7 +131,7 @@ def _assert_ref(out, op, x, m, dim, dtype):
 @pytest.fixture(params=["native", "torch ops"])
 def implementation(request, monkeypatch):
     """The native kernels, or the torch-op implementation (``MASKED_SPARSE_NATIVE=0``)."""
-    if request.param == "native" and native.status() != "available":
+    if request.param == "native" and not native.status().startswith("available"):
         pytest.skip(f"native kernels: {native.status()}")
     if request.param == "torch ops":  # every native entry point asks _library()
         monkeypatch.setattr(native, "_library", lambda: None)
@@ -271,3 +273,47 @@ def test_backward_leaves_the_incoming_gradient_alone(layout, op):
     grad = torch.full(out.shape, 2.0, dtype=F64)
     out.backward(grad)
     assert torch.equal(grad, torch.full(out.shape, 2.0, dtype=F64))
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr", "csc"])
+@pytest.mark.parametrize("dtype", [F32, F64], ids=str)
+@pytest.mark.parametrize("op", ["sum", "mean", "amax", "amin", "var", "std",
+                                "logsumexp", "softmax", "log_softmax"])
+@pytest.mark.parametrize("dim", [0, 1])
+def test_the_native_backward_is_the_torch_op_backward(monkeypatch, layout, dtype, op, dim):
+    """A plain backward takes the native backward kernels (``_native.backward``, along and
+    across the stored lines); one with ``create_graph=True`` the differentiable torch ops.
+    The two gradients are the same bits (the exps of logsumexp and log_softmax: within an
+    ULP of torch's), 0 wherever unspecified, whatever the stored entries hold there."""
+    if not native.status().startswith("available"):
+        pytest.skip(f"native kernels: {native.status()}")
+    ran: list[bool] = []
+    kernel = native.backward
+
+    def spy(*args, **kwargs):
+        out = kernel(*args, **kwargs)
+        ran.append(out is not None)
+        return out
+
+    monkeypatch.setattr(native, "backward", spy)
+    mt, x, m = _operand(layout, dtype, seed=11 + dim, shape=(23, 17), step=1.0)  # ties
+    grads = []
+    for create_graph in (False, True):
+        leaf = mt.clone().requires_grad_()
+        out = _call(op, leaf, dim)
+        w = torch.rand(x.shape if op.endswith("softmax") else out.shape, dtype=dtype,
+                       generator=torch.Generator().manual_seed(4))
+        ran.clear()
+        (g,) = torch.autograd.grad((_dense(ms.to_tensor(out, 0)) * w).sum(), leaf,
+                                   create_graph=create_graph)
+        assert any(ran) != create_graph, ran
+        grads.append(dense_of(g))
+    (native_grad, native_mask), (torch_grad, torch_mask) = grads
+    assert torch.equal(native_mask, m) and torch.equal(torch_mask, m)
+    zero = torch.zeros((), dtype=dtype)
+    assert torch.equal(_bits(torch.where(m, zero, native_grad)), _bits(zero.expand_as(m)))
+    if op in ("logsumexp", "log_softmax"):
+        eps = torch.finfo(dtype).eps
+        torch.testing.assert_close(native_grad, torch_grad, rtol=4 * eps, atol=4 * eps)
+    else:
+        assert torch.equal(_bits(native_grad), _bits(torch.where(m, torch_grad, zero)))
