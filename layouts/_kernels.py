@@ -102,7 +102,7 @@ def _native_backward(g: Any, op: str, mask: torch.Tensor, a: torch.Tensor,
     ``_native.backward``, op ``op``, per group ``a``), or None: where the backward is
     itself recorded (``create_graph=True``: the torch ops, differentiable, run) and where no
     kernel applies (other devices or dtypes, no library)."""
-    if torch.is_grad_enabled():
+    if torch.is_grad_enabled() or traced(a):  # (traced: fake or functorch tensors)
         return None
     native = getattr(g, "_native_backward", None)
     if native is None:

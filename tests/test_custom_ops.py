@@ -188,10 +188,18 @@ def _leaf(layout, dtype=torch.float64, requires_grad=True):
     return mt.requires_grad_() if requires_grad else mt
 
 
-def _same_masked(got, ref):
+def _same_masked(got, ref, ulps=0):
+    """Equal masks and values, bit for bit (``ulps=0``) or within ``ulps`` of rounding: the
+    eager backward of an exp family runs the native kernels' exp (within an ulp of
+    torch's), a compiled one torch's."""
     (gd, gm), (rd, rm) = dense_of(got), dense_of(ref)
     assert torch.equal(gm, rm)
-    assert torch.equal(torch.where(gm, gd, 0), torch.where(rm, rd, 0))  # bit for bit
+    gd, rd = torch.where(gm, gd, 0), torch.where(rm, rd, 0)
+    if ulps:
+        eps = torch.finfo(gd.dtype).eps
+        torch.testing.assert_close(gd, rd, rtol=ulps * eps, atol=ulps * eps)
+    else:
+        assert torch.equal(gd, rd)
 
 
 @cpu_only("the C kernels in a compiled graph")
@@ -212,7 +220,7 @@ def test_compiled_full_reduction_runs_the_op_bit_for_bit(layout, family):
     if got.is_floating_point():
         ref.backward()
         got.backward()
-        _same_masked(x.grad, ref_x.grad)
+        _same_masked(x.grad, ref_x.grad, ulps=4 if family == "logsumexp" else 0)
 
 
 @cpu_only("the C kernels in a compiled graph")
@@ -233,7 +241,7 @@ def test_compiled_softmax_and_dim_reductions_equal_eager(layout):
         assert torch.equal(g, r)
     (ref[0] + ref[1]).backward()
     (got[0] + got[1]).backward()
-    _same_masked(x.grad, ref_x.grad)
+    _same_masked(x.grad, ref_x.grad, ulps=4)  # softmax's backward: eager runs the kernels
     assert any("masked_sparse.reduce" in code for code in codes)
 
 
