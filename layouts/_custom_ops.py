@@ -51,12 +51,13 @@ from typing import Any
 import torch
 
 from . import _kernels, _native
-from ._grouping import Grouping, identity, reduce_dense
+from ._grouping import identity, reduce_dense
+from ._reduce_sparse import SparseSums
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-class Groups(Grouping):
+class Groups(SparseSums):
     """The groups of a custom op's arguments (see the Note): all (``offsets`` and ``index``
     None), lines or scatter, over ``size`` 1-D values; ``positions`` for the arg family.
 
@@ -120,27 +121,6 @@ class Groups(Grouping):
     def positions(self) -> torch.Tensor:
         return self._positions
 
-    # Note [Sparse sums in double] (``_reduce_sparse``): the sparse groupings' torch-op sums
-    # of float32 values run in float64, as the kernels accumulate.
-    def _torch_reduce(self, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor:
-        if op in ("sum", "sumsq") and values.dtype == torch.float32:
-            return super()._torch_reduce(values.double(), mask, op).float()
-        return super()._torch_reduce(values, mask, op)
-
-    def masked_sqdev(self, values: torch.Tensor, mask: torch.Tensor,
-                     center: torch.Tensor) -> torch.Tensor:
-        out = self._native_dev("sqdev", values, mask, center)
-        if out is not None:
-            return out
-        if values.dtype == torch.float32:
-            return super().masked_sqdev(values.double(), mask, center.double()).float()
-        return super().masked_sqdev(values, mask, center)
-
-    def masked_sumexp(self, values: torch.Tensor, mask: torch.Tensor,
-                      center: torch.Tensor) -> torch.Tensor:
-        out = self._native_dev("sumexp", values, mask, center)
-        return out if out is not None else super().masked_sumexp(values, mask, center)
-
     # -- the C kernels (None where they do not apply) ---------------------------------------
     def _native_reduce(self, op, values, mask):
         if self.kind == "all":
@@ -149,7 +129,7 @@ class Groups(Grouping):
             return _native.lines(values, mask, op, self.offsets, self.which)
         return _native.scatter(values, mask, op, self.index, self.n)
 
-    def _native_dev(self, f, values, mask, center):
+    def _fused_dev(self, f, values, mask, center):
         if self.kind == "all":
             return _native.deviations_all(f, values, mask, center) if values.shape[0] else None
         if self.kind == "lines":

@@ -52,7 +52,45 @@ _FEW = 4096  # line sums by segment_reduce below this many stored elements
 _FUSED = ("sum", "sumsq", "prod", "amax", "amin", "count")  # ops of ``_fused``
 
 
-class CooGrouping(Grouping):
+class SparseSums(Grouping):
+    """The torch-op sums of a sparse grouping in double (Note [Sparse sums in double]),
+    and the deviation passes through :meth:`_fused_dev` where a kernel serves them."""
+
+    # Note [Sparse sums in double]
+    # The native kernels accumulate every float sum in double. The torch ops that stand in
+    # for them on other devices (``index_add`` / ``segment_reduce``) add float32 values one
+    # after the other in float32, which drifts from the exact sum by many ulps on long
+    # groups (3000 values near 3000: 2e-6 relative). So the sparse groupings' torch-op sums
+    # (and sums of squares, and the squared deviations of a variance) of float32 values run
+    # in float64 and round once: the same value class on every device, for one cast pass.
+    # Dense (strided) sums keep torch's own accumulation, which is pairwise already.
+    def _torch_reduce(self, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor:
+        if op in ("sum", "sumsq") and values.dtype == torch.float32:
+            return super()._torch_reduce(values.double(), mask, op).float()
+        return super()._torch_reduce(values, mask, op)
+
+    def masked_sqdev(self, values: torch.Tensor, mask: torch.Tensor,
+                     center: torch.Tensor) -> torch.Tensor:
+        out = self._fused_dev("sqdev", values, mask, center)
+        if out is not None:
+            return out
+        if values.dtype == torch.float32:  # Note [Sparse sums in double]
+            return super().masked_sqdev(values.double(), mask, center.double()).float()
+        return super().masked_sqdev(values, mask, center)
+
+    def masked_sumexp(self, values: torch.Tensor, mask: torch.Tensor,
+                      center: torch.Tensor) -> torch.Tensor:
+        out = self._fused_dev("sumexp", values, mask, center)
+        return out if out is not None else super().masked_sumexp(values, mask, center)
+
+    def _fused_dev(self, dev: str, values: torch.Tensor, mask: torch.Tensor,
+                   center: torch.Tensor) -> torch.Tensor | None:
+        """``masked_sqdev`` (``dev`` "sqdev") or ``masked_sumexp`` ("sumexp") in one native
+        pass, or None: the torch ops run."""
+        return None
+
+
+class CooGrouping(SparseSums):
     """Groups of sparse storage given per-dim coordinates of its stored values.
 
     ``coords[d]`` is the index of every stored value along sparse dim ``d`` (by default the
@@ -266,33 +304,6 @@ class CooGrouping(Grouping):
             return _native.narrow(self.gid, self.ngroups)
         slots = self._present.numel()
         return _native.narrow(self._keys, slots, remap=self._present.cumsum(0) - 1)
-
-    # Note [Sparse sums in double]
-    # The native kernels accumulate every float sum in double. The torch ops that stand in
-    # for them on other devices (``index_add`` / ``segment_reduce``) add float32 values one
-    # after the other in float32, which drifts from the exact sum by many ulps on long
-    # groups (3000 values near 3000: 2e-6 relative). So the sparse groupings' torch-op sums
-    # (and sums of squares, and the squared deviations of a variance) of float32 values run
-    # in float64 and round once: the same value class on every device, for one cast pass.
-    # Dense (strided) sums keep torch's own accumulation, which is pairwise already.
-    def _torch_reduce(self, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor:
-        if op in ("sum", "sumsq") and values.dtype == torch.float32:
-            return super()._torch_reduce(values.double(), mask, op).float()
-        return super()._torch_reduce(values, mask, op)
-
-    def masked_sqdev(self, values: torch.Tensor, mask: torch.Tensor,
-                     center: torch.Tensor) -> torch.Tensor:
-        out = self._fused_dev("sqdev", values, mask, center)
-        if out is not None:
-            return out
-        if values.dtype == torch.float32:  # Note [Sparse sums in double]
-            return super().masked_sqdev(values.double(), mask, center.double()).float()
-        return super().masked_sqdev(values, mask, center)
-
-    def masked_sumexp(self, values: torch.Tensor, mask: torch.Tensor,
-                      center: torch.Tensor) -> torch.Tensor:
-        out = self._fused_dev("sumexp", values, mask, center)
-        return out if out is not None else super().masked_sumexp(values, mask, center)
 
     def _native_moments(self, values: torch.Tensor, mask: torch.Tensor,
                        correction: float | None) -> tuple | None:
