@@ -1364,6 +1364,12 @@ static inline void exps_in_place(double *xs, int c) {
         }                                                                                \
     } while (0)
 
+/* The lines backward kernel of the AVX-512 build with 256-bit vectors (GCC): its loops run
+ * once per line, a few dozen elements of varying length, and with 512-bit vectors their
+ * alignment peeling and tails (trip counts that change from line to line) cost more than
+ * the work; explicit 512-bit steps with a masked last step measured slower still (their
+ * unaligned stores split cache lines). benchmarks/bench_training_reductions.py, along
+ * dim 1. The arithmetic is the same element by element: the bits do not change. */
 #if VECTOR && defined(__GNUC__) && !defined(__clang__)
 #define LINES_BACKWARD_WIDTH __attribute__((target("prefer-vector-width=256")))
 #else
