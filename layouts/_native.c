@@ -1364,6 +1364,17 @@ static inline void exps_in_place(double *xs, int c) {
         }                                                                                \
     } while (0)
 
+/* The lines backward kernel of the AVX-512 build with 256-bit vectors (GCC): its loops run
+ * once per line, a few dozen elements of varying length, and with 512-bit vectors their
+ * alignment peeling and tails (trip counts that change from line to line) cost more than
+ * the work; explicit 512-bit steps with a masked last step measured slower still (their
+ * unaligned stores split cache lines). benchmarks/bench_training_reductions.py, along
+ * dim 1. The arithmetic is the same element by element: the bits do not change. */
+#if VECTOR && defined(__GNUC__) && !defined(__clang__)
+#define LINES_BACKWARD_WIDTH __attribute__((target("prefer-vector-width=256")))
+#else
+#define LINES_BACKWARD_WIDTH
+#endif
 #define BW_LINE(j) a_
 #define BW_LINE_B(j) b_
 #define BW_LINE_C(j) c_
@@ -1375,6 +1386,7 @@ static inline void exps_in_place(double *xs, int c) {
 #define BACKWARD_KERNELS(T)                                                              \
     /* every line's elements: offsets from 0 to n, each line listed once at most (the    \
      * caller's `lines` are the non-empty ones); a, b, c: one per listed line */          \
+    LINES_BACKWARD_WIDTH                                                                 \
     int ms_lines_backward_##T(const T *x, const T *y, const uint8_t *m, int64_t n,       \
                               const int64_t *offsets, int64_t nlines_all,                \
                               const int64_t *lines, int64_t nlines, int op, const T *a,  \
