@@ -136,14 +136,8 @@ def cases(quick: bool = False) -> list[tuple]:
 
 
 def main() -> None:
-    """Print the table: medians and ratios (ms.optim / baseline), paired rounds."""
-    torch.set_num_threads(1)
-    quick = "--quick" in sys.argv
-    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        harness.run_cases(cases(quick), TITLE, min_run_time=0.05 if quick else 0.3,
-                          only=only)
+    """Print the table: medians and ratios, paired rounds (``--quick``, ``--only TEXT``)."""
+    harness.module_main(sys.modules[__name__])
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ paired rounds), or as part of ``python -m benchmarks``.
 from __future__ import annotations
 
 import sys
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -134,15 +133,13 @@ def cases(quick: bool = False) -> list[tuple]:
     return step_cases(quick) + optimizer_cases(quick)
 
 
+MIN_RUN_TIME = 0.5  # seconds a case (harness.module_main)
+SAFE = ("W*M", "torch foreach")  # plain torch baselines: no crash probe
+
+
 def main() -> None:
-    """Print the table: medians and ratios (masked_sparse / workaround), paired rounds."""
-    torch.set_num_threads(1)
-    quick = "--quick" in sys.argv
-    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        harness.run_cases(cases(quick), TITLE, min_run_time=0.05 if quick else 0.5,
-                          only=only, safe=("W*M", "torch foreach"))
+    """Print the table: medians and ratios, paired rounds (``--quick``, ``--only TEXT``)."""
+    harness.module_main(sys.modules[__name__])
 
 
 if __name__ == "__main__":

@@ -369,12 +369,20 @@ def sized_cases(strided_cases: Any, sparse_cases: Any, strided_sizes: tuple[int,
 
 
 def module_main(module: Any) -> None:
-    """``main()`` for a benchmark module run on its own: its cases, one table."""
+    """``main()`` for a benchmark module run on its own: its cases, one table, one thread.
+
+    A module may set ``MIN_RUN_TIME`` (seconds a case, default 0.3) and ``SAFE`` (the
+    baselines that skip the crash probe, as :func:`run_cases` takes them).
+    """
     import argparse
 
     parser = argparse.ArgumentParser(description=(module.__doc__ or "").split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="shorter timing (0.05 s a case)")
+    parser.add_argument("--only", help="the cases whose name contains this text")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    run_cases(cases_of(module, args.quick), getattr(module, "TITLE", module.__name__),
-              min_run_time=0.05 if args.quick else 0.3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run_cases(cases_of(module, args.quick), getattr(module, "TITLE", module.__name__),
+                  min_run_time=0.05 if args.quick else getattr(module, "MIN_RUN_TIME", 0.3),
+                  only=args.only, safe=getattr(module, "SAFE", ()))
