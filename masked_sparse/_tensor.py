@@ -36,6 +36,19 @@ from ._device import missing_kernel
 from ._repr import storage_repr
 
 
+def _run(handler: Any, func: Any, args: tuple, kwargs: dict | None) -> Any:
+    """``handler(func, *args, **kwargs)``; where torch lacks a kernel on the operands'
+    device, :func:`._device.missing_kernel`'s ``NotImplementedError`` instead of torch's
+    message."""
+    try:
+        return handler(func, *args, **(kwargs or {}))
+    except (NotImplementedError, RuntimeError) as exc:
+        lacking = missing_kernel(func, args, exc)
+        if lacking is None:
+            raise
+        raise lacking from exc
+
+
 class MaskedTensor(torch.Tensor):
     """A tensor whose elements are either specified (mask True) or unspecified.
 
@@ -137,13 +150,7 @@ class MaskedTensor(torch.Tensor):
             return _torch_function_outside_graph(func, args, kwargs)
         handler = _registry.FUNCTIONS.get(func)
         if handler is not None and not torch.compiler.is_exporting():
-            try:
-                return handler(func, *args, **(kwargs or {}))
-            except (NotImplementedError, RuntimeError) as exc:  # torch lacks a kernel there?
-                lacking = missing_kernel(func, args, exc)
-                if lacking is None:
-                    raise
-                raise lacking from exc
+            return _run(handler, func, args, kwargs)
         if torch._C._are_functorch_transforms_active():  # Note [MaskedTensors in torch.func]
             return _func.dispatch_below(func, args, kwargs)
         with DisableTorchFunctionSubclass():
@@ -158,16 +165,10 @@ class MaskedTensor(torch.Tensor):
             from .ops.pointwise import resolve
 
             handler = resolve(func, args)
-        try:
-            if _func.SAVED.stack:  # Note [MaskedTensors in torch.func]
-                with _func.restored():
-                    return handler(func, *args, **(kwargs or {}))
-            return handler(func, *args, **(kwargs or {}))
-        except (NotImplementedError, RuntimeError) as exc:  # torch lacks a kernel there?
-            lacking = missing_kernel(func, args, exc)
-            if lacking is None:
-                raise
-            raise lacking from exc
+        if _func.SAVED.stack:  # Note [MaskedTensors in torch.func]
+            with _func.restored():
+                return _run(handler, func, args, kwargs)
+        return _run(handler, func, args, kwargs)
 
     # -- torch.compile / serialization ---------------------------------------------------
     def __reduce_ex__(self, proto: int) -> tuple:  # pickle, torch.save (weights_only=True)
