@@ -61,7 +61,7 @@ _FREED = ("Trying to backward through the graph a second time (or directly acces
           "tensors after calling backward.")
 
 
-class _OnValues(torch.autograd.Function):
+class _OnValues(_func.Function):
     # Note [Functions for torch.func]: forward takes no ctx and hands its inner graph to
     # setup_context through ``box`` (a list), which is what torch.func transforms require.
     @staticmethod

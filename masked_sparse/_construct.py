@@ -103,7 +103,7 @@ class _Box:
     plain_grad: bool = False  # Note [Double backward]: the gradient of data stays plain
 
 
-class _AsMasked(torch.autograd.Function):
+class _AsMasked(_func.Function):
     @staticmethod
     def forward(data: torch.Tensor, mask: torch.Tensor, box: _Box) -> MaskedTensor:
         storage = storage_from_tensors(data.detach(), mask, "as_masked_tensor")

@@ -35,6 +35,7 @@ ops on the tracked values meet the transform exactly as they would at the top.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 import threading
 from collections.abc import Iterator
@@ -42,6 +43,7 @@ from typing import Any
 
 import torch
 from torch._C import DisableTorchFunctionSubclass
+from torch._functorch.utils import unwrap_dead_wrappers
 
 _FUNCTORCH_LAYERS = (torch._C.DispatchKeySet(torch._C.DispatchKey.FuncTorchDynamicLayerFrontMode)
                      | torch._C.DispatchKeySet(torch._C.DispatchKey.FuncTorchDynamicLayerBackMode))
@@ -125,7 +127,41 @@ def is_wrapped_masked(t: Any) -> bool:
             and isinstance(_inner(t), MaskedTensor))
 
 
-class Lift(torch.autograd.Function):
+class Function(torch.autograd.Function):
+    """A ``torch.autograd.Function`` with ``setup_context`` (what torch.func transforms
+    need: Note [Functions for torch.func]) whose ``apply`` outside a transform skips torch's
+    per-call binding of the arguments to ``forward``'s signature (``inspect.signature``, a
+    fixed cost of every masked op in a training step). The binding only fills in defaults,
+    so ``forward`` here must take none (checked once, when the class is defined).
+
+    >>> class Twice(Function):
+    ...     @staticmethod
+    ...     def forward(x): return 2 * x
+    ...     @staticmethod
+    ...     def setup_context(ctx, inputs, output): pass
+    ...     @staticmethod
+    ...     def backward(ctx, grad): return 2 * grad
+    >>> x = torch.ones(2, requires_grad=True)
+    >>> Twice.apply(x).sum().backward(); x.grad.tolist()
+    [2.0, 2.0]
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        params = inspect.signature(cls.forward).parameters.values()
+        if any(p.default is not p.empty for p in params):
+            raise TypeError(f"{cls.__name__}.forward: a masked_sparse Function takes no "
+                            "default arguments (its apply does not bind them)")
+
+    @classmethod
+    def apply(cls, *args: Any) -> Any:
+        if torch._C._are_functorch_transforms_active():
+            return super().apply(*args)  # torch.func's custom_function_call
+        # torch._C._FunctionBase's apply, as torch's own does after the binding
+        return super(torch.autograd.Function, cls).apply(*unwrap_dead_wrappers(args))
+
+
+class Lift(Function):
     """The values and mask of a MaskedTensor, as tensors the transform tracks: the values
     differentiable (their gradient returns as a MaskedTensor over the input's storage)."""
 

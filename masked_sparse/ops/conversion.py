@@ -20,7 +20,7 @@ from .._registry import implements
 from .._tensor import MaskedTensor, requires_grad_of, unwrap_grad_tracking
 
 
-class _GetData(torch.autograd.Function):
+class _GetData(_func.Function):
     @staticmethod
     def forward(mt: MaskedTensor) -> torch.Tensor:
         s = mt._storage
@@ -114,7 +114,7 @@ def _data(s: Storage, values: torch.Tensor) -> torch.Tensor:
     return out
 
 
-class _GetMask(torch.autograd.Function):
+class _GetMask(_func.Function):
     @staticmethod
     def forward(mt: MaskedTensor) -> torch.Tensor:
         s = mt._storage
@@ -209,7 +209,7 @@ def _fill(s: Storage, value: Any) -> torch.Tensor:
     return s.densify(s.values.masked_fill(~s.mask, value), value)
 
 
-class _ToTensor(torch.autograd.Function):
+class _ToTensor(_func.Function):
     @staticmethod
     def forward(mt: MaskedTensor, value: Any) -> torch.Tensor:
         s = mt._storage

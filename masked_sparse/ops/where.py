@@ -35,6 +35,7 @@ from torch.autograd.function import once_differentiable
 import layouts
 from layouts import Storage
 
+from .. import _func
 from .._autograd import grad_on
 from .._registry import implements
 from .._tensor import MaskedTensor, _wrap
@@ -128,7 +129,7 @@ def _result(o: _Operands) -> Storage:
     return o.ref.with_values(values.expand(shape), mask.expand(shape))
 
 
-class _Where(torch.autograd.Function):
+class _Where(_func.Function):
     @staticmethod
     def forward(cond: Any, a: Any, b: Any, box: list) -> MaskedTensor:
         o = _operands(cond, a, b)
