@@ -28,6 +28,7 @@ from . import (
 from ._grouping import _BITS as SAME_WIDTH_INT  # dtype -> the integer dtype of its bits
 from ._grouping import Grouping, fill_unspecified, identity, plain_eager, zero_unspecified
 from ._index import all_true, linearize
+from ._kernels import node_backward
 from ._linalg import sparse_mm, sparse_sparse_mm, specified_lines
 from ._lines import Lines, lines_along
 from ._native import NativeKernelsWarning
@@ -76,6 +77,7 @@ __all__ = [
     "lines_along",
     "linearize",
     "native_status",
+    "node_backward",
     "plain_eager",
     "register_layout",
     "registered_layouts",

@@ -144,7 +144,7 @@ class _Op(torch.autograd.Function):
     def forward(ctx, family: type[Family], g: Any, args: tuple,  # type: ignore[override]
                 values: torch.Tensor, mask: torch.Tensor) -> tuple:
         outs = family.forward(g, values, mask, *args)
-        ctx.family, ctx.g, ctx.args = family, g, args
+        ctx.family, ctx.g, ctx.args, ctx.n_outputs = family, g, args, len(outs)
         ctx.set_materialize_grads(False)  # an output not used gets no gradient pass
         ctx.save_for_backward(values, mask, *outs)
         ctx.mark_non_differentiable(*[o for o in outs if not o.is_floating_point()])
@@ -155,6 +155,51 @@ class _Op(torch.autograd.Function):
         values, mask, *outs = ctx.saved_tensors
         grad = ctx.family.backward(ctx.g, values, mask, tuple(outs), grads, *ctx.args)
         return None, None, None, grad, None
+
+
+def node_backward(outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                  grads: list[torch.Tensor]) -> list[torch.Tensor | None] | None:
+    """``torch.autograd.grad(outputs, inputs, grads, allow_unused=True)`` where every output
+    comes from one family node (:class:`_Op`) applied to an input leaf itself: that node's
+    backward called directly; None elsewhere (the caller runs the engine).
+
+    Note [A family's backward without the engine]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A masked op differentiates its kernel's small inner graph with one
+    ``torch.autograd.grad`` call (Note [Autograd on the values] in ``masked_sparse``). For a
+    reduction or softmax that graph is one node, this module's Function on the leaf copy of
+    the values, and a run of the engine for it (graph task, input checks) costs as much as
+    the node's own Python. So where the graph is that one node, outside a recorded backward
+    (``create_graph``: the engine records the backward's ops) and anomaly mode, the node's
+    ``backward`` runs as the engine would run it: gradients by output number, ``None`` for
+    an output not used (the Function does not materialize them), its gradient for the
+    values input. The node's saved tensors go when the caller drops the inner graph.
+
+    >>> v = torch.tensor([1., 2.], requires_grad=True)
+    >>> class One:
+    ...     def _native_reduce(self, op, values, mask): return None
+    ...     def _torch_reduce(self, values, mask, op):
+    ...         return torch.where(mask, values, 0).sum(0, keepdim=True)
+    ...     def expand(self, out): return out.expand(2)
+    >>> out, = run(REDUCE, One(), v, torch.tensor([True, True]), "sum")
+    >>> with torch.no_grad():
+    ...     node_backward([out], [v], [torch.tensor([3.])])
+    [tensor([3., 3.])]
+    """
+    node = outputs[0].grad_fn
+    if (type(node) is not _OP_NODE or torch.is_grad_enabled() or torch.is_anomaly_enabled()
+            or any(o.grad_fn is not node for o in outputs)):
+        return None
+    source = node.next_functions[0][0]  # the values input (the mask has no gradient)
+    leaf = getattr(source, "variable", None)
+    if leaf is None or not any(leaf is t for t in inputs):
+        return None
+    by_output: list[torch.Tensor | None] = [None] * node.n_outputs
+    for o, g in zip(outputs, grads):
+        i = o.output_nr
+        by_output[i] = g if by_output[i] is None else by_output[i] + g
+    grad = node.apply(*by_output)[3]
+    return [grad if t is leaf else None for t in inputs]
 
 
 def run(family: type[Family], g: Any, values: torch.Tensor, mask: torch.Tensor,
@@ -171,6 +216,9 @@ def run(family: type[Family], g: Any, values: torch.Tensor, mask: torch.Tensor,
     if values.requires_grad and torch.is_grad_enabled():
         return _Op.apply(family, g, args, values, mask)
     return family.forward(g, values, mask, *args)
+
+
+_OP_NODE = _Op._backward_cls  # the type of a family node in a graph (its grad_fn)
 
 
 class REDUCE(Family):

@@ -119,8 +119,11 @@ class _OnValues(_func.Function):
                              else values)
         # Keep the inner graph exactly as long as the outer one (retain_graph, gradcheck).
         keep = torch._C._autograd._get_current_graph_task_keep_graph()
-        leaf_grads = torch.autograd.grad(outs, ctx.leaves, gvals, allow_unused=True,
-                                         retain_graph=keep) if outs else [None] * len(ctx.leaves)
+        leaf_grads = [None] * len(ctx.leaves)
+        if outs:  # Note [A family's backward without the engine], else the engine
+            leaf_grads = (layouts.node_backward(outs, ctx.leaves, gvals)
+                          or torch.autograd.grad(outs, ctx.leaves, gvals, allow_unused=True,
+                                                 retain_graph=keep))
         it = iter(leaf_grads)
         result: list[Any] = [None, None, None]
         for s in ctx.inputs:
