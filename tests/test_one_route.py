@@ -317,3 +317,48 @@ def test_the_native_backward_is_the_torch_op_backward(monkeypatch, layout, dtype
         torch.testing.assert_close(native_grad, torch_grad, rtol=4 * eps, atol=4 * eps)
     else:
         assert torch.equal(_bits(native_grad), _bits(torch.where(m, torch_grad, zero)))
+
+
+@pytest.mark.parametrize("layout", LAYOUT_IDS)
+@pytest.mark.parametrize("op", ["sum", "mean", "amax", "var", "logsumexp", "softmax", "max"])
+@pytest.mark.parametrize("dim", [0, 1])
+def test_a_family_backward_without_the_engine_is_the_engines(implementation, monkeypatch,
+                                                            layout, op, dim):
+    """Note [A family's backward without the engine]: where the inner graph of a masked op
+    is one family node, its backward is called directly. The gradients are those of the
+    engine's run of the same graph (node_backward switched off), bit for bit, whichever
+    outputs are used; a second backward without ``retain_graph`` still raises torch's error,
+    and with it gives the same gradient again."""
+    import layouts
+
+    mt, x, m = _operand(layout, F64, seed=5 + dim, shape=(11, 13), step=0.5)
+    direct: list[bool] = []
+    node_backward = layouts.node_backward
+
+    def spy(*args):
+        out = node_backward(*args)
+        direct.append(out is not None)
+        return out
+
+    def loss_of(leaf):
+        out = _call(op, leaf, dim)
+        out = out[0] if isinstance(out, tuple) else out
+        dense = _dense(ms.to_tensor(out, 0))
+        weight = torch.rand(dense.shape, dtype=F64, generator=torch.Generator().manual_seed(2))
+        return (dense * weight).sum()
+
+    grads = []
+    for engine in (False, True):
+        monkeypatch.setattr(layouts, "node_backward",
+                            (lambda *a: None) if engine else spy)
+        leaf = mt.clone().requires_grad_()
+        loss = loss_of(leaf)
+        (g,) = torch.autograd.grad(loss, leaf, retain_graph=True)
+        (again,) = torch.autograd.grad(loss, leaf)
+        _assert_bitwise(g, again)
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            torch.autograd.grad(loss, leaf)
+        grads.append(g)
+    if op != "amax" and not (op == "softmax" and layout == "strided"):
+        assert direct and all(direct), direct  # (those two: more than one node)
+    _assert_bitwise(*grads)
