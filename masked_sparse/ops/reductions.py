@@ -55,6 +55,7 @@ from .._autograd import on_values
 from .._registry import implements, is_aten, op_name
 from .._tensor import MaskedTensor, _wrap, dtype_of, ndim_of
 from . import reductions_args as A
+from ._fill import all_specified
 
 aten = torch.ops.aten
 
@@ -198,7 +199,10 @@ def k_prod(g: Grouping, dtype: torch.dtype) -> Storage:
 def k_extreme(g: Grouping, op: str) -> Storage:
     v, m = source(g)
     specified = g.reduce(m, "any")
-    return g.build(zero_unspecified(g.masked_reduce(v, m, op), specified), specified)
+    out = g.masked_reduce(v, m, op)
+    if not all_specified(specified):  # an empty group holds the op's identity (+-inf)
+        out = zero_unspecified(out, specified)
+    return g.build(out, specified)
 
 
 def k_all_any(g: Grouping, op: str, dtype: torch.dtype) -> Storage:
