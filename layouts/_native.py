@@ -431,11 +431,65 @@ def _kernel(kind: str, values: torch.Tensor, mask: torch.Tensor, op: str):
     return _KERNELS.get((kind, op, values.dtype)) if _applies(values, mask) else None
 
 
-def _check(status: int, what: str) -> None:
-    if status != 0:
-        raise RuntimeError(f"masked reduction ({what}): an index is out of range for the "
-                           "stored values; the sparse index was modified after the tensor "
-                           "was built, or is corrupt (rebuild the MaskedTensor)")
+class IndexOutOfRange(ValueError, RuntimeError):
+    """A kernel's index (a group id, a line pointer or a listed line) is out of range: the
+    kernel checked it in C and wrote nothing out of bounds. A ``ValueError`` (bad input);
+    also a ``RuntimeError``, what the kernels raised before they named the index."""
+
+
+def _check(status: int, what: str, *, index: torch.Tensor | None = None, groups: int = 0,
+           offsets: torch.Tensor | None = None, which: torch.Tensor | None = None,
+           size: int = 0) -> None:
+    """Raise :class:`IndexOutOfRange` where a kernel returned an error status, naming the
+    op ``what``, the first bad entry of the kernel's ``index`` (group ids into ``groups``)
+    or of its ``offsets`` (line pointers into ``size`` stored values) and ``which`` (listed
+    lines), and its bound.
+
+    >>> try:
+    ...     _check(-1, "sum", index=torch.tensor([0, 7, 1]), groups=3)
+    ... except ValueError as error:
+    ...     "group index 7 of stored element 1 is outside [0, 3)" in str(error)
+    True
+    """
+    if status == 0:
+        return
+    where = _bad_entry(index, groups, offsets, which, size)
+    raise IndexOutOfRange(f"masked reduction ({what}): an index is out of range"
+                          f"{f' ({where})' if where else ''}; the sparse index was modified "
+                          "after the tensor was built, or is corrupt (rebuild the "
+                          "MaskedTensor)")
+
+
+def _bad_entry(index: torch.Tensor | None, groups: int, offsets: torch.Tensor | None,
+               which: torch.Tensor | None, size: int) -> str | None:
+    """The first entry out of range among a kernel's index tensors, in words (the error
+    path of :func:`_check` only)."""
+    if index is not None:
+        ids = index.long()
+        bad = ((ids < 0) | (ids >= groups)).nonzero()
+        if bad.numel():
+            j = int(bad[0])
+            return f"group index {int(ids[j])} of stored element {j} is outside [0, {groups})"
+    if offsets is not None:
+        lines = offsets.shape[0] - 1
+        if which is not None:
+            bad = ((which < 0) | (which >= lines)).nonzero()
+            if bad.numel():
+                j = int(bad[0])
+                return f"listed line {int(which[j])} (entry {j}) is outside [0, {lines})"
+        bad = ((offsets < 0) | (offsets > size)).nonzero()
+        if bad.numel():
+            i = int(bad[0])
+            return f"line pointer {int(offsets[i])} (entry {i}) is outside [0, {size}]"
+        bad = (offsets.diff() < 0).nonzero()
+        if bad.numel():
+            i = int(bad[0])
+            return (f"line pointer {int(offsets[i + 1])} (entry {i + 1}) is below the one "
+                    f"before it, {int(offsets[i])}")
+        if lines >= 0 and (int(offsets[0]) != 0 or int(offsets[-1]) != size):
+            return (f"the line pointers run from {int(offsets[0])} to {int(offsets[-1])}, not "
+                    f"over the {size} stored values")
+    return None
 
 
 def reduce_all(values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor | None:
@@ -476,7 +530,8 @@ def lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.Tens
         return None
     out = torch.empty(args[-1], dtype=values.dtype)
     _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args,
-                  start(op, values.dtype), out.data_ptr()), op)
+                  start(op, values.dtype), out.data_ptr()), op,
+           offsets=offsets, which=which, size=values.shape[0])
     return out
 
 
@@ -491,7 +546,7 @@ def scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.Tens
     kernel = kernels[index.dtype]
     out = torch.empty(n, dtype=torch.float64 if op in _SUMS else values.dtype)
     _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], index.data_ptr(),
-                  start(op, values.dtype), out.data_ptr(), n), op)
+                  start(op, values.dtype), out.data_ptr(), n), op, index=index, groups=n)
     return out.to(values.dtype)
 
 
@@ -563,7 +618,8 @@ def arg_lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.
     top, at = _arg_out(args[-1], values)
     _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args,
                   positions.data_ptr(), start(op, values.dtype), top.data_ptr(),
-                  at.data_ptr()), "arg" + op[1:])
+                  at.data_ptr()), "arg" + op[1:], offsets=offsets, which=which,
+           size=values.shape[0])
     return top, at
 
 
@@ -580,7 +636,7 @@ def arg_scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.
     _check(kernels[index.dtype](values.data_ptr(), mask.data_ptr(), values.shape[0],
                                 index.data_ptr(), positions.data_ptr(),
                                 start(op, values.dtype), top.data_ptr(), at.data_ptr(), n),
-           "arg" + op[1:])
+           "arg" + op[1:], index=index, groups=n)
     return top, at
 
 
@@ -628,7 +684,7 @@ def count_lines(mask: torch.Tensor, offsets: torch.Tensor,
         return None
     out = torch.empty(args[-1], dtype=torch.long)
     _check(_library().ms_lines_count(mask.data_ptr(), mask.shape[0], *args, out.data_ptr()),
-           "count")
+           "count", offsets=offsets, which=which, size=mask.shape[0])
     return out
 
 
@@ -638,7 +694,7 @@ def count_scatter(mask: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tens
         return None
     out = torch.empty(n, dtype=torch.long)
     _check(_COUNT_SCATTER[index.dtype](mask.data_ptr(), mask.shape[0], index.data_ptr(),
-                                       out.data_ptr(), n), "count")
+                                       out.data_ptr(), n), "count", index=index, groups=n)
     return out
 
 
@@ -743,7 +799,8 @@ def deviations_lines(f: str, values: torch.Tensor, mask: torch.Tensor, center: t
         return None
     out = torch.empty(args[-1], dtype=values.dtype)
     _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args,
-                  center.data_ptr(), out.data_ptr()), _DEVIATIONS[f])
+                  center.data_ptr(), out.data_ptr()), _DEVIATIONS[f],
+           offsets=offsets, which=which, size=values.shape[0])
     return out
 
 
@@ -778,7 +835,8 @@ def logsumexp_lines(values: torch.Tensor, mask: torch.Tensor, offsets: torch.Ten
         return None
     out = torch.empty(args[-1], dtype=values.dtype)
     _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args,
-                  out.data_ptr()), "logsumexp")
+                  out.data_ptr()), "logsumexp", offsets=offsets, which=which,
+           size=values.shape[0])
     return out
 
 
@@ -795,7 +853,7 @@ def logsumexp_scatter(values: torch.Tensor, mask: torch.Tensor, index: torch.Ten
     sums = torch.empty(n, dtype=torch.float64)
     _check(kernels[index.dtype](values.data_ptr(), mask.data_ptr(), values.shape[0],
                                 index.data_ptr(), specified.data_ptr(), sums.data_ptr(),
-                                out.data_ptr(), n), "logsumexp")
+                                out.data_ptr(), n), "logsumexp", index=index, groups=n)
     return out
 
 
@@ -854,7 +912,9 @@ def moments(values: torch.Tensor, mask: torch.Tensor, correction: float | None,
         groups += (sums.data_ptr(),)
         tail += (n,)
     _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *groups, *tail),
-           "mean" if correction is None else "var")
+           "mean" if correction is None else "var", index=index if kind == "scatter" else None,
+           groups=n, offsets=offsets if kind == "lines" else None, which=which,
+           size=values.shape[0])
     return var, mean, specified
 
 
@@ -883,13 +943,14 @@ def softmax(values: torch.Tensor, mask: torch.Tensor, log: bool,
         tops, sums = torch.empty(n, dtype=values.dtype), torch.empty(n, dtype=torch.float64)
         _check(kernel[index.dtype](values.data_ptr(), mask.data_ptr(), values.shape[0],
                                    index.data_ptr(), int(log), tops.data_ptr(),
-                                   sums.data_ptr(), out.data_ptr(), n), what)
+                                   sums.data_ptr(), out.data_ptr(), n), what,
+               index=index, groups=n)
         return out
     lines = () if offsets is None else _line_args(offsets, which)
     if lines is None:
         return None
     _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *lines, int(log),
-                  out.data_ptr()), what)
+                  out.data_ptr()), what, offsets=offsets, which=which, size=values.shape[0])
     return out
 
 
@@ -911,7 +972,8 @@ def cumsum_lines(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor | 
     if args is None:
         return None
     out = torch.empty_like(values)
-    _check(kernel(values.data_ptr(), values.shape[0], *args[:2], out.data_ptr()), "cumsum")
+    _check(kernel(values.data_ptr(), values.shape[0], *args[:2], out.data_ptr()), "cumsum",
+           offsets=offsets, size=values.shape[0])
     return out
 
 
@@ -927,7 +989,7 @@ def deviations_scatter(f: str, values: torch.Tensor, mask: torch.Tensor,
     out = torch.empty(n, dtype=torch.float64)
     _check(kernels[index.dtype](values.data_ptr(), mask.data_ptr(), values.shape[0],
                                 index.data_ptr(), center.data_ptr(), out.data_ptr(), n),
-           _DEVIATIONS[f])
+           _DEVIATIONS[f], index=index, groups=n)
     return out.to(values.dtype)
 
 
@@ -1008,7 +1070,8 @@ def backward(op: str, mask: torch.Tensor, a: torch.Tensor, b: torch.Tensor | Non
         shares = torch.empty(n if op == "ties" else 0, dtype=torch.float64)
         status = kernel(x_, y_, mask.data_ptr(), nnz, index.data_ptr(), code, a_, b_, c_,
                         shares.data_ptr(), out.data_ptr(), n)
-    _check(status, f"{what or op} backward")
+    _check(status, f"{what or op} backward", index=index if kind == "scatter" else None,
+           groups=n, offsets=offsets, which=which, size=nnz)
     return out
 
 

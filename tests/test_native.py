@@ -385,8 +385,46 @@ def test_a_corrupted_sparse_index_raises_in_a_reduction():
     dense = torch.arange(12.0).view(3, 4)
     mt = ms.masked_tensor(dense, dense > 2).to_sparse_csr()
     mt._storage.index[0][1] = 100  # row 0 now ends far past the stored values
-    with pytest.raises(RuntimeError, match="out of range"):
+    with pytest.raises(ValueError, match=r"\(sum\): an index is out of range \(line pointer "
+                                         r"100 \(entry 1\) is outside \[0, \d+\]\).*rebuild"):
         mt.sum(1)
+
+
+@pytest.mark.parametrize("case", ["group id", "negative id", "pointer past the end",
+                                  "decreasing pointers", "listed line", "backward"])
+def test_an_index_out_of_range_is_a_value_error_naming_the_op_the_index_and_the_bound(case):
+    """Bad input is a ValueError (still a RuntimeError, as before) that names the op, the
+    first bad entry and its bound, whichever kernel checked it."""
+    if not native.status().startswith("available"):
+        pytest.skip(f"native kernels: {native.status()}")
+    values, mask = torch.ones(6), torch.ones(6, dtype=torch.bool)
+    calls = {
+        "group id": (lambda: native.scatter(values, mask, "sum", torch.tensor([0, 1, 9, 1, 0, 0]),
+                                            3), "(sum)", "group index 9 of stored element 2",
+                     "[0, 3)"),
+        "negative id": (lambda: native.count_scatter(mask, torch.tensor([0, 0, 0, 0, -2, 1]),
+                                                     3), "(count)",
+                        "group index -2 of stored element 4", "[0, 3)"),
+        "pointer past the end": (lambda: native.lines(values, mask, "amax",
+                                                      torch.tensor([0, 2, 40])), "(amax)",
+                                 "line pointer 40 (entry 2)", "[0, 6]"),
+        "decreasing pointers": (lambda: native.logsumexp_lines(values, mask,
+                                                               torch.tensor([0, 4, 2, 6])),
+                                "(logsumexp)", "line pointer 2 (entry 2)", "before it, 4"),
+        "listed line": (lambda: native.moments(values, mask, 1.0, torch.tensor([0, 3, 6]),
+                                               torch.tensor([0, 5])), "(var)",
+                        "listed line 5 (entry 1)", "[0, 2)"),
+        "backward": (lambda: native.backward("expand", mask, torch.ones(2),
+                                             offsets=torch.tensor([0, 3, 5])),
+                     "(expand backward)",
+                     "line pointers run from 0 to 5", "6 stored values"),
+    }
+    call, *names = calls[case]
+    with pytest.raises(ValueError) as info:
+        call()
+    assert isinstance(info.value, RuntimeError)
+    for name in names:
+        assert name in str(info.value)
 
 
 @pytest.mark.parametrize("kind", ["autograd", "other dtype", "2-D"])

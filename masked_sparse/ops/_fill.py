@@ -153,14 +153,15 @@ def all_specified(mask: torch.Tensor) -> bool:
     to do (a sparse weight stores only its kept entries; a layer whose every output feature
     has a term). A mask broadcast over some dims is read at its stored size; a large one is
     answered once per mask object and version. False off the CPU (the answer would be a host
-    sync), while compiling or under a ``torch.func`` transform, where it would be
-    data-dependent control flow.
+    sync), while compiling, under a ``torch.func`` transform or a dispatch mode (fake
+    tensors, ``make_fx``), where it would be data-dependent control flow.
 
     >>> all_specified(torch.tensor([True, True]).expand(3, 2)), all_specified(torch.tensor([False]))
     (True, False)
     """
     if (mask.dtype != torch.bool or not mask.is_cpu or torch.compiler.is_compiling()
-            or torch._C._are_functorch_transforms_active()):  # (elsewhere: a host sync)
+            or torch._C._are_functorch_transforms_active()
+            or torch._C._len_torch_dispatch_stack()):  # (elsewhere: a host sync)
         return False
     small = compact(mask)
     if small.numel() <= _DIRECT or mask.is_inference():  # (no version counter to key on)
