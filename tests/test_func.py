@@ -416,3 +416,35 @@ def test_jit_script_runs_forward_and_refuses_masked_autograd():
         scripted(mt.detach().requires_grad_())
     with pytest.raises(NotImplementedError, match="torch.export"):
         torch.ops.aten.mean.dim(mt.detach().requires_grad_(), [1])
+
+
+def test_the_library_functions_skip_signature_binding_and_refuse_defaults():
+    """``masked_sparse._func.Function.apply`` does not bind the arguments to ``forward``'s
+    signature outside transforms (torch's binding only fills in defaults), so a subclass
+    whose ``forward`` has a default is refused when it is defined; inside a transform the
+    apply is torch's own (``custom_function_call``)."""
+    from masked_sparse import _func
+
+    with pytest.raises(TypeError, match="no default arguments"):
+        class _Defaulted(_func.Function):  # noqa: F841
+            @staticmethod
+            def forward(x, scale=2.0):
+                return x * scale
+
+    class Twice(_func.Function):
+        @staticmethod
+        def forward(x):
+            return 2 * x
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
+
+        @staticmethod
+        def backward(ctx, grad):
+            return 3 * grad  # not 2: tells this backward from autograd's own formula
+
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    Twice.apply(x).sum().backward()
+    assert x.grad.tolist() == [3.0, 3.0]
+    assert torch.func.grad(lambda t: Twice.apply(t).sum())(torch.ones(2)).tolist() == [3.0, 3.0]
