@@ -295,6 +295,37 @@ def _(values, mask, offsets, which, index, n, positions, op):
     return values.new_empty(size), positions.new_empty(size)
 
 
+@torch.library.custom_op(f"{_LIB}::cumsum_lines", mutates_args=())
+def cumsum_lines(values: Tensor, offsets: Tensor) -> Tensor:
+    """The running sum of 1-D ``values`` restarting at each line of ``offsets`` (int64,
+    from 0 to the number of values); the default (non-CPU) implementation: the torch ops of
+    ``_kernels.segmented_cumsum``."""
+    return _kernels.segmented_cumsum(values, offsets)
+
+
+@cumsum_lines.register_kernel("cpu")
+def _(values, offsets):
+    out = _native.cumsum_lines(values.contiguous(), offsets.contiguous())
+    return out if out is not None else _kernels.segmented_cumsum(values, offsets)
+
+
+@cumsum_lines.register_fake
+def _(values, offsets):
+    return torch.empty_like(values, memory_format=torch.contiguous_format)
+
+
+def _cumsum_setup(ctx, inputs: tuple, output: Any) -> None:
+    ctx.save_for_backward(inputs[1])
+
+
+def _cumsum_backward(ctx, grad):
+    (offsets,) = ctx.saved_tensors
+    return _kernels.reverse_cumsum_lines(grad, offsets, running=cumsum_lines), None
+
+
+cumsum_lines.register_autograd(_cumsum_backward, setup_context=_cumsum_setup)
+
+
 def _cpu(family: type[_kernels.Family], values, mask, offsets, which, index, n, arg) -> tuple:
     """The CPU implementation: the family's forward (the C kernels where they apply)."""
     return family.forward(_groups(values, offsets, which, index, n), values, mask, arg)

@@ -380,8 +380,7 @@ class ARG(Family):
 
 
 class _CumsumLines(torch.autograd.Function):
-    """:func:`cumsum_lines` recorded with its backward: the reverse running sum along the
-    same lines (the lines flipped, their running sums, flipped back)."""
+    """:func:`cumsum_lines` recorded with its backward, :func:`reverse_cumsum_lines`."""
 
     @staticmethod
     def forward(ctx, values: torch.Tensor, offsets: torch.Tensor,  # type: ignore[override]
@@ -392,30 +391,73 @@ class _CumsumLines(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple:  # type: ignore[override]
         (offsets,) = ctx.saved_tensors
-        back = cumsum_lines(grad.flip(0).contiguous(), (offsets[-1] - offsets).flip(0))
-        if back is None:  # not a kernel's input (a gradient of another dtype)
-            return _reverse_cumsum(grad, offsets), None, None
-        return back.flip(0), None, None
+        return reverse_cumsum_lines(grad, offsets), None, None
 
 
-def _reverse_cumsum(grad: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """The reverse running sum of ``grad`` along the lines of ``offsets``, by torch ops:
-    each element's line total minus the sum of the line's elements before it."""
+def reverse_cumsum_lines(grad: torch.Tensor, offsets: torch.Tensor,
+                         running: Any = None) -> torch.Tensor:
+    """The backward of a running sum per line: the reverse running sum of ``grad`` along
+    the lines of ``offsets`` -- the lines flipped, their running sums, flipped back. The
+    running sum is ``running`` (the custom op, in its own backward), else
+    :func:`cumsum_lines` (the kernel; recorded when ``grad`` requires grad), else the torch
+    ops of :func:`segmented_cumsum` (differentiable).
+
+    >>> reverse_cumsum_lines(torch.tensor([1., 2., 3., 4.]), torch.tensor([0, 3, 4])).tolist()
+    [6.0, 5.0, 3.0, 4.0]
+    """
+    flipped, back = grad.flip(0), (offsets[-1] - offsets).flip(0)
+    out = (cumsum_lines if running is None else running)(flipped, back)
+    if out is None:  # not a kernel's input (no library, another device or dtype)
+        out = segmented_cumsum(flipped, back)
+    return out.flip(0)
+
+
+def segmented_cumsum(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The running sum of 1-D ``values`` restarting at each line of ``offsets`` (int, from 0
+    to ``values.shape[0]``, empty lines allowed), by torch ops alone: the implementation of
+    every device without the kernel, with no host sync.
+
+    Note [Segmented running sum]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    torch has no segmented scan. Subtracting each line's start from one running sum over
+    every line would carry the earlier lines into a line (their rounding, their inf and
+    NaN), and padding the lines into blocks needs the longest line on the host. So the sum
+    is built by doubling (Hillis-Steele): after step ``k`` each element holds the sum of the
+    up to ``2**k`` elements of its line ending at it, so ``ceil(log2(n))`` steps -- a count
+    known from the shape -- finish every line, and no element ever reads another line. The
+    sum runs in float64 for float32 and narrower (float32 on MPS, which has no float64),
+    rounded once at the end: within a rounding of the kernel's sequential sum (and of
+    ``torch.cumsum``), NaN and inf confined to their line and after them, as torch's.
+
+    >>> segmented_cumsum(torch.tensor([1., 2., 3., 4.]), torch.tensor([0, 2, 2, 4])).tolist()
+    [1.0, 3.0, 3.0, 7.0]
+    """
+    n = values.shape[0]
     lengths = offsets.diff()
-    line = torch.repeat_interleave(torch.arange(lengths.numel(), device=grad.device), lengths,
-                                   output_size=grad.shape[0])
-    total = grad.new_zeros(lengths.numel()).index_add(0, line, grad)
-    inclusive = grad.cumsum(0)
-    before = (inclusive - grad) - torch.cat([inclusive.new_zeros(1), inclusive])[
-        offsets[:-1]].index_select(0, line)
-    return total.index_select(0, line) - before
+    line = torch.repeat_interleave(torch.arange(lengths.shape[0], device=values.device),
+                                   lengths, output_size=n)
+    rank = torch.arange(n, device=values.device) - offsets[:-1].index_select(0, line)
+    wide = values.dtype
+    if values.dtype in (torch.float16, torch.bfloat16, torch.float32):
+        wide = torch.float32 if values.device.type == "mps" else torch.float64
+    acc, step = values.to(wide), 1
+    while step < n:
+        before = torch.cat([acc.new_zeros((step,) + tuple(acc.shape[1:])), acc[:-step]])
+        acc = torch.where(rank >= step, acc + before, acc)
+        step *= 2
+    return acc.to(values.dtype)
+
+
+_OP_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def cumsum_lines(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor | None:
     """Per line (``offsets``: int64, from 0 to the number of 1-D ``values``) the running
     sum of ``values``, restarting at each line, by the native kernel (``torch.cumsum``'s
-    bits), recorded for autograd when ``values`` requires grad; None where the kernel does
-    not apply (the caller's torch ops run).
+    bits), recorded for autograd when ``values`` requires grad; while torch.compile traces,
+    the custom op ``masked_sparse::cumsum_lines`` (the same kernel on CPU, Note [Kernel
+    families as custom ops]) for real floating values; None where neither applies (the
+    caller's torch ops run).
 
     >>> out = cumsum_lines(torch.tensor([1., 2., 3., 4.]), torch.tensor([0, 2, 4]))
     >>> out is None or out.tolist() == [1.0, 3.0, 3.0, 7.0]
@@ -423,6 +465,13 @@ def cumsum_lines(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor | 
     """
     from . import _native  # (it imports the groupings, which import this module)
 
+    if torch.compiler.is_compiling():
+        if (values.dtype in _OP_DTYPES and values.dim() == 1 and offsets.dim() == 1
+                and offsets.dtype == torch.long):
+            from ._custom_ops import cumsum_lines as op  # (it imports this module)
+
+            return op(values, offsets)
+        return None
     if traced(values):
         return None
     out = _native.cumsum_lines(values.detach(), offsets)

@@ -186,14 +186,17 @@ class SparseLines(Lines):
     """
 
     def __init__(self, original: Storage, coo: Any, dim: int,
-                 lengths: torch.Tensor | None = None, coord: torch.Tensor | None = None,
+                 offsets: torch.Tensor | None = None, coord: torch.Tensor | None = None,
                  indices: Any = None) -> None:
         self.source, self.dim = original, dim
         self._coo, self._indices, self._rank, self._inverse = coo, None, None, None
         self._indices_fn = indices
+        self._lengths: torch.Tensor | None = None
+        self._starts: torch.Tensor | None = None
+        self._offsets = offsets
         self.order: torch.Tensor | None = None
-        if lengths is not None:  # given by the layout (CSR rows): storage order, no COO
-            self.same_order, self.coord, self.lengths = True, coord, lengths
+        if offsets is not None:  # given by the layout (CSR rows): storage order, no COO
+            self.same_order, self.coord = True, coord
         else:
             coo = self.coo
             (indices,) = coo.index
@@ -214,9 +217,32 @@ class SparseLines(Lines):
                 key = key.index_select(0, self.order)
             self._indices = indices
             self.coord = indices[dim]
-            self.lengths = torch.unique_consecutive(key, return_counts=True)[1]
+            self._lengths = torch.unique_consecutive(key, return_counts=True)[1]
         self.nnz = int(self.coord.numel())
-        self.starts = self.lengths.cumsum(0) - self.lengths
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """The lengths of the non-empty lines, in line order (data-dependent in number)."""
+        if self._lengths is None:
+            counts = self._offsets.diff()
+            self._lengths = counts[counts > 0]
+        return self._lengths
+
+    @property
+    def starts(self) -> torch.Tensor:
+        """Where each non-empty line starts (line order)."""
+        if self._starts is None:
+            self._starts = self.lengths.cumsum(0) - self.lengths
+        return self._starts
+
+    @property
+    def offsets(self) -> torch.Tensor:
+        """The line pointers (int64, from 0 to ``nnz``; a layout's own may list empty lines
+        too): all a running sum per line needs, sized from the index alone, so a compiled
+        ``cumsum`` along CSR rows traces without a data-dependent size."""
+        if self._offsets is None:
+            self._offsets = torch.cat([self.starts, self.starts.new_tensor([self.nnz])])
+        return self._offsets
 
     @property
     def coo(self) -> Storage:
@@ -319,8 +345,7 @@ class SparseLines(Lines):
     def _restarting_sum(self, v: torch.Tensor) -> torch.Tensor | None:
         """The cumsum of each line by one running sum (Note [Padded lines]), or None: in one
         native pass where it applies (a running sum per line, torch.cumsum's bits)."""
-        offsets = torch.cat([self.starts, self.starts.new_tensor([self.nnz])])
-        native = _kernels.cumsum_lines(v, offsets)
+        native = _kernels.cumsum_lines(v, self.offsets)
         if native is not None:
             return native
         if v.dtype not in (torch.float32, torch.float16, torch.bfloat16) and (
@@ -439,7 +464,6 @@ def compressed_lines(storage: Storage, dim: int, axis: int) -> Lines:
     if dim != 1 - axis:
         return sparse_lines(storage, dim)
     ptr, idx = storage.index
-    counts = ptr.diff().long()
 
     def coo() -> Storage:
         return storage.layout.to_coo(storage)
@@ -449,7 +473,7 @@ def compressed_lines(storage: Storage, dim: int, axis: int) -> Lines:
         pair = (outer, idx.long()) if axis == 0 else (idx.long(), outer)
         return torch.stack(pair)
 
-    return SparseLines(storage, coo, dim, lengths=counts[counts > 0], coord=idx.long(),
+    return SparseLines(storage, coo, dim, offsets=ptr.long(), coord=idx.long(),
                        indices=indices)
 
 
