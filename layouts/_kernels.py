@@ -38,8 +38,10 @@ measured by ``benchmarks/profile_overhead.py --fixed``). Everywhere else a trace
 the strided groupings under compile (Inductor fuses their torch ops), a torch.func
 transform, a dispatch mode (fake tensors, ``make_fx``), complex values (the backwards here
 are written for real values) -- :func:`run` takes the torch-op implementation as plain
-differentiable torch ops, which the tracer records. :func:`cumsum_lines` has no custom op:
-under compile its caller's torch ops run.
+differentiable torch ops, which the tracer records. :func:`cumsum_lines` (no grouping: a
+running sum per line of plain tensors) is recorded by its own ``autograd.Function``
+(:class:`_CumsumLines`) and, while torch.compile traces, put in the graph as the custom
+op ``masked_sparse::cumsum_lines``; both differentiate by :func:`reverse_cumsum_lines`.
 
 >>> import torch
 >>> class Whole:  # a grouping of one group, for the example
@@ -413,9 +415,9 @@ def reverse_cumsum_lines(grad: torch.Tensor, offsets: torch.Tensor,
 
 
 def segmented_cumsum(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """The running sum of 1-D ``values`` restarting at each line of ``offsets`` (int, from 0
-    to ``values.shape[0]``, empty lines allowed), by torch ops alone: the implementation of
-    every device without the kernel, with no host sync.
+    """The running sum of ``values`` along dim 0 restarting at each line of ``offsets``
+    (int, from 0 to ``values.shape[0]``, empty lines allowed), by torch ops alone: the
+    implementation of every device without the kernel, with no host sync.
 
     Note [Segmented running sum]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -437,6 +439,7 @@ def segmented_cumsum(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tenso
     line = torch.repeat_interleave(torch.arange(lengths.shape[0], device=values.device),
                                    lengths, output_size=n)
     rank = torch.arange(n, device=values.device) - offsets[:-1].index_select(0, line)
+    rank = rank.view((n,) + (1,) * (values.dim() - 1))  # (values with dense dims)
     wide = values.dtype
     if values.dtype in (torch.float16, torch.bfloat16, torch.float32):
         wide = torch.float32 if values.device.type == "mps" else torch.float64

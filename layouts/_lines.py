@@ -176,13 +176,15 @@ class SparseLines(Lines):
 
     ``cumsum`` on CPU runs the native running sum per line (``_kernels.cumsum_lines``:
     torch.cumsum's bits, with or without autograd; its backward, the reverse running sum
-    along the same lines, is the same kernel on the flipped lines). Elsewhere,
-    ``cumsum`` of finite float32 (or narrower) values and of integers takes a faster path
-    with no padding: the values are widened to float64 (int64), each line's first value
-    has the sum of the previous line subtracted (``segment_reduce``), and one running sum
-    then restarts at every line -- exact for integers (modular arithmetic), well within
-    float32 rounding otherwise. float64 values always pad (their running total would carry
-    rounding from earlier lines); a non-finite value pads (inf - inf would leak NaN).
+    along the same lines, is the same kernel on the flipped lines); while torch.compile
+    traces, the custom op ``masked_sparse::cumsum_lines`` on ``offsets`` (the same kernel;
+    along a CSR's rows the layout's own pointers, so the graph needs no size that depends
+    on the data). Elsewhere, ``cumsum`` of float32 (or narrower) values runs the torch ops
+    of ``_kernels.segmented_cumsum`` (in float64, no padding, no line reading another:
+    Note [Segmented running sum]); of integers, one running sum in int64 with the sum of
+    the previous line subtracted at each line's first value (exact: modular arithmetic).
+    float64 and complex values pad (torch.cumsum's own bits per line: a float64 running
+    total would carry the earlier lines' rounding into a line).
     """
 
     def __init__(self, original: Storage, coo: Any, dim: int,
@@ -348,25 +350,16 @@ class SparseLines(Lines):
         native = _kernels.cumsum_lines(v, self.offsets)
         if native is not None:
             return native
-        if v.dtype not in (torch.float32, torch.float16, torch.bfloat16) and (
-                v.is_floating_point() or v.is_complex()):
+        if v.dtype in (torch.float32, torch.float16, torch.bfloat16):
+            return _kernels.segmented_cumsum(v, self.offsets)
+        if v.is_floating_point() or v.is_complex():
             return None
-        wide = v.to(torch.float64 if v.is_floating_point() else torch.int64)
+        wide = v.to(torch.int64)
         if self.lengths.numel() > 1:
-            if wide.is_floating_point() and wide.dim() == 1:
-                sums = torch.segment_reduce(wide, "sum", lengths=self.lengths)
-            else:
-                line = torch.repeat_interleave(torch.arange(self.lengths.numel(),
-                                                            device=v.device), self.lengths,
-                                               output_size=self.nnz)
-                sums = wide.new_zeros((self.lengths.numel(),) + tuple(wide.shape[1:]))
-                sums = sums.index_add(0, line, wide)
-            # A line holding inf or NaN has a non-finite sum: subtracting it would leak.
-            if wide.is_floating_point() and not bool(torch.isfinite(sums.detach()).all()):
-                return None
-            wide = wide.index_add(0, self.starts[1:], -sums[:-1])
-        elif wide.is_floating_point() and not bool(torch.isfinite(wide.detach()).all()):
-            return None
+            line = torch.repeat_interleave(torch.arange(self.lengths.numel(), device=v.device),
+                                           self.lengths, output_size=self.nnz)
+            sums = wide.new_zeros((self.lengths.numel(),) + tuple(wide.shape[1:]))
+            wide = wide.index_add(0, self.starts[1:], -sums.index_add(0, line, wide)[:-1])
         return wide.cumsum(0).to(v.dtype)
 
     def _padded_scan(self, v: torch.Tensor, op: str) -> tuple[torch.Tensor,
