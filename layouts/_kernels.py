@@ -57,6 +57,7 @@ op ``masked_sparse::cumsum_lines``; both differentiate by :func:`reverse_cumsum_
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -423,32 +424,57 @@ def segmented_cumsum(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tenso
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     torch has no segmented scan. Subtracting each line's start from one running sum over
     every line would carry the earlier lines into a line (their rounding, their inf and
-    NaN), and padding the lines into blocks needs the longest line on the host. So the sum
-    is built by doubling (Hillis-Steele): after step ``k`` each element holds the sum of the
-    up to ``2**k`` elements of its line ending at it, so ``ceil(log2(n))`` steps -- a count
-    known from the shape -- finish every line, and no element ever reads another line. The
-    sum runs in float64 for float32 and narrower (float32 on MPS, which has no float64),
-    rounded once at the end: within a rounding of the kernel's sequential sum (and of
-    ``torch.cumsum``), NaN and inf confined to their line and after them, as torch's.
+    NaN), and padding the lines into blocks needs the longest line on the host. So the
+    elements go in blocks of ``_SCAN_BLOCK`` (a fixed width: padding known from the shape)
+    and each block is scanned by doubling (Hillis-Steele, with the lines' first elements
+    as flags): after the step of width ``k`` an element holds the sum of the up to ``2k``
+    elements of its line ending at it within its block. What a line carries into a block
+    is the same scan, one level down, over the blocks' last elements (a segment starts at
+    a block holding a line's first element), added to the elements before the block's
+    first line start. No element ever reads another line; the sum runs in float64 for
+    float32 and narrower (float32 on MPS, which has no float64), rounded once at the end:
+    within a rounding of the kernel's sequential sum (and of ``torch.cumsum``), NaN and inf
+    confined to their line and to the elements after them, as torch's.
 
     >>> segmented_cumsum(torch.tensor([1., 2., 3., 4.]), torch.tensor([0, 2, 2, 4])).tolist()
     [1.0, 3.0, 3.0, 7.0]
     """
     n = values.shape[0]
-    lengths = offsets.diff()
-    line = torch.repeat_interleave(torch.arange(lengths.shape[0], device=values.device),
-                                   lengths, output_size=n)
-    rank = torch.arange(n, device=values.device) - offsets[:-1].index_select(0, line)
-    rank = rank.view((n,) + (1,) * (values.dim() - 1))  # (values with dense dims)
+    head = torch.zeros(n + 1, dtype=torch.bool, device=values.device)
+    head = head.index_fill(0, offsets.long(), True)[:n]  # each line's first element
     wide = values.dtype
     if values.dtype in (torch.float16, torch.bfloat16, torch.float32):
         wide = torch.float32 if values.device.type == "mps" else torch.float64
-    acc, step = values.to(wide), 1
-    while step < n:
-        before = torch.cat([acc.new_zeros((step,) + tuple(acc.shape[1:])), acc[:-step]])
-        acc = torch.where(rank >= step, acc + before, acc)
+    out = _flagged_scan(values.reshape(n, math.prod(values.shape[1:])).to(wide), head)
+    return out.reshape(values.shape).to(values.dtype)
+
+
+_SCAN_BLOCK = 32
+
+
+def _flagged_scan(x: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+    """The running sums of ``x`` (n, m) along dim 0 restarting where ``head`` (n, bool;
+    ``head[0]`` True) is: Note [Segmented running sum]."""
+    n, m, width = x.shape[0], x.shape[1], _SCAN_BLOCK
+    blocks = -(-n // width)
+    pad = blocks * width - n
+    if pad:  # each padding element a line of its own
+        x = torch.cat([x, x.new_zeros(pad, m)])
+        head = torch.cat([head, head.new_ones(pad)])
+    xs, flags = x.view(blocks, width, m), head.view(blocks, width)
+    slot = torch.arange(width, device=x.device)
+    step = 1
+    while step < width:
+        before = torch.cat([xs.new_zeros(blocks, step, m), xs[:, :-step]], 1)
+        keep = flags | (slot < step)
+        xs = torch.where(keep.unsqueeze(-1), xs, xs + before)
+        flags = flags | torch.cat([flags.new_zeros(blocks, step), flags[:, :-step]], 1)
         step *= 2
-    return acc.to(values.dtype)
+    if blocks > 1:  # what the open line carries into each block
+        carry = _flagged_scan(xs[:, -1], flags[:, -1])[:-1]
+        xs = torch.cat([xs[:1], torch.where(flags[1:].unsqueeze(-1), xs[1:],
+                                            xs[1:] + carry.unsqueeze(1))])
+    return xs.reshape(blocks * width, m)[:n]
 
 
 _OP_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

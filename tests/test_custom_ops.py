@@ -328,7 +328,8 @@ def test_cumsum_lines_op_equals_the_reference(dtype, native, specials, device, m
 
 @cpu_only("the torch ops against the C kernel")
 @pytest.mark.skipif(not _native.available(), reason="the native kernels are not built")
-@given(lengths=st.lists(st.integers(0, 70) | st.just(0), min_size=1, max_size=12),
+@given(lengths=st.lists(st.integers(0, 70) | st.just(0) | st.integers(200, 2000), min_size=1,
+                       max_size=12),
        dtype=st.sampled_from([torch.float32, torch.float64]), seed=st.integers(0, 2**16),
        scale=st.sampled_from([1.0, 1e6]))
 def test_cumsum_lines_torch_ops_agree_with_the_kernel(lengths, dtype, seed, scale):
