@@ -605,7 +605,8 @@ FIRST(f32)
  *   lines    per line, two passes over its elements: the masked extreme (the range code
  *            of the reductions above), then the smallest position of a specified element
  *            equal to it, LANES at a time in a loop of fixed length (vector code with no
- *            setup; a line is often short) while the line is in cache;
+ *            setup; a line is often short) while the line is in cache; the winners'
+ *            positions are read in a last pass over the lines (ARG_LINES);
  *   scatter  one pass in storage order, each element updating its group's (top, at).
  *
  * Neither branches on the mask or on a comparison (on random data one would mispredict
