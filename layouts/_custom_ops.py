@@ -13,6 +13,7 @@ per family in the graph instead:
 ``masked_sparse::logsumexp``   ``LOGSUMEXP`` per group
 ``masked_sparse::softmax``     ``SOFTMAX``: softmax / log_softmax within groups
 ``masked_sparse::arg_extreme`` ``ARG``: the extreme and its first position
+``masked_sparse::cumsum_lines`` the running sum along lines (``cumsum_lines``)
 =============================  ================================================
 
 Each takes the groups as plain arguments (:class:`Groups`): every element in one group (no
@@ -36,7 +37,17 @@ data) and runs eagerly, on the same kernels. Strided groupings keep the torch op
 compile (Inductor fuses them: Note [Compiled mask loads]). torch.export records a
 MaskedTensor input's ops at the aten level on the subclass (the exported program runs them
 through the eager handlers, on these kernels), so no op shows in an exported graph.
-``cumsum_lines`` has no op: under compile its caller's torch ops run.
+
+``cumsum_lines(values, offsets)`` takes no mask (its caller fills first) and only lines
+(``offsets``, every element in one line): its CPU implementation is the C kernel
+(``_native.cumsum_lines``: torch.cumsum of each line, bit for bit), else -- other devices,
+other dtypes, no library -- the torch ops of ``_kernels.segmented_cumsum`` (no host sync,
+Note [Segmented running sum]); its fake output is shaped as the values; its backward is
+``_kernels.reverse_cumsum_lines``, the same op on the flipped lines. ``_kernels.
+cumsum_lines`` puts it in the graph for real floating values, so a compiled ``cumsum``
+along a CSR's rows (a CSC's columns: the stored lines, sized from the index alone) runs in
+the graph on the kernel, eager's bits forward and backward; along other lines the scan's
+sizes depend on the data, and the op breaks the graph and runs eagerly.
 
 >>> import torch
 >>> v, m = torch.tensor([1., 2., 3.]), torch.tensor([True, False, True])
@@ -293,6 +304,37 @@ def _(values, mask, offsets, which, index, n, positions, op):
 def _(values, mask, offsets, which, index, n, positions, op):
     size = _size(offsets, which, index, n)
     return values.new_empty(size), positions.new_empty(size)
+
+
+@torch.library.custom_op(f"{_LIB}::cumsum_lines", mutates_args=())
+def cumsum_lines(values: Tensor, offsets: Tensor) -> Tensor:
+    """The running sum of 1-D ``values`` restarting at each line of ``offsets`` (int64,
+    from 0 to the number of values); the default (non-CPU) implementation: the torch ops of
+    ``_kernels.segmented_cumsum``."""
+    return _kernels.segmented_cumsum(values, offsets)
+
+
+@cumsum_lines.register_kernel("cpu")
+def _(values, offsets):
+    out = _native.cumsum_lines(values.contiguous(), offsets.contiguous())
+    return out if out is not None else _kernels.segmented_cumsum(values, offsets)
+
+
+@cumsum_lines.register_fake
+def _(values, offsets):
+    return torch.empty_like(values, memory_format=torch.contiguous_format)
+
+
+def _cumsum_setup(ctx, inputs: tuple, output: Any) -> None:
+    ctx.save_for_backward(inputs[1])
+
+
+def _cumsum_backward(ctx, grad):
+    (offsets,) = ctx.saved_tensors
+    return _kernels.reverse_cumsum_lines(grad, offsets, running=cumsum_lines), None
+
+
+cumsum_lines.register_autograd(_cumsum_backward, setup_context=_cumsum_setup)
 
 
 def _cpu(family: type[_kernels.Family], values, mask, offsets, which, index, n, arg) -> tuple:

@@ -38,8 +38,10 @@ measured by ``benchmarks/profile_overhead.py --fixed``). Everywhere else a trace
 the strided groupings under compile (Inductor fuses their torch ops), a torch.func
 transform, a dispatch mode (fake tensors, ``make_fx``), complex values (the backwards here
 are written for real values) -- :func:`run` takes the torch-op implementation as plain
-differentiable torch ops, which the tracer records. :func:`cumsum_lines` has no custom op:
-under compile its caller's torch ops run.
+differentiable torch ops, which the tracer records. :func:`cumsum_lines` (no grouping: a
+running sum per line of plain tensors) is recorded by its own ``autograd.Function``
+(:class:`_CumsumLines`) and, while torch.compile traces, put in the graph as the custom
+op ``masked_sparse::cumsum_lines``; both differentiate by :func:`reverse_cumsum_lines`.
 
 >>> import torch
 >>> class Whole:  # a grouping of one group, for the example
@@ -55,6 +57,7 @@ under compile its caller's torch ops run.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -380,8 +383,7 @@ class ARG(Family):
 
 
 class _CumsumLines(torch.autograd.Function):
-    """:func:`cumsum_lines` recorded with its backward: the reverse running sum along the
-    same lines (the lines flipped, their running sums, flipped back)."""
+    """:func:`cumsum_lines` recorded with its backward, :func:`reverse_cumsum_lines`."""
 
     @staticmethod
     def forward(ctx, values: torch.Tensor, offsets: torch.Tensor,  # type: ignore[override]
@@ -392,30 +394,99 @@ class _CumsumLines(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple:  # type: ignore[override]
         (offsets,) = ctx.saved_tensors
-        back = cumsum_lines(grad.flip(0).contiguous(), (offsets[-1] - offsets).flip(0))
-        if back is None:  # not a kernel's input (a gradient of another dtype)
-            return _reverse_cumsum(grad, offsets), None, None
-        return back.flip(0), None, None
+        return reverse_cumsum_lines(grad, offsets), None, None
 
 
-def _reverse_cumsum(grad: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """The reverse running sum of ``grad`` along the lines of ``offsets``, by torch ops:
-    each element's line total minus the sum of the line's elements before it."""
-    lengths = offsets.diff()
-    line = torch.repeat_interleave(torch.arange(lengths.numel(), device=grad.device), lengths,
-                                   output_size=grad.shape[0])
-    total = grad.new_zeros(lengths.numel()).index_add(0, line, grad)
-    inclusive = grad.cumsum(0)
-    before = (inclusive - grad) - torch.cat([inclusive.new_zeros(1), inclusive])[
-        offsets[:-1]].index_select(0, line)
-    return total.index_select(0, line) - before
+def reverse_cumsum_lines(grad: torch.Tensor, offsets: torch.Tensor,
+                         running: Any = None) -> torch.Tensor:
+    """The backward of a running sum per line: the reverse running sum of ``grad`` along
+    the lines of ``offsets`` -- the lines flipped, their running sums, flipped back. The
+    running sum is ``running`` (the custom op, in its own backward), else
+    :func:`cumsum_lines` (the kernel; recorded when ``grad`` requires grad), else the torch
+    ops of :func:`segmented_cumsum` (differentiable).
+
+    >>> reverse_cumsum_lines(torch.tensor([1., 2., 3., 4.]), torch.tensor([0, 3, 4])).tolist()
+    [6.0, 5.0, 3.0, 4.0]
+    """
+    flipped, back = grad.flip(0), (offsets[-1] - offsets).flip(0)
+    out = (cumsum_lines if running is None else running)(flipped, back)
+    if out is None:  # not a kernel's input (no library, another device or dtype)
+        out = segmented_cumsum(flipped, back)
+    return out.flip(0)
+
+
+def segmented_cumsum(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The running sum of ``values`` along dim 0 restarting at each line of ``offsets``
+    (int, from 0 to ``values.shape[0]``, empty lines allowed), by torch ops alone: the
+    implementation of every device without the kernel, with no host sync.
+
+    Note [Segmented running sum]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    torch has no segmented scan. Subtracting each line's start from one running sum over
+    every line would carry the earlier lines into a line (their rounding, their inf and
+    NaN), and padding the lines into blocks needs the longest line on the host. So the
+    elements go in blocks of ``_SCAN_BLOCK`` (a fixed width: padding known from the shape)
+    and each block is scanned by doubling (Hillis-Steele, with the lines' first elements
+    as flags): after the step of width ``k`` an element holds the sum of the up to ``2k``
+    elements of its line ending at it within its block. What a line carries into a block
+    is the same scan, one level down, over the blocks' last elements (a segment starts at
+    a block holding a line's first element), added to the elements before the block's
+    first line start. No element ever reads another line; the sum runs in float64 for
+    float32 and narrower (float32 on MPS, which has no float64), rounded once at the end:
+    within a rounding of the kernel's sequential sum (and of ``torch.cumsum``), NaN and inf
+    confined to their line and to the elements after them, as torch's.
+
+    >>> segmented_cumsum(torch.tensor([1., 2., 3., 4.]), torch.tensor([0, 2, 2, 4])).tolist()
+    [1.0, 3.0, 3.0, 7.0]
+    """
+    n = values.shape[0]
+    head = torch.zeros(n + 1, dtype=torch.bool, device=values.device)
+    head = head.index_fill(0, offsets.long(), True)[:n]  # each line's first element
+    wide = values.dtype
+    if values.dtype in (torch.float16, torch.bfloat16, torch.float32):
+        wide = torch.float32 if values.device.type == "mps" else torch.float64
+    out = _flagged_scan(values.reshape(n, math.prod(values.shape[1:])).to(wide), head)
+    return out.reshape(values.shape).to(values.dtype)
+
+
+_SCAN_BLOCK = 32
+
+
+def _flagged_scan(x: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+    """The running sums of ``x`` (n, m) along dim 0 restarting where ``head`` (n, bool;
+    ``head[0]`` True) is: Note [Segmented running sum]."""
+    n, m, width = x.shape[0], x.shape[1], _SCAN_BLOCK
+    blocks = -(-n // width)
+    pad = blocks * width - n
+    if pad:  # each padding element a line of its own
+        x = torch.cat([x, x.new_zeros(pad, m)])
+        head = torch.cat([head, head.new_ones(pad)])
+    xs, flags = x.view(blocks, width, m), head.view(blocks, width)
+    slot = torch.arange(width, device=x.device)
+    step = 1
+    while step < width:
+        before = torch.cat([xs.new_zeros(blocks, step, m), xs[:, :-step]], 1)
+        keep = flags | (slot < step)
+        xs = torch.where(keep.unsqueeze(-1), xs, xs + before)
+        flags = flags | torch.cat([flags.new_zeros(blocks, step), flags[:, :-step]], 1)
+        step *= 2
+    if blocks > 1:  # what the open line carries into each block
+        carry = _flagged_scan(xs[:, -1], flags[:, -1])[:-1]
+        xs = torch.cat([xs[:1], torch.where(flags[1:].unsqueeze(-1), xs[1:],
+                                            xs[1:] + carry.unsqueeze(1))])
+    return xs.reshape(blocks * width, m)[:n]
+
+
+_OP_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def cumsum_lines(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor | None:
     """Per line (``offsets``: int64, from 0 to the number of 1-D ``values``) the running
     sum of ``values``, restarting at each line, by the native kernel (``torch.cumsum``'s
-    bits), recorded for autograd when ``values`` requires grad; None where the kernel does
-    not apply (the caller's torch ops run).
+    bits), recorded for autograd when ``values`` requires grad; while torch.compile traces,
+    the custom op ``masked_sparse::cumsum_lines`` (the same kernel on CPU, Note [Kernel
+    families as custom ops]) for real floating values; None where neither applies (the
+    caller's torch ops run).
 
     >>> out = cumsum_lines(torch.tensor([1., 2., 3., 4.]), torch.tensor([0, 2, 4]))
     >>> out is None or out.tolist() == [1.0, 3.0, 3.0, 7.0]
@@ -423,6 +494,13 @@ def cumsum_lines(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor | 
     """
     from . import _native  # (it imports the groupings, which import this module)
 
+    if torch.compiler.is_compiling():
+        if (values.dtype in _OP_DTYPES and values.dim() == 1 and offsets.dim() == 1
+                and offsets.dtype == torch.long):
+            from ._custom_ops import cumsum_lines as op  # (it imports this module)
+
+            return op(values, offsets)
+        return None
     if traced(values):
         return None
     out = _native.cumsum_lines(values.detach(), offsets)

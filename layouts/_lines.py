@@ -176,24 +176,29 @@ class SparseLines(Lines):
 
     ``cumsum`` on CPU runs the native running sum per line (``_kernels.cumsum_lines``:
     torch.cumsum's bits, with or without autograd; its backward, the reverse running sum
-    along the same lines, is the same kernel on the flipped lines). Elsewhere,
-    ``cumsum`` of finite float32 (or narrower) values and of integers takes a faster path
-    with no padding: the values are widened to float64 (int64), each line's first value
-    has the sum of the previous line subtracted (``segment_reduce``), and one running sum
-    then restarts at every line -- exact for integers (modular arithmetic), well within
-    float32 rounding otherwise. float64 values always pad (their running total would carry
-    rounding from earlier lines); a non-finite value pads (inf - inf would leak NaN).
+    along the same lines, is the same kernel on the flipped lines); while torch.compile
+    traces, the custom op ``masked_sparse::cumsum_lines`` on ``offsets`` (the same kernel;
+    along a CSR's rows the layout's own pointers, so the graph needs no size that depends
+    on the data). Elsewhere, ``cumsum`` of float32 (or narrower) values runs the torch ops
+    of ``_kernels.segmented_cumsum`` (in float64, no padding, no line reading another:
+    Note [Segmented running sum]); of integers, one running sum in int64 with the sum of
+    the previous line subtracted at each line's first value (exact: modular arithmetic).
+    float64 and complex values pad (torch.cumsum's own bits per line: a float64 running
+    total would carry the earlier lines' rounding into a line).
     """
 
     def __init__(self, original: Storage, coo: Any, dim: int,
-                 lengths: torch.Tensor | None = None, coord: torch.Tensor | None = None,
+                 offsets: torch.Tensor | None = None, coord: torch.Tensor | None = None,
                  indices: Any = None) -> None:
         self.source, self.dim = original, dim
         self._coo, self._indices, self._rank, self._inverse = coo, None, None, None
         self._indices_fn = indices
+        self._lengths: torch.Tensor | None = None
+        self._starts: torch.Tensor | None = None
+        self._offsets = offsets
         self.order: torch.Tensor | None = None
-        if lengths is not None:  # given by the layout (CSR rows): storage order, no COO
-            self.same_order, self.coord, self.lengths = True, coord, lengths
+        if offsets is not None:  # given by the layout (CSR rows): storage order, no COO
+            self.same_order, self.coord = True, coord
         else:
             coo = self.coo
             (indices,) = coo.index
@@ -214,9 +219,32 @@ class SparseLines(Lines):
                 key = key.index_select(0, self.order)
             self._indices = indices
             self.coord = indices[dim]
-            self.lengths = torch.unique_consecutive(key, return_counts=True)[1]
+            self._lengths = torch.unique_consecutive(key, return_counts=True)[1]
         self.nnz = int(self.coord.numel())
-        self.starts = self.lengths.cumsum(0) - self.lengths
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """The lengths of the non-empty lines, in line order (data-dependent in number)."""
+        if self._lengths is None:
+            counts = self._offsets.diff()
+            self._lengths = counts[counts > 0]
+        return self._lengths
+
+    @property
+    def starts(self) -> torch.Tensor:
+        """Where each non-empty line starts (line order)."""
+        if self._starts is None:
+            self._starts = self.lengths.cumsum(0) - self.lengths
+        return self._starts
+
+    @property
+    def offsets(self) -> torch.Tensor:
+        """The line pointers (int64, from 0 to ``nnz``; a layout's own may list empty lines
+        too): all a running sum per line needs, sized from the index alone, so a compiled
+        ``cumsum`` along CSR rows traces without a data-dependent size."""
+        if self._offsets is None:
+            self._offsets = torch.cat([self.starts, self.starts.new_tensor([self.nnz])])
+        return self._offsets
 
     @property
     def coo(self) -> Storage:
@@ -319,29 +347,19 @@ class SparseLines(Lines):
     def _restarting_sum(self, v: torch.Tensor) -> torch.Tensor | None:
         """The cumsum of each line by one running sum (Note [Padded lines]), or None: in one
         native pass where it applies (a running sum per line, torch.cumsum's bits)."""
-        offsets = torch.cat([self.starts, self.starts.new_tensor([self.nnz])])
-        native = _kernels.cumsum_lines(v, offsets)
+        native = _kernels.cumsum_lines(v, self.offsets)
         if native is not None:
             return native
-        if v.dtype not in (torch.float32, torch.float16, torch.bfloat16) and (
-                v.is_floating_point() or v.is_complex()):
+        if v.dtype in (torch.float32, torch.float16, torch.bfloat16):
+            return _kernels.segmented_cumsum(v, self.offsets)
+        if v.is_floating_point() or v.is_complex():
             return None
-        wide = v.to(torch.float64 if v.is_floating_point() else torch.int64)
+        wide = v.to(torch.int64)
         if self.lengths.numel() > 1:
-            if wide.is_floating_point() and wide.dim() == 1:
-                sums = torch.segment_reduce(wide, "sum", lengths=self.lengths)
-            else:
-                line = torch.repeat_interleave(torch.arange(self.lengths.numel(),
-                                                            device=v.device), self.lengths,
-                                               output_size=self.nnz)
-                sums = wide.new_zeros((self.lengths.numel(),) + tuple(wide.shape[1:]))
-                sums = sums.index_add(0, line, wide)
-            # A line holding inf or NaN has a non-finite sum: subtracting it would leak.
-            if wide.is_floating_point() and not bool(torch.isfinite(sums.detach()).all()):
-                return None
-            wide = wide.index_add(0, self.starts[1:], -sums[:-1])
-        elif wide.is_floating_point() and not bool(torch.isfinite(wide.detach()).all()):
-            return None
+            line = torch.repeat_interleave(torch.arange(self.lengths.numel(), device=v.device),
+                                           self.lengths, output_size=self.nnz)
+            sums = wide.new_zeros((self.lengths.numel(),) + tuple(wide.shape[1:]))
+            wide = wide.index_add(0, self.starts[1:], -sums.index_add(0, line, wide)[:-1])
         return wide.cumsum(0).to(v.dtype)
 
     def _padded_scan(self, v: torch.Tensor, op: str) -> tuple[torch.Tensor,
@@ -439,7 +457,6 @@ def compressed_lines(storage: Storage, dim: int, axis: int) -> Lines:
     if dim != 1 - axis:
         return sparse_lines(storage, dim)
     ptr, idx = storage.index
-    counts = ptr.diff().long()
 
     def coo() -> Storage:
         return storage.layout.to_coo(storage)
@@ -449,7 +466,7 @@ def compressed_lines(storage: Storage, dim: int, axis: int) -> Lines:
         pair = (outer, idx.long()) if axis == 0 else (idx.long(), outer)
         return torch.stack(pair)
 
-    return SparseLines(storage, coo, dim, lengths=counts[counts > 0], coord=idx.long(),
+    return SparseLines(storage, coo, dim, offsets=ptr.long(), coord=idx.long(),
                        indices=indices)
 
 

@@ -605,7 +605,8 @@ FIRST(f32)
  *   lines    per line, two passes over its elements: the masked extreme (the range code
  *            of the reductions above), then the smallest position of a specified element
  *            equal to it, LANES at a time in a loop of fixed length (vector code with no
- *            setup; a line is often short) while the line is in cache;
+ *            setup; a line is often short) while the line is in cache; the winners'
+ *            positions are read in a last pass over the lines (ARG_LINES);
  *   scatter  one pass in storage order, each element updating its group's (top, at).
  *
  * Neither branches on the mask or on a comparison (on random data one would mispredict
@@ -622,14 +623,25 @@ static inline int64_t pos_where(int64_t p, int k) {
     return (p & keep) | (INT64_MAX & ~keep);
 }
 
-/* The smallest pos[j], a <= j < b, of a specified element hitting t: equal to it, or NaN
- * with t NaN (`nan`, a constant where inlined). Hits are few (one a line, mostly). With
- * AVX-512: one vector of values a step, its mask bytes tested into mask bits (masked
- * loads past the end of the line: no scalar tail) and compared under them, the rare hits
- * looked into bit by bit (far fewer steps than the scalar loop: the argmax rows of
- * benchmarks/bench_reductions.py).
+/* The element j, a <= j < b, of the smallest pos[j] among the specified elements hitting
+ * t -- equal to it, or NaN with t NaN (`nan`, a constant where inlined) -- or -1 where none
+ * does. Hits are few (one a line, mostly): pos is read only where a line has ties, so a
+ * line's one hit costs no read of pos here (see ARG_LINES). With AVX-512: one vector of
+ * values a step, its mask bytes tested into mask bits (masked loads past the end of the
+ * line: no scalar tail) and compared under them; the hits are counted and the first one
+ * kept with no branch (the step holding a line's one hit is not predictable), and a line
+ * with ties is scanned again for the smallest position (far fewer steps than the scalar
+ * loop: the argmax rows of benchmarks/bench_reductions.py).
  * Else a scalar loop that tests each value first (a branch that predicts well), then its
  * mask (the compiler made slower scalar code of a blocked, branch-free test). */
+#define ARG_TIE(jj)                                                                      \
+    do {                                                                                 \
+        const int64_t j_ = (jj);                                                         \
+        if (best < 0)                                                                    \
+            best = j_;                                                                   \
+        else if (pos[j_] < pos[best])                                                    \
+            best = j_;                                                                   \
+    } while (0)
 #if VECTOR
 #define SCAN_W_f64 8
 #define SCAN_W_f32 16
@@ -641,7 +653,7 @@ static inline int64_t pos_where(int64_t p, int k) {
         int nan) {                                                                       \
         enum { W = SCAN_W_##T };                                                         \
         const VEC_##T tv = VOP(T, set1)(t);                                              \
-        __m512i out = _mm512_set1_epi64(INT64_MAX);                                      \
+        int64_t first = INT64_MAX, count = 0, best = -1;                                 \
         for (int64_t j = a; j < b; j += W) {                                             \
             __mmask16 k = b - j >= W ? (__mmask16)((1u << W) - 1)                        \
                                      : (__mmask16)((1u << (b - j)) - 1);                 \
@@ -650,12 +662,14 @@ static inline int64_t pos_where(int64_t p, int k) {
             VEC_##T x = VOP(T, maskz_loadu)(specified, v + j);                           \
             unsigned hits = nan ? SCAN_CMP_##T(specified, x, x, _CMP_UNORD_Q)             \
                                 : SCAN_CMP_##T(specified, x, tv, _CMP_EQ_OQ);             \
-            for (int q = 0; q < W; q += 8) /* the hits' positions, 8 a load */           \
-                out = _mm512_mask_min_epi64(                                             \
-                    out, (__mmask8)(hits >> q), out,                                     \
-                    _mm512_maskz_loadu_epi64((__mmask8)(hits >> q), pos + j + q));       \
+            const int64_t at = hits ? j + (int64_t)_tzcnt_u32(hits) : INT64_MAX;         \
+            first = at < first ? at : first;                                             \
+            count += __builtin_popcount(hits);                                           \
         }                                                                                \
-        return _mm512_reduce_min_epi64(out);                                             \
+        if (count < 2) return count ? first : -1;                                        \
+        for (int64_t j = first; j < b; j++) /* ties: the smallest position */            \
+            if (m[j] && (nan ? v[j] != v[j] : v[j] == t)) ARG_TIE(j);                    \
+        return best;                                                                     \
     }
 #else
 #define HIT(x) (nan ? (x) != (x) : (x) == t)
@@ -663,15 +677,20 @@ static inline int64_t pos_where(int64_t p, int k) {
     static inline __attribute__((always_inline)) int64_t arg_scan_##T(                  \
         const T *v, const uint8_t *m, const int64_t *pos, int64_t a, int64_t b, T t,      \
         int nan) {                                                                       \
-        int64_t out = INT64_MAX;                                                         \
+        int64_t best = -1;                                                               \
         for (int64_t j = a; j < b; j++)                                                  \
-            if (HIT(v[j]) && m[j] && pos[j] < out) out = pos[j];                         \
-        return out;                                                                      \
+            if (HIT(v[j]) && m[j]) ARG_TIE(j);                                           \
+        return best;                                                                     \
     }
 #endif
 ARG_SCAN(f64)
 ARG_SCAN(f32)
 
+/* Lines are scanned first, each line's winning element kept in at[i] (-1: none) and its
+ * position prefetched; a last pass over the lines reads the positions. Reading pos[j] in
+ * the line's own step waited on memory once a line (pos is 8 bytes an element, out of
+ * cache on a large input, and one element a line is read: no prefetcher follows that);
+ * apart, the reads overlap. */
 #define ARG_LINES(T, OP)                                                                 \
     int ms_lines_arg##OP##_##T(const T *v, const uint8_t *m, int64_t n,                  \
                                const int64_t *offsets, int64_t nlines_all,               \
@@ -681,11 +700,13 @@ ARG_SCAN(f32)
         for (int64_t i = 0; i < nlines; i++) {                                           \
             LINE_BOUNDS(i, a, b);                                                        \
             const T t = (T)OP##_range_##T(v, m, a, b, identity, other);                  \
-            const int64_t first = t != t ? arg_scan_##T(v, m, pos, a, b, t, 1)          \
-                                         : arg_scan_##T(v, m, pos, a, b, t, 0);         \
-            top[i] = first == INT64_MAX ? 0 : t;                                         \
-            at[i] = first == INT64_MAX ? 0 : first;                                      \
+            const int64_t best = t != t ? arg_scan_##T(v, m, pos, a, b, t, 1)           \
+                                        : arg_scan_##T(v, m, pos, a, b, t, 0);          \
+            if (best >= 0) __builtin_prefetch(pos + best);                               \
+            top[i] = best < 0 ? 0 : t;                                                   \
+            at[i] = best;                                                                \
         }                                                                                \
+        for (int64_t i = 0; i < nlines; i++) at[i] = at[i] < 0 ? 0 : pos[at[i]];         \
         return 0;                                                                        \
     }
 

@@ -13,15 +13,18 @@ Compiles are few and small (``aot_eager`` but one Inductor case); speed lives in
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
 import torch
 from conftest import cpu_only, dense_of, make_masked
+from hypothesis import given
+from hypothesis import strategies as st
 
 import layouts
 import masked_sparse as ms
-from layouts import _native
+from layouts import _kernels, _native
 
 pytestmark = pytest.mark.device_generic
 ops = torch.ops.masked_sparse
@@ -274,3 +277,157 @@ def test_eager_calls_keep_the_autograd_function(monkeypatch):
     x = _leaf("sparse_csr", torch.float64)
     x.mean().to_tensor(0).backward()
     assert layouts.native_status()  # (the library still reports its state)
+
+
+# -- masked_sparse::cumsum_lines: the running sum per line ---------------------------------
+def _lines_reference(values, offsets):
+    """Line by line, ``torch.cumsum`` of the line in float64."""
+    v, o = values.detach().double().cpu(), offsets.tolist()
+    return torch.cat([v.new_zeros(0)] + [v[a:b].cumsum(0) for a, b in zip(o, o[1:])])
+
+
+def _lines(lengths, dtype, device="cpu", seed=0, specials=False):
+    gen = torch.Generator().manual_seed(seed)
+    offsets = torch.tensor([0, *lengths]).cumsum(0)
+    values = (torch.randn(int(offsets[-1]), generator=gen) * 100).to(dtype)
+    if specials and values.numel() > 2:  # inf and NaN stay in their line
+        values[torch.randint(values.numel(), (2,), generator=gen)] = torch.tensor(
+            [math.inf, math.nan], dtype=dtype)
+    return values.to(device), offsets.to(device)
+
+
+def _same_nan(got, want):
+    assert torch.equal(got.isnan(), want.isnan())
+    ok = ~want.isnan()
+    return got[ok], want[ok]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("native", [True, False], ids=["kernels", "torch-ops"])
+@pytest.mark.parametrize("specials", [False, True], ids=["finite", "inf-nan"])
+def test_cumsum_lines_op_equals_the_reference(dtype, native, specials, device, monkeypatch):
+    """The op on lines of every length (empty ones, one longer than the rest), with inf and
+    NaN that must not leave their line: the C kernel is torch.cumsum of each line bit for
+    bit; the torch ops (other devices, ``MASKED_SPARSE_NATIVE=0``) within rounding."""
+    if not native:
+        monkeypatch.setattr(_native, "_library", lambda: None)
+    elif device.type != "cpu" or not _native.available():
+        pytest.skip("the C kernels serve the CPU, when built")
+    values, offsets = _lines([3, 0, 1, 0, 40, 7, 0], dtype, device, specials=specials)
+    got = ops.cumsum_lines(values, offsets)
+    assert got.dtype == dtype and got.device == values.device
+    want = _lines_reference(values, offsets)
+    got, want = _same_nan(got.cpu().double(), want)
+    if native:  # torch.cumsum's own bits, line by line
+        per_line = torch.cat([values[a:b].cumsum(0) for a, b in
+                              zip(offsets.tolist(), offsets.tolist()[1:])])
+        assert torch.equal(*_same_nan(ops.cumsum_lines(values, offsets), per_line))
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol * 100)
+
+
+@cpu_only("the torch ops against the C kernel")
+@pytest.mark.skipif(not _native.available(), reason="the native kernels are not built")
+@given(lengths=st.lists(st.integers(0, 70) | st.just(0) | st.integers(200, 2000), min_size=1,
+                       max_size=12),
+       dtype=st.sampled_from([torch.float32, torch.float64]), seed=st.integers(0, 2**16),
+       scale=st.sampled_from([1.0, 1e6]))
+def test_cumsum_lines_torch_ops_agree_with_the_kernel(lengths, dtype, seed, scale):
+    """The segmented running sum of torch ops (Note [Segmented running sum]) against the
+    kernel on random lines: within a rounding of the kernel's sequential sums, and no line
+    reads another (a huge line before a small one leaves the small one exact)."""
+    values, offsets = _lines(lengths, dtype, seed=seed)
+    values = values * torch.where(torch.arange(values.numel()) % 2 == 0, scale, 1.0).to(dtype)
+    kernel = _native.cumsum_lines(values, offsets)
+    torch_ops = _kernels.segmented_cumsum(values, offsets)
+    assert torch_ops.dtype == dtype and torch_ops.shape == values.shape
+    eps = torch.finfo(dtype).eps
+    # bound: a few roundings of the running sums' magnitudes, per element
+    bound = 4 * eps * _lines_reference(values.abs(), offsets)
+    assert bool(((torch_ops.double() - kernel.double()).abs() <= bound).all())
+
+
+@cpu_only("opcheck of the CPU implementation")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no-grad", "grad"])
+def test_cumsum_lines_opcheck(dtype, requires_grad):
+    for lengths in ([3, 0, 5, 1], [0], [17]):
+        values, offsets = _lines(lengths, dtype)
+        torch.library.opcheck(ops.cumsum_lines.default,
+                              (values.requires_grad_(requires_grad), offsets))
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["kernels", "torch-ops"])
+def test_cumsum_lines_backward_is_the_reverse_running_sum(native, device, monkeypatch):
+    """The op's registered backward against finite differences (float64), and its double
+    backward (create_graph: the backward runs the op again, itself differentiable)."""
+    if not native:
+        monkeypatch.setattr(_native, "_library", lambda: None)
+    values, offsets = _lines([4, 0, 6, 1], torch.float64, device)
+    values.requires_grad_()
+    assert torch.autograd.gradcheck(lambda v: ops.cumsum_lines(v, offsets), (values,))
+    assert torch.autograd.gradgradcheck(lambda v: ops.cumsum_lines(v, offsets) ** 2,
+                                        (values,))
+
+
+def _cumsum_leaf(layout, dtype, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    data = (torch.randn(6, 9, generator=g) * 50).to(dtype)
+    mask = torch.rand(6, 9, generator=g) < 0.7
+    mask[2] = False  # a line with nothing specified
+    mt = ms.to_layout(make_masked((6, 9), dtype=dtype, data=data, mask=mask,
+                                  stored_masked=0.2, seed=seed)[0], layout)
+    return mt, data, mask
+
+
+@cpu_only("the C kernels in a compiled graph")
+@pytest.mark.usefixtures("_fresh_dynamo")
+@pytest.mark.skipif(not _native.available(), reason="the native kernels are not built")
+@pytest.mark.parametrize(("layout", "dim"), [("sparse_csr", 1), ("sparse_csc", 0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_compiled_cumsum_along_stored_lines_runs_the_op(layout, dim, dtype):
+    """torch.cumsum along a compressed layout's stored lines compiles into one graph with
+    the op: eager's bits forward and backward (the same kernel on the flipped lines), and
+    the gradient of the float64 dense reference."""
+    mt, data, mask = _cumsum_leaf(layout, dtype)
+    w = torch.linspace(0.5, 2.0, mask.numel(), dtype=dtype).reshape(mask.shape)
+
+    def fn(x):
+        return (torch.cumsum(x, dim).to_dense().to_tensor(0) * w).sum(), \
+            torch.cumsum(x, dim).to_dense().to_tensor(0)
+
+    ref_x, x = mt.clone().requires_grad_(), mt.clone().requires_grad_()
+    ref = fn(ref_x)
+    compiled, codes = _graphs_of(fn)
+    got = compiled(x)
+    assert torch.equal(got[1], ref[1]) and torch.equal(got[0], ref[0])
+    assert any("masked_sparse.cumsum_lines" in code for code in codes[:1]), codes
+    ref[0].backward()
+    got[0].backward()
+    assert any("masked_sparse.cumsum_lines" in code for code in codes[1:]), codes
+    _same_masked(x.grad, ref_x.grad)
+    xx = data.double().requires_grad_()
+    (torch.where(mask, torch.where(mask, xx, 0).cumsum(dim), 0) * w.double()).sum().backward()
+    gd, gm = dense_of(x.grad)
+    assert torch.equal(gm, mask)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(torch.where(mask, gd, 0).double(),
+                               torch.where(mask, xx.grad, 0), rtol=tol, atol=tol)
+    want = torch.where(mask, torch.where(mask, data.double(), 0).cumsum(dim), 0)
+    torch.testing.assert_close(torch.where(mask, got[1], 0).double(), want, rtol=tol, atol=tol)
+
+
+@cpu_only("Inductor's CPU backend")
+@pytest.mark.usefixtures("_fresh_dynamo")
+@pytest.mark.skipif(not _native.available(), reason="the native kernels are not built")
+def test_inductor_cumsum_calls_the_op():
+    from torch._inductor.utils import run_and_get_code
+
+    mt, data, mask = _cumsum_leaf("sparse_csr", torch.float32)
+
+    def fn(x):
+        return torch.cumsum(x, 1).to_dense().to_tensor(0) * 2
+
+    got, codes = run_and_get_code(torch.compile(fn, fullgraph=True, dynamic=False), mt)
+    assert torch.equal(got, fn(mt))
+    assert any("masked_sparse.cumsum_lines" in c for c in codes)

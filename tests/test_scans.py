@@ -194,3 +194,34 @@ def test_cumsum_is_torch_cumsum_bit_for_bit(monkeypatch, layout, dtype, dim):
     assert torch.equal(got[mask][ok], want[mask][ok])  # bit for bit, not to a tolerance
     if native.available():
         assert calls and all(c is not None for c in calls)
+
+
+@pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr", "sparse_csc"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("native", [True, False], ids=["kernels", "torch-ops"])
+@pytest.mark.parametrize("specials", [False, True], ids=["finite", "inf-nan"])
+def test_cumsum_lines_never_read_each_other(monkeypatch, layout, dtype, native, specials):
+    """A line of huge values, one holding inf, one NaN, then small lines: every line's
+    running sum is its own (exact here), by the kernel and by the torch ops that other
+    devices and ``MASKED_SPARSE_NATIVE=0`` run (a running sum over all lines, the previous
+    line subtracted, lost the small line after a huge one)."""
+    import layouts._native as native_module
+
+    if not native:
+        monkeypatch.setattr(native_module, "_library", lambda: None)
+    big = torch.finfo(dtype).max / 4
+    data = torch.tensor([[big, -big / 2, 0.], [1., 2., 3.], [math.inf, 1., 2.],
+                         [math.nan, 2., 1.], [1., 1., 1.]], dtype=dtype)
+    if not specials:
+        data = data[[0, 1, 4]]
+    mask = torch.ones(data.shape, dtype=torch.bool)
+    mask[-1, 1] = False
+    dim = 1
+    if layout == "sparse_csc":  # its stored lines are the columns
+        data, mask, dim = data.t().contiguous(), mask.t().contiguous(), 0
+    mt, _, _ = masked(data.shape, layout, dtype, data=data, mask=mask, stored_masked=0.0)
+    got = torch.cumsum(mt, dim).to_dense().get_data()
+    want = torch.cumsum(torch.where(mask, data, torch.zeros((), dtype=dtype)), dim)
+    got, want = got[mask], want[mask]
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got[~want.isnan()], want[~want.isnan()])
