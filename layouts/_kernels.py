@@ -107,9 +107,8 @@ def _native_backward(g: Any, op: str, mask: torch.Tensor, a: torch.Tensor,
     native = getattr(g, "_native_backward", None)
     if native is None:
         return None
-    operands = {k: t.detach() if isinstance(t, torch.Tensor) else t
-                for k, t in operands.items()}
-    return native(op, mask, a.detach(), **operands)
+    # No detach: grad mode is off here, and the kernel only reads its operands.
+    return native(op, mask, a, **operands)
 
 
 class Family:
@@ -188,16 +187,19 @@ def node_backward(outputs: list[torch.Tensor], inputs: list[torch.Tensor],
     """
     node = outputs[0].grad_fn
     if (type(node) is not _OP_NODE or torch.is_grad_enabled() or torch.is_anomaly_enabled()
-            or any(o.grad_fn is not node for o in outputs)):
+            or (len(outputs) > 1 and any(o.grad_fn is not node for o in outputs[1:]))):
         return None
     source = node.next_functions[0][0]  # the values input (the mask has no gradient)
     leaf = getattr(source, "variable", None)
     if leaf is None or not any(leaf is t for t in inputs):
         return None
-    by_output: list[torch.Tensor | None] = [None] * node.n_outputs
-    for o, g in zip(outputs, grads):
-        i = o.output_nr
-        by_output[i] = g if by_output[i] is None else by_output[i] + g
+    if len(outputs) == 1 and node.n_outputs == 1:
+        by_output: list[torch.Tensor | None] = list(grads)
+    else:
+        by_output = [None] * node.n_outputs
+        for o, g in zip(outputs, grads):
+            i = o.output_nr
+            by_output[i] = g if by_output[i] is None else by_output[i] + g
     grad = node.apply(*by_output)[3]
     return [grad if t is leaf else None for t in inputs]
 

@@ -981,25 +981,20 @@ def backward(op: str, mask: torch.Tensor, a: torch.Tensor, b: torch.Tensor | Non
         if index is None or not _index_ok(index, nnz, group=True):
             return None
         kernel, groups = kernel[index.dtype], n
-    per_element = {"x": x, "y": y}
-    per_group = {"a": a, "b": b, "c": c}
-    for name, t in per_group.items():
-        if t is not None:
-            if not _operand_ok(t, dtype, groups):
-                return None
-            per_group[name] = t.reshape(groups).contiguous()
+    operands = (x, y, a, b, c)
     for name in reads:
-        t = per_element.get(name, per_group.get(name))
-        if t is None:
+        if operands["xyabc".index(name)] is None:
             return None
-    for name, t in per_element.items():
+    vectors: list[torch.Tensor | None] = []  # (they keep the pointers' memory alive)
+    for t, numel in zip(operands, (nnz, nnz, groups, groups, groups)):
         if t is not None:
-            if not _operand_ok(t, dtype, nnz):
+            if not _operand_ok(t, dtype, numel):
                 return None
-            per_element[name] = t.reshape(nnz).contiguous()
-    tensors = [per_element["x"], per_element["y"], per_group["a"], per_group["b"],
-               per_group["c"]]
-    x_, y_, a_, b_, c_ = [None if t is None else t.data_ptr() for t in tensors]
+            if t.dim() != 1 or not t.is_contiguous():  # a vector as it is, else a copy
+                t = t.reshape(numel).contiguous()
+        vectors.append(t)
+    pointers = [None if t is None else t.data_ptr() for t in vectors]
+    x_, y_, a_, b_, c_ = pointers
     out = torch.empty(nnz, dtype=dtype)
     if kind == "lines":
         status = kernel(x_, y_, mask.data_ptr(), nnz, *lines, code, a_, b_, c_,
