@@ -456,12 +456,17 @@ def _line_args(offsets: torch.Tensor, which: torch.Tensor | None) -> tuple | Non
     the number of lines, the listed lines (NULL: all) and their number, the output's
     length last -- or None where they are not int64 CPU vectors a kernel may read. Called
     once the kernel applies (plain eager values): a torch.func wrapper has no pointer."""
-    if (offsets.shape[0] == 0 or not _index_ok(offsets, offsets.shape[0])
-            or (which is not None and not _index_ok(which, which.shape[0]))):
+    if type(offsets) is not torch.Tensor or offsets.dim() != 1:
+        return None
+    lines = offsets.shape[0] - 1  # (the checks of _index_ok, the shape read once)
+    if (lines < 0 or offsets.dtype is not torch.long or not offsets.is_cpu
+            or not offsets.is_contiguous()):
         return None
     if which is None:
-        return offsets.data_ptr(), offsets.shape[0] - 1, None, offsets.shape[0] - 1
-    return offsets.data_ptr(), offsets.shape[0] - 1, which.data_ptr(), which.shape[0]
+        return offsets.data_ptr(), lines, None, lines
+    if not _index_ok(which, which.shape[0]):
+        return None
+    return offsets.data_ptr(), lines, which.data_ptr(), which.shape[0]
 
 
 def lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.Tensor,
