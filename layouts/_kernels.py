@@ -216,11 +216,15 @@ def run(family: type[Family], g: Any, values: torch.Tensor, mask: torch.Tensor,
                 return out
         return family.torch_ops(g, values, mask, *args)
     if values.requires_grad and torch.is_grad_enabled():
-        return _Op.apply(family, g, args, values, mask)
+        # torch's ``Function.apply`` less its Python layer: ``_Op`` has no setup_context
+        # whose arguments it would bind, and no torch.func transform is active here (traced)
+        unwrap = torch._C._functorch.unwrap_if_dead
+        return _APPLY(family, g, args, unwrap(values), unwrap(mask))
     return family.forward(g, values, mask, *args)
 
 
 _OP_NODE = _Op._backward_cls  # the type of a family node in a graph (its grad_fn)
+_APPLY = super(torch.autograd.Function, _Op).apply  # torch._C._FunctionBase.apply of _Op
 
 
 class REDUCE(Family):
