@@ -200,7 +200,7 @@ def node_backward(outputs: list[torch.Tensor], inputs: list[torch.Tensor],
         for o, g in zip(outputs, grads):
             i = o.output_nr
             by_output[i] = g if by_output[i] is None else by_output[i] + g
-    grad = node.apply(*by_output)[3]
+    grad = _Op.backward(node, *by_output)[3]  # (the node is the Function's ctx)
     return [grad if t is leaf else None for t in inputs]
 
 

@@ -66,8 +66,7 @@ class _OnValues(_func.Function):
     # setup_context through ``box`` (a list), which is what torch.func transforms require.
     @staticmethod
     def forward(fn: Kernel, extra: tuple, box: list, *inputs: Any) -> Any:
-        from .ops._fill import carry_zero_fill  # ops import this module
-
+        carry_zero_fill = _fill.carry_zero_fill
         # ``requires_grad_of``: a MaskedTensor's property read would go through
         # ``__torch_function__`` (the flags are kept for setup_context: box).
         storages, leaves, flags = [], [], []
@@ -154,9 +153,7 @@ class _OnValues(_func.Function):
 
 
 def _all_specified(mask: torch.Tensor) -> bool:
-    from .ops._fill import all_specified  # (ops import this module)
-
-    return all_specified(mask)
+    return _fill.all_specified(mask)
 
 
 def _backward_with_graph(fn: Kernel, extra: tuple, inputs: Sequence[Any],
@@ -289,3 +286,8 @@ def on_values(fn: Kernel, inputs: Sequence[MaskedTensor], *extra: Any) -> Any:
     if isinstance(out, tuple):
         return _wrap_outputs(out)
     return out
+
+
+# The fills live with the ops, which import this module: imported last, once (an import
+# inside each call costs about as much as the lookups it serves).
+from .ops import _fill  # noqa: E402
