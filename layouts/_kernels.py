@@ -78,14 +78,11 @@ def _where(mask: torch.Tensor, x: torch.Tensor, fresh: bool = False) -> torch.Te
     """``torch.where(mask, x, 0)``: the layouts' exact fill (one native pass on CPU where
     nothing is to be differentiated); with ``fresh`` (``x`` is a temporary of the caller's)
     in place there, one output-sized allocation less."""
-    from . import _native
-    from ._grouping import zero_unspecified  # (it imports this module)
-
     if (fresh and not torch.is_grad_enabled() and x.shape == mask.shape
             and not x._is_view()  # an expand shares the memory of what it broadcasts
-            and x.is_contiguous() and _native.fill(x, mask, 0, out=x) is not None):
+            and x.is_contiguous() and _grouping._native.fill(x, mask, 0, out=x) is not None):
         return x
-    return zero_unspecified(x.expand_as(mask) if x.shape != mask.shape else x, mask)
+    return _grouping.zero_unspecified(x.expand_as(mask) if x.shape != mask.shape else x, mask)
 
 
 def _operand(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -427,11 +424,15 @@ def cumsum_lines(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor | 
     >>> out is None or out.tolist() == [1.0, 3.0, 3.0, 7.0]
     True
     """
-    from . import _native  # (it imports the groupings, which import this module)
-
     if traced(values):
         return None
-    out = _native.cumsum_lines(values.detach(), offsets)
+    out = _grouping._native.cumsum_lines(values.detach(), offsets)
     if out is None or not (values.requires_grad and torch.is_grad_enabled()):
         return out
     return _CumsumLines.apply(values, offsets, out)
+
+
+# The groupings import this module, and the native kernels import the groupings: a module
+# reference, bound last (any import order works), read at call time -- ``_grouping._native``
+# is the kernels' module -- instead of an import in every call.
+from . import _grouping  # noqa: E402
