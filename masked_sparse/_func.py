@@ -43,12 +43,10 @@ from typing import Any
 
 import torch
 from torch._C import DisableTorchFunctionSubclass
+from torch._functorch.utils import unwrap_dead_wrappers
 
 _FUNCTORCH_LAYERS = (torch._C.DispatchKeySet(torch._C.DispatchKey.FuncTorchDynamicLayerFrontMode)
                      | torch._C.DispatchKeySet(torch._C.DispatchKey.FuncTorchDynamicLayerBackMode))
-
-
-_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 
 
 class _Saved(threading.local):
@@ -159,10 +157,9 @@ class Function(torch.autograd.Function):
     def apply(cls, *args: Any) -> Any:
         if torch._C._are_functorch_transforms_active():
             return super().apply(*args)  # torch.func's custom_function_call
-        # torch._C._FunctionBase's apply, as torch's own does after the binding (and its
-        # unwrap_dead_wrappers, in a list rather than a generator)
-        return super(torch.autograd.Function, cls).apply(
-            *[_unwrap_if_dead(a) if isinstance(a, torch.Tensor) else a for a in args])
+        # torch._C._FunctionBase's apply, as torch's own does after the binding (kept as
+        # torch writes it: torch.compile traces this line)
+        return super(torch.autograd.Function, cls).apply(*unwrap_dead_wrappers(args))
 
 
 class Lift(Function):
