@@ -143,7 +143,9 @@ class _Op(torch.autograd.Function):
         ctx.family, ctx.g, ctx.args, ctx.n_outputs = family, g, args, len(outs)
         ctx.set_materialize_grads(False)  # an output not used gets no gradient pass
         ctx.save_for_backward(values, mask, *outs)
-        ctx.mark_non_differentiable(*[o for o in outs if not o.is_floating_point()])
+        plain = [o for o in outs if not o.is_floating_point()]
+        if plain:
+            ctx.mark_non_differentiable(*plain)
         return outs
 
     @staticmethod
