@@ -272,8 +272,7 @@ class Compressed:
     def coords_of(self, storage: Storage, i: int) -> list[int]:
         """``[row, col]`` of stored element ``i`` (not blocked)."""
         ptr, idx = storage.index
-        at = torch.tensor(i, dtype=ptr.dtype, device=ptr.device)
-        outer = int(torch.searchsorted(ptr, at, right=True)) - 1
+        outer = int(torch.searchsorted(ptr, i, right=True)) - 1
         return list(self.swap((outer, int(idx[i]))))
 
     def layout(self, name: str, doc: str = "") -> Layout:

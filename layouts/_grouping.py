@@ -340,8 +340,6 @@ def fill_unspecified(values: torch.Tensor, mask: torch.Tensor, value: Any) -> to
                 return (as_int * small).view(values.dtype)
             keep = small.to(as_int.dtype)
             return torch.addcmul((1 - keep) * bits, as_int, keep).view(values.dtype)
-        from . import _native  # (it imports this module)
-
         out = _native.fill(values, mask, bits)
         if out is not None:
             return out
@@ -429,3 +427,7 @@ def sort_order(values: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch
     order = torch.argsort(values.detach(), dim=dim, stable=True)
     unmasked = (~mask).gather(dim, order).to(torch.uint8)
     return order.gather(dim, torch.argsort(unmasked, dim=dim, stable=True))
+
+
+# The native kernels import this module: imported last, once (not in every fill).
+from . import _native  # noqa: E402

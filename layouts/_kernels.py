@@ -81,14 +81,11 @@ def _where(mask: torch.Tensor, x: torch.Tensor, fresh: bool = False) -> torch.Te
     """``torch.where(mask, x, 0)``: the layouts' exact fill (one native pass on CPU where
     nothing is to be differentiated); with ``fresh`` (``x`` is a temporary of the caller's)
     in place there, one output-sized allocation less."""
-    from . import _native
-    from ._grouping import zero_unspecified  # (it imports this module)
-
     if (fresh and not torch.is_grad_enabled() and x.shape == mask.shape
             and not x._is_view()  # an expand shares the memory of what it broadcasts
-            and x.is_contiguous() and _native.fill(x, mask, 0, out=x) is not None):
+            and x.is_contiguous() and _grouping._native.fill(x, mask, 0, out=x) is not None):
         return x
-    return zero_unspecified(x.expand_as(mask) if x.shape != mask.shape else x, mask)
+    return _grouping.zero_unspecified(x.expand_as(mask) if x.shape != mask.shape else x, mask)
 
 
 def _operand(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -110,9 +107,8 @@ def _native_backward(g: Any, op: str, mask: torch.Tensor, a: torch.Tensor,
     native = getattr(g, "_native_backward", None)
     if native is None:
         return None
-    operands = {k: t.detach() if isinstance(t, torch.Tensor) else t
-                for k, t in operands.items()}
-    return native(op, mask, a.detach(), **operands)
+    # No detach: grad mode is off here, and the kernel only reads its operands.
+    return native(op, mask, a, **operands)
 
 
 class Family:
@@ -150,7 +146,9 @@ class _Op(torch.autograd.Function):
         ctx.family, ctx.g, ctx.args, ctx.n_outputs = family, g, args, len(outs)
         ctx.set_materialize_grads(False)  # an output not used gets no gradient pass
         ctx.save_for_backward(values, mask, *outs)
-        ctx.mark_non_differentiable(*[o for o in outs if not o.is_floating_point()])
+        plain = [o for o in outs if not o.is_floating_point()]
+        if plain:
+            ctx.mark_non_differentiable(*plain)
         return outs
 
     @staticmethod
@@ -191,17 +189,20 @@ def node_backward(outputs: list[torch.Tensor], inputs: list[torch.Tensor],
     """
     node = outputs[0].grad_fn
     if (type(node) is not _OP_NODE or torch.is_grad_enabled() or torch.is_anomaly_enabled()
-            or any(o.grad_fn is not node for o in outputs)):
+            or (len(outputs) > 1 and any(o.grad_fn is not node for o in outputs[1:]))):
         return None
     source = node.next_functions[0][0]  # the values input (the mask has no gradient)
     leaf = getattr(source, "variable", None)
     if leaf is None or not any(leaf is t for t in inputs):
         return None
-    by_output: list[torch.Tensor | None] = [None] * node.n_outputs
-    for o, g in zip(outputs, grads):
-        i = o.output_nr
-        by_output[i] = g if by_output[i] is None else by_output[i] + g
-    grad = node.apply(*by_output)[3]
+    if len(outputs) == 1 and node.n_outputs == 1:
+        by_output: list[torch.Tensor | None] = list(grads)
+    else:
+        by_output = [None] * node.n_outputs
+        for o, g in zip(outputs, grads):
+            i = o.output_nr
+            by_output[i] = g if by_output[i] is None else by_output[i] + g
+    grad = _Op.backward(node, *by_output)[3]  # (the node is the Function's ctx)
     return [grad if t is leaf else None for t in inputs]
 
 
@@ -217,11 +218,15 @@ def run(family: type[Family], g: Any, values: torch.Tensor, mask: torch.Tensor,
                 return out
         return family.torch_ops(g, values, mask, *args)
     if values.requires_grad and torch.is_grad_enabled():
-        return _Op.apply(family, g, args, values, mask)
+        # torch's ``Function.apply`` less its Python layer: ``_Op`` has no setup_context
+        # whose arguments it would bind, and no torch.func transform is active here (traced)
+        unwrap = torch._C._functorch.unwrap_if_dead
+        return _APPLY(family, g, args, unwrap(values), unwrap(mask))
     return family.forward(g, values, mask, *args)
 
 
 _OP_NODE = _Op._backward_cls  # the type of a family node in a graph (its grad_fn)
+_APPLY = super(torch.autograd.Function, _Op).apply  # torch._C._FunctionBase.apply of _Op
 
 
 class REDUCE(Family):
@@ -492,8 +497,6 @@ def cumsum_lines(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor | 
     >>> out is None or out.tolist() == [1.0, 3.0, 3.0, 7.0]
     True
     """
-    from . import _native  # (it imports the groupings, which import this module)
-
     if torch.compiler.is_compiling():
         if (values.dtype in _OP_DTYPES and values.dim() == 1 and offsets.dim() == 1
                 and offsets.dtype == torch.long):
@@ -503,7 +506,13 @@ def cumsum_lines(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor | 
         return None
     if traced(values):
         return None
-    out = _native.cumsum_lines(values.detach(), offsets)
+    out = _grouping._native.cumsum_lines(values.detach(), offsets)
     if out is None or not (values.requires_grad and torch.is_grad_enabled()):
         return out
     return _CumsumLines.apply(values, offsets, out)
+
+
+# The groupings import this module, and the native kernels import the groupings: a module
+# reference, bound last (any import order works), read at call time -- ``_grouping._native``
+# is the kernels' module -- instead of an import in every call.
+from . import _grouping  # noqa: E402

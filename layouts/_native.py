@@ -510,12 +510,17 @@ def _line_args(offsets: torch.Tensor, which: torch.Tensor | None) -> tuple | Non
     the number of lines, the listed lines (NULL: all) and their number, the output's
     length last -- or None where they are not int64 CPU vectors a kernel may read. Called
     once the kernel applies (plain eager values): a torch.func wrapper has no pointer."""
-    if (offsets.shape[0] == 0 or not _index_ok(offsets, offsets.shape[0])
-            or (which is not None and not _index_ok(which, which.shape[0]))):
+    if type(offsets) is not torch.Tensor or offsets.dim() != 1:
+        return None
+    lines = offsets.shape[0] - 1  # (the checks of _index_ok, the shape read once)
+    if (lines < 0 or offsets.dtype is not torch.long or not offsets.is_cpu
+            or not offsets.is_contiguous()):
         return None
     if which is None:
-        return offsets.data_ptr(), offsets.shape[0] - 1, None, offsets.shape[0] - 1
-    return offsets.data_ptr(), offsets.shape[0] - 1, which.data_ptr(), which.shape[0]
+        return offsets.data_ptr(), lines, None, lines
+    if not _index_ok(which, which.shape[0]):
+        return None
+    return offsets.data_ptr(), lines, which.data_ptr(), which.shape[0]
 
 
 def lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.Tensor,
@@ -1043,25 +1048,20 @@ def backward(op: str, mask: torch.Tensor, a: torch.Tensor, b: torch.Tensor | Non
         if index is None or not _index_ok(index, nnz, group=True):
             return None
         kernel, groups = kernel[index.dtype], n
-    per_element = {"x": x, "y": y}
-    per_group = {"a": a, "b": b, "c": c}
-    for name, t in per_group.items():
-        if t is not None:
-            if not _operand_ok(t, dtype, groups):
-                return None
-            per_group[name] = t.reshape(groups).contiguous()
+    operands = (x, y, a, b, c)
     for name in reads:
-        t = per_element.get(name, per_group.get(name))
-        if t is None:
+        if operands["xyabc".index(name)] is None:
             return None
-    for name, t in per_element.items():
+    vectors: list[torch.Tensor | None] = []  # (they keep the pointers' memory alive)
+    for t, numel in zip(operands, (nnz, nnz, groups, groups, groups)):
         if t is not None:
-            if not _operand_ok(t, dtype, nnz):
+            if not _operand_ok(t, dtype, numel):
                 return None
-            per_element[name] = t.reshape(nnz).contiguous()
-    tensors = [per_element["x"], per_element["y"], per_group["a"], per_group["b"],
-               per_group["c"]]
-    x_, y_, a_, b_, c_ = [None if t is None else t.data_ptr() for t in tensors]
+            if t.dim() != 1 or not t.is_contiguous():  # a vector as it is, else a copy
+                t = t.reshape(numel).contiguous()
+        vectors.append(t)
+    pointers = [None if t is None else t.data_ptr() for t in vectors]
+    x_, y_, a_, b_, c_ = pointers
     out = torch.empty(nnz, dtype=dtype)
     if kind == "lines":
         status = kernel(x_, y_, mask.data_ptr(), nnz, *lines, code, a_, b_, c_,
@@ -1070,8 +1070,9 @@ def backward(op: str, mask: torch.Tensor, a: torch.Tensor, b: torch.Tensor | Non
         shares = torch.empty(n if op == "ties" else 0, dtype=torch.float64)
         status = kernel(x_, y_, mask.data_ptr(), nnz, index.data_ptr(), code, a_, b_, c_,
                         shares.data_ptr(), out.data_ptr(), n)
-    _check(status, f"{what or op} backward", index=index if kind == "scatter" else None,
-           groups=n, offsets=offsets, which=which, size=nnz)
+    if status != 0:
+        _check(status, f"{what or op} backward", index=index if kind == "scatter" else None,
+               groups=n, offsets=offsets, which=which, size=nnz)
     return out
 
 

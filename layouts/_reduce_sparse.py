@@ -799,8 +799,10 @@ def masked_arg(storage: Storage, dims: tuple[int, ...], keepdim: bool, op: str,
             return NotImplemented
     elif at < 0:  # no element specified
         return NotImplemented
-    position = linearize([torch.tensor(c) for c in coords(storage, at)], storage.shape)
-    return get_layout("strided").build((), position, torch.tensor(True), ())
+    key = 0  # the row-major position (``linearize``'s key), of Python ints: one tensor
+    for c, n in zip(coords(storage, at), storage.shape):
+        key = key * n + c
+    return get_layout("strided").build((), torch.tensor(key), torch.tensor(True), ())
 
 
 def group_by(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> Grouping:

@@ -66,25 +66,32 @@ class _OnValues(_func.Function):
     # setup_context through ``box`` (a list), which is what torch.func transforms require.
     @staticmethod
     def forward(fn: Kernel, extra: tuple, box: list, *inputs: Any) -> Any:
-        from .ops._fill import carry_zero_fill  # ops import this module
-
-        storages, leaves = [], []
+        carry_zero_fill = _fill.carry_zero_fill
+        # ``requires_grad_of``: a MaskedTensor's property read would go through
+        # ``__torch_function__`` (the flags are kept for setup_context: box).
+        storages, leaves, flags = [], [], []
         for t in inputs:
+            wanted = requires_grad_of(t)
+            flags.append(wanted)
             if not isinstance(t, MaskedTensor):  # a plain operand: passed as a tensor
-                leaf = t.detach().requires_grad_() if t.requires_grad else t
-                if t.requires_grad:
+                leaf = t.detach().requires_grad_() if wanted else t
+                if wanted:
                     leaves.append(leaf)
                 storages.append(leaf)
                 continue
             s = t._storage
-            if t.requires_grad:
+            if wanted:
                 leaf = carry_zero_fill(s.values, s.values.detach().requires_grad_())
                 leaves.append(leaf)
                 s = s.with_values(leaf)
             storages.append(s)
-        with torch.enable_grad():
+        prev = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(True)  # torch.enable_grad(), without its Python layers
+        try:
             outs, is_tuple = _as_outputs(fn(storages, *extra))
-        box.append((outs, leaves))
+        finally:
+            torch._C._set_grad_enabled(prev)
+        box.append((outs, leaves, flags))
         wrapped = [_wrap(o.with_values(carry_zero_fill(o.values, o.values.detach())))
                    if isinstance(o, Storage) else o for o in outs]
         return tuple(wrapped) if is_tuple else wrapped[0]
@@ -92,15 +99,18 @@ class _OnValues(_func.Function):
     @staticmethod
     def setup_context(ctx, inputs: tuple, output: Any) -> None:
         box, tensors = inputs[2], inputs[3:]
-        ctx.outs, ctx.leaves = box.pop()
+        ctx.outs, ctx.leaves, flags = box.pop()
         ctx.fn, ctx.extra = inputs[0], inputs[1]
         # Note [Double backward]: the inputs themselves, to differentiate the backward again.
         ctx.tensors = None if _func.active() else tensors
-        ctx.inputs = [None if not t.requires_grad else t._storage if isinstance(t, MaskedTensor)
-                      else t for t in tensors]
-        ctx.mark_non_differentiable(*[o for o in (output if isinstance(output, tuple)
-                                                   else (output,))
-                                      if not isinstance(o, MaskedTensor)])
+        if ctx.tensors is None:  # a transform's level: its own flags, not forward's
+            flags = [requires_grad_of(t) for t in tensors]
+        ctx.inputs = [None if not wanted else t._storage if isinstance(t, MaskedTensor) else t
+                      for t, wanted in zip(tensors, flags)]
+        outs = output if isinstance(output, tuple) else (output,)
+        plain = [o for o in outs if not isinstance(o, MaskedTensor)]
+        if plain:
+            ctx.mark_non_differentiable(*plain)
 
     @staticmethod
     def backward(ctx, *grads: Any) -> Any:
@@ -143,9 +153,7 @@ class _OnValues(_func.Function):
 
 
 def _all_specified(mask: torch.Tensor) -> bool:
-    from .ops._fill import all_specified  # (ops import this module)
-
-    return all_specified(mask)
+    return _fill.all_specified(mask)
 
 
 def _backward_with_graph(fn: Kernel, extra: tuple, inputs: Sequence[Any],
@@ -278,3 +286,8 @@ def on_values(fn: Kernel, inputs: Sequence[MaskedTensor], *extra: Any) -> Any:
     if isinstance(out, tuple):
         return _wrap_outputs(out)
     return out
+
+
+# The fills live with the ops, which import this module: imported last, once (an import
+# inside each call costs about as much as the lookups it serves).
+from .ops import _fill  # noqa: E402

@@ -157,7 +157,8 @@ class Function(torch.autograd.Function):
     def apply(cls, *args: Any) -> Any:
         if torch._C._are_functorch_transforms_active():
             return super().apply(*args)  # torch.func's custom_function_call
-        # torch._C._FunctionBase's apply, as torch's own does after the binding
+        # torch._C._FunctionBase's apply, as torch's own does after the binding (kept as
+        # torch writes it: torch.compile traces this line)
         return super(torch.autograd.Function, cls).apply(*unwrap_dead_wrappers(args))
 
 

@@ -222,15 +222,31 @@ class MaskedTensor(torch.Tensor):
 
     @_storage.setter
     def _storage(self, storage: Storage) -> None:
-        self.__dict__.pop("_data_of", None)  # the old storage's data tensor: free it
-        self._cached = storage
-        self._layout = storage.layout
-        self._shape = storage.shape
-        self._values = storage.values
-        self._mask = storage.mask
-        self._nindex = len(storage.index)
-        for i, t in enumerate(storage.index):
-            setattr(self, f"_index{i}", t)
+        attrs = self.__dict__
+        attrs.pop("_data_of", None)  # the old storage's data tensor: free it
+        _set_storage(attrs, storage)
+
+
+def _set_storage(attrs: dict, storage: Storage) -> None:
+    """Write ``storage`` into a MaskedTensor's ``__dict__`` (Note [Storage attributes]):
+    none of these names is a data descriptor of ``torch.Tensor``, so this is what setting
+    each attribute does, without the attribute lookups (``_wrap`` runs it for every op)."""
+    index = storage.index
+    attrs["_cached"] = storage
+    attrs["_layout"] = storage.layout
+    attrs["_shape"] = storage.shape
+    attrs["_values"] = storage.values
+    attrs["_mask"] = storage.mask
+    attrs["_nindex"] = len(index)
+    if len(index) > len(_INDEX_NAMES):
+        for i, t in enumerate(index):
+            attrs[f"_index{i}"] = t
+        return
+    for name, t in zip(_INDEX_NAMES, index):
+        attrs[name] = t
+
+
+_INDEX_NAMES = tuple(f"_index{i}" for i in range(8))
 
 
 @torch.compiler.disable
@@ -291,11 +307,10 @@ def _wrap(storage: Storage, requires_grad: bool = False) -> MaskedTensor:
         # the wrapper is built outside the graph, whole (never half-built across a break).
         return _wrap_outside_graph(storage, requires_grad)
     values = storage.values
-    strides = values.stride() if not storage.index else None
     out = torch.Tensor._make_wrapper_subclass(
-        MaskedTensor, storage.shape, strides=strides, dtype=values.dtype, device=values.device,
-        requires_grad=requires_grad)
-    out._storage = storage
+        MaskedTensor, storage.shape, strides=None if storage.index else values.stride(),
+        dtype=values.dtype, device=values.device, requires_grad=requires_grad)
+    _set_storage(out.__dict__, storage)  # a new wrapper: no old data tensor to free
     return out
 
 

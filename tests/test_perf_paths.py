@@ -13,6 +13,11 @@
 - ``safe_root`` without a gradient takes the plain root; values must be the guarded ones.
 - Note [Reducing along lines]: few stored elements are summed by ``segment_reduce``, many
   by torch's CSR sum; both must give the dense reference.
+- ``torch.ones_like`` / ``zeros_like`` of a MaskedTensor are answered in
+  ``__torch_function__``; they must give what the aten route gives (values, dtype, the same
+  mask and index objects, ``requires_grad``, inference tensors).
+- ``_OnValues`` reads each input's ``requires_grad`` once; an input that does not require
+  grad, next to one that does, must get no gradient.
 """
 
 from __future__ import annotations
@@ -300,3 +305,43 @@ def test_safe_root_without_grad_matches_the_guarded_root(p, dtype):
     torch.testing.assert_close(plain, guarded, rtol=0, atol=0, equal_nan=True)
     want = torch.where(s == 0, torch.zeros((), dtype=dtype), s.pow(1.0 / p))
     torch.testing.assert_close(plain, want, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("like", ["ones_like", "zeros_like"])
+@pytest.mark.parametrize("kwargs", [{}, {"dtype": torch.float32}, {"requires_grad": True},
+                                    {"dtype": torch.float64, "layout": torch.strided}],
+                         ids=["plain", "dtype", "requires_grad", "layout"])
+def test_values_like_above_matches_the_aten_route(layout, like, kwargs):
+    mt, _, mask = make_masked((4, 6), layout, torch.float64, seed=6)
+    got = getattr(torch, like)(mt, **kwargs)
+    aten_kwargs = {k: v for k, v in kwargs.items() if k != "requires_grad"}
+    expected = getattr(torch.ops.aten, like).default(mt, **aten_kwargs)
+    assert isinstance(got, ms.MaskedTensor) and got.layout == layout
+    assert got.dtype == expected.dtype == kwargs.get("dtype", torch.float64)
+    assert got.requires_grad == kwargs.get("requires_grad", False) and got.is_leaf
+    s, e = got._storage, expected._storage
+    assert s.mask is mt._storage.mask and all(a is b for a, b in zip(s.index, mt._storage.index))
+    assert torch.equal(s.values, e.values)
+    assert torch.equal(s.values, torch.full_like(e.values, 1 if like == "ones_like" else 0))
+    assert_masked_equal(got.detach(), torch.full((4, 6), 1.0 if like == "ones_like" else 0.0,
+                                                 dtype=got.dtype), mask)
+    with torch.inference_mode():
+        assert getattr(torch, like)(mt).is_inference()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("which", ["masked", "plain"])
+def test_on_values_gradient_only_for_inputs_that_require_it(layout, which):
+    a, data, mask = make_masked((4, 5), layout, torch.float64, seed=7)
+    w = torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    a = a.clone().requires_grad_() if which == "masked" else a
+    w = w.clone().requires_grad_() if which == "plain" else w
+    out = a @ w  # one masked op (on_values) over a MaskedTensor and a plain operand
+    grad = torch.autograd.grad(out.to_tensor(0).sum(), a if which == "masked" else w)[0]
+    filled = torch.where(mask, data, torch.zeros((), dtype=data.dtype))
+    if which == "masked":
+        assert_masked_equal(grad, w.sum(1).expand(4, 5), mask)
+    else:
+        torch.testing.assert_close(grad, filled.T @ torch.ones(4, 3, dtype=torch.float64))
+    assert (w if which == "masked" else a).grad is None

@@ -118,6 +118,8 @@ def carry_zero_fill(source: torch.Tensor, alias: torch.Tensor) -> torch.Tensor:
     >>> is_zero_filled(carry_zero_fill(x, x.detach()), m)
     True
     """
+    if not _ZERO_FILLED:  # (nothing tagged: no lookup, which builds a weak reference)
+        return alias
     tag = _ZERO_FILLED.get(source)
     if tag is not None and tag[1] == source._version and not torch.compiler.is_dynamo_compiling():
         _ZERO_FILLED[alias] = (tag[0], alias._version)

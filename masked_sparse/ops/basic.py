@@ -106,6 +106,17 @@ def _values_like(op: Any, mt: MaskedTensor, *args: Any, **kwargs: Any) -> Masked
     return _wrap(s.with_values(op(s.values, *args, **kwargs)))
 
 
+@implements(torch.ones_like, torch.zeros_like)
+def _values_like_above(op: Any, mt: MaskedTensor, *args: Any, requires_grad: bool = False,
+                       **kwargs: Any) -> MaskedTensor:
+    """``torch.ones_like(mt)`` / ``zeros_like``, answered in ``__torch_function__`` as the
+    aten route answers it (:func:`_values_like`) without the dispatcher's round trip: a
+    training step makes one per backward (``out.backward(torch.ones_like(out))``)."""
+    s = mt._storage
+    kwargs.pop("layout", None)
+    return _wrap(s.with_values(op(s.values, *args, **kwargs)), requires_grad)
+
+
 @implements(aten._to_copy.default)
 def _to_copy(op: Any, mt: MaskedTensor, **kwargs: Any) -> MaskedTensor:
     s = mt._storage

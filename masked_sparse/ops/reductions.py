@@ -309,9 +309,11 @@ def _summing(op: Any, *args: Any, **kwargs: Any) -> Any:
     name = op_name(op)
     a = A.bind(A.sig_sum, args, kwargs, name)
     mt = a["input"]
-    dims = A.normalize_dims(a["dim"], ndim_of(mt), name)
-    dtype = A.result_dtype(getattr(torch, name), dtype_of(mt),
-                           dtype=A.check_dtype(a["dtype"], name))
+    s = mt._storage
+    dims = A.normalize_dims(a["dim"], len(s.shape), name)
+    wanted = A.check_dtype(a["dtype"], name)
+    dtype = A.result_dtype(getattr(torch, name), s.values.dtype,
+                           **({} if wanted is None else {"dtype": wanted}))
     kernel = k_mean if name.endswith("mean") else k_sum
     dtype, narrow = accumulate(dtype)
     return run(op, name, kernel, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), dtype,
@@ -328,10 +330,13 @@ def _prod(op: Any, *args: Any, **kwargs: Any) -> Any:
                dtype)
 
 
-def _check_real(mt: MaskedTensor, op: str) -> None:
-    if dtype_of(mt).is_complex:
+def _check_real(mt: MaskedTensor, op: str) -> int:
+    """Refuse a complex ``mt``; its number of dims (read with its dtype, one storage read)."""
+    s = mt._storage
+    if s.values.dtype.is_complex:
         raise TypeError(f"{op}(): complex MaskedTensors have no order; reduce .abs() or "
                         f".real instead")
+    return len(s.shape)
 
 
 @implements(torch.amax, torch.Tensor.amax, aten.amax.default,
@@ -340,8 +345,7 @@ def _extreme(op: Any, *args: Any, **kwargs: Any) -> Any:
     name = op_name(op)
     a = A.bind(A.sig_amax, args, kwargs, name)
     mt = a["input"]
-    _check_real(mt, name)
-    dims = A.normalize_dims(a["dim"], ndim_of(mt), name)
+    dims = A.normalize_dims(a["dim"], _check_real(mt, name), name)
     return run(op, name, k_extreme, mt, dims, A.check_bool(a["keepdim"], "keepdim", name), name)
 
 
@@ -376,8 +380,8 @@ def _arg(op: Any, *args: Any, **kwargs: Any) -> Any:
     name = op_name(op)
     a = A.bind(A.sig_dim, args, kwargs, name)
     mt = a["input"]
-    _check_real(mt, name)
-    dims = tuple(range(ndim_of(mt))) if a["dim"] is None else A.one_dim(a["dim"], ndim_of(mt), name)
+    ndim = _check_real(mt, name)
+    dims = tuple(range(ndim)) if a["dim"] is None else A.one_dim(a["dim"], ndim, name)
     return run(op, name, k_arg, mt, dims, A.check_bool(a["keepdim"], "keepdim", name),
                "a" + name[3:], False)
 
@@ -450,11 +454,13 @@ def _var(op: Any, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"{name}(): pass either unbiased or correction, not both")
     if correction is None:
         correction = 1 if unbiased is None else int(A.check_bool(unbiased, "unbiased", name))
-    A.result_dtype(torch.var, dtype_of(mt))  # torch's dtype check (floating / complex only)
-    dims = A.normalize_dims(dim, ndim_of(mt), name)
+    s = mt._storage
+    dtype = s.values.dtype
+    A.result_dtype(torch.var, dtype)  # torch's dtype check (floating / complex only)
+    dims = A.normalize_dims(dim, len(s.shape), name)
     return run(op, name, k_var, mt, dims, A.check_bool(a["keepdim"], "keepdim", name),
                float(correction), name.startswith("std"), name.endswith("_mean"),
-               narrow=accumulate(dtype_of(mt))[1])
+               narrow=accumulate(dtype)[1])
 
 
 @implements(torch.logsumexp, torch.Tensor.logsumexp, torch.special.logsumexp,

@@ -42,22 +42,20 @@ class _Binder:
         self.positional = tuple(p.name for p in params
                                 if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
         self.names = frozenset(p.name for p in params)
-        self.defaults = tuple((p.name, p.default) for p in params
-                              if p.default is not inspect.Parameter.empty)
+        self.defaults = {p.name: p.default for p in params
+                         if p.default is not inspect.Parameter.empty}
 
     def bind(self, args: tuple, kwargs: dict) -> dict[str, Any] | None:
         """The bound arguments with defaults applied, or None to let ``inspect`` decide."""
         if len(args) > len(self.positional):
             return None
-        out = dict(zip(self.positional, args))
+        given = dict(zip(self.positional, args))
         for k, v in kwargs.items():
             k = _ALIASES.get(k, k)
-            if k in out or k not in self.names:
+            if k in given or k not in self.names:
                 return None
-            out[k] = v
-        for k, v in self.defaults:
-            if k not in out:
-                out[k] = v
+            given[k] = v
+        out = {**self.defaults, **given}  # (a missing required argument: one name short)
         return out if len(out) == len(self.names) else None
 
 

@@ -29,7 +29,6 @@ import torch.nn.functional as F
 from layouts import Grouping, Storage
 
 from .._registry import implements, op_name
-from .._tensor import dtype_of, ndim_of
 from . import reductions_args as A
 from ._fill import mark_zero_filled, zero_fill
 from .reductions import accumulate, run, source
@@ -46,6 +45,10 @@ def k_softmax(g: Grouping, dtype: torch.dtype | None, log: bool) -> Storage:
 
 aten = torch.ops.aten
 
+#: the signatures other than ``torch.softmax``'s that the handler binds
+_SIGNATURES = {F.softmax: A.sig_functional_softmax, F.log_softmax: A.sig_functional_softmax,
+               aten._softmax.default: A.sig_aten_softmax,
+               aten._log_softmax.default: A.sig_aten_softmax}
 
 @implements(torch.softmax, torch.Tensor.softmax, torch.special.softmax, aten.softmax.int,
             F.softmax, aten._softmax.default,
@@ -53,26 +56,22 @@ aten = torch.ops.aten
             aten.log_softmax.int, F.log_softmax, aten._log_softmax.default)
 def _softmax(op: Any, *args: Any, **kwargs: Any) -> Any:
     name = op_name(op).lstrip("_")
-    if op in (F.softmax, F.log_softmax):
-        sig = A.sig_functional_softmax
-    elif op in (aten._softmax.default, aten._log_softmax.default):
-        sig = A.sig_aten_softmax
-    else:
-        sig = A.sig_softmax
-    a = A.bind(sig, args, kwargs, name)
+    a = A.bind(_SIGNATURES.get(op, A.sig_softmax), args, kwargs, name)
     mt = a["input"]
+    s = mt._storage
+    ndim = len(s.shape)
     dim = a["dim"]
     if dim is None:  # F.softmax's legacy implicit dim (torch warns there too)
-        dim = F._get_softmax_dim(name, ndim_of(mt), 3)
+        dim = F._get_softmax_dim(name, ndim, 3)
     if "half_to_float" in a:
         dtype = torch.float32 if a["half_to_float"] else None
     else:
         dtype = A.check_dtype(a["dtype"], name)
-    compute = dtype or dtype_of(mt)
+    compute = dtype or s.values.dtype
     if not (compute.is_floating_point or compute.is_complex):
         raise TypeError(f"{name}(): expected a floating point MaskedTensor, got {compute}; "
                         f"pass dtype=torch.float32")
-    dims = A.one_dim(dim, ndim_of(mt), name)
+    dims = A.one_dim(dim, ndim, name)
     wide, narrow = accumulate(compute)  # Note [Half precision accumulates in float32]
     return run(op, name, k_softmax, mt, dims, True, wide if narrow else dtype,
                name == "log_softmax", narrow=narrow)
