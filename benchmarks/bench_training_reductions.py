@@ -30,6 +30,7 @@ import torch  # noqa: E402
 from torch.utils.benchmark import Timer  # noqa: E402
 
 import masked_sparse as ms  # noqa: E402
+from benchmarks import harness  # noqa: E402, F401  (Note [Allocator noise])
 
 OPS: dict[str, Any] = {
     "sum": lambda x, d: x.sum(d),

@@ -53,6 +53,37 @@ from torch.utils.benchmark import Timer
 
 Fn = Callable[[], Any]
 CORE_BASELINES = ("floor", "torch.masked", "numpy.ma")
+
+
+def keep_freed_memory() -> bool:
+    """Note [Allocator noise]
+    ~~~~~~~~~~~~~~~~~~~~~~~~
+    glibc's malloc hands freed memory at the top of its heap back to the system and serves
+    large blocks from fresh mappings, whose pages fault on first touch; which of the two a
+    step's temporaries get depends on what ran before in the process (an optimizer step
+    after other cases measured twice as slow, with hundreds of page faults per step, on
+    either side of a comparison, whichever side it happened to). The benchmarks switch both
+    off once (``mallopt``: no trimming, a fixed mmap threshold of 32 MiB), so that each side
+    reuses the memory it freed, as jemalloc and tcmalloc do. A benchmark setting of this
+    process only: the library changes no allocator setting. Where the environment sets
+    glibc's own ``MALLOC_*_THRESHOLD_`` (``benchmarks/memory.py``'s children, which must
+    see freed memory go back), it is left alone. Returns whether it applied.
+    """
+    if not sys.platform.startswith("linux") or any(
+            k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's malloc.h
+    return bool(libc.mallopt(m_trim_threshold, 1 << 30) and
+                libc.mallopt(m_mmap_threshold, 1 << 25))
+
+
+keep_freed_memory()
 TIME = "time"  # the target key of an absolute limit (seconds): Note [Absolute targets]
 
 
