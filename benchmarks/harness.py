@@ -65,12 +65,14 @@ def keep_freed_memory() -> bool:
     either side of a comparison, whichever side it happened to). The benchmarks switch both
     off once (``mallopt``: no trimming, a fixed mmap threshold of 32 MiB), so that each side
     reuses the memory it freed, as jemalloc and tcmalloc do. A benchmark setting of this
-    process only: the library changes no allocator setting. Where the environment sets
-    glibc's own ``MALLOC_*_THRESHOLD_`` (``benchmarks/memory.py``'s children, which must
-    see freed memory go back), it is left alone. Returns whether it applied.
+    process only, made when the benchmarks are imported outside pytest: the library, and the
+    test suite (which imports the benchmarks to smoke-test them), keep glibc's defaults.
+    Where the environment sets glibc's own ``MALLOC_*_THRESHOLD_`` (``benchmarks/memory.py``'s
+    children, which must see freed memory go back), it is left alone. Returns whether it
+    applied.
     """
-    if not sys.platform.startswith("linux") or any(
-            k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")):
+    if (not sys.platform.startswith("linux") or "pytest" in sys.modules or any(
+            k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"))):
         return False
     import ctypes
 
