@@ -1439,6 +1439,92 @@ TIES_LINE(f32)
 #else
 #define TIES_LINE_OR_LOOP(T)
 #endif
+/* BW_EXPAND (out[j] = m[j] ? a[its line] : +0.0) along lines with AVX-512 as one pass over
+ * the elements, W at a time, instead of a loop per line: a sparse matrix's lines are a few
+ * dozen elements of ragged length, and per line the loop's setup and scalar tail (its
+ * length changing from line to line, so its branches mispredict) cost more than the
+ * stores. A step takes its line's value, and where a line ends inside the step, the next
+ * line's from that lane on (a blend): without a branch while the lines are at least a step
+ * long; a step that holds more than one line end is redone by a loop. Applies where the
+ * listed lines tile 0 .. n in order (checked first, a pass over the lines); returns 1
+ * where they do not (the per-line loop then runs, and reports bad bounds). The same
+ * values as the per-line loop. */
+#if VECTOR
+#define LINE_END(i) offsets[(lines ? lines[i] : (i)) + 1]
+/* (in expand_stream) the line after line i: where it ends and its value, or n and line
+ * i's own past the last line; then moving on to it */
+#define EXPAND_AFTER(T)                                                                  \
+    do {                                                                                 \
+        const int64_t k_ = i + 1 < nlines ? i + 1 : i;                                   \
+        after = i + 1 < nlines ? LINE_END(k_) : n, nv = VOP(T, set1)(a[k_]);             \
+    } while (0)
+#define EXPAND_NEXT_LINE(T)                                                              \
+    do {                                                                                 \
+        if (i + 1 < nlines) {                                                            \
+            i++, next = after, av = nv;                                                  \
+            EXPAND_AFTER(T);                                                             \
+        }                                                                                \
+    } while (0)
+#define EXPAND_STREAM(T)                                                                 \
+    static int expand_stream_##T(const uint8_t *m, int64_t n, const int64_t *offsets,    \
+                                 int64_t nlines_all, const int64_t *lines,               \
+                                 int64_t nlines, const T *a, T *restrict out) {          \
+        enum { W = SCAN_W_##T };                                                         \
+        const unsigned full = (1u << W) - 1;                                             \
+        int64_t end = 0;                                                                 \
+        for (int64_t i = 0; i < nlines; i++) { /* the lines tile 0 .. n, none empty */   \
+            const uint64_t r = lines ? (uint64_t)lines[i] : (uint64_t)i;                 \
+            if (r >= (uint64_t)nlines_all || offsets[r] != end || offsets[r + 1] <= end) \
+                return 1;                                                                \
+            end = offsets[r + 1];                                                        \
+        }                                                                                \
+        if (nlines == 0 || end != n) return 1;                                           \
+        /* line i holds element j and ends at next; the line after it ends at after (read a \
+         * step ahead: the loads stay off the chain from one step to the next) */          \
+        int64_t i = 0, next = LINE_END(0), after = nlines > 1 ? LINE_END(1) : n, j = 0;  \
+        VEC_##T av = VOP(T, set1)(a[0]), nv = VOP(T, set1)(a[nlines > 1 ? 1 : 0]);       \
+        for (; j + W <= n; j += W) {                                                     \
+            const int64_t sh = next - j; /* >= 1: the lane where line i ends */           \
+            const __mmask16 spec = mask_bits_at(m + j, W);                               \
+            if (sh >= W) { /* no line end inside this step: line i's value */             \
+                VOP(T, storeu)(out + j, VOP(T, maskz_mov)(spec, av));                    \
+                if (sh == W) EXPAND_NEXT_LINE(T); /* line i ends with this step */       \
+                continue;                                                                \
+            }                                                                            \
+            if (after > j + W) { /* one line end inside: blend, then the next line */     \
+                const __mmask16 from = (__mmask16)((full << sh) & full);                 \
+                VOP(T, storeu)(out + j, VOP(T, maskz_mov)(spec, VOP(T, mask_mov)(av, from, nv))); \
+                EXPAND_NEXT_LINE(T);                                                     \
+                continue;                                                                \
+            }                                                                            \
+            /* several line ends in this step (lines shorter than a step) */             \
+            VEC_##T vals = av;                                                           \
+            int64_t ii = i, nx = next;                                                   \
+            while (nx < j + W && ii + 1 < nlines) {                                      \
+                ii++;                                                                    \
+                vals = VOP(T, mask_mov)(vals, (__mmask16)((full << (nx - j)) & full),     \
+                                        VOP(T, set1)(a[ii]));                            \
+                nx = LINE_END(ii);                                                       \
+            }                                                                            \
+            VOP(T, storeu)(out + j, VOP(T, maskz_mov)(spec, vals));                      \
+            while (nx <= j + W && ii + 1 < nlines) nx = LINE_END(++ii);                  \
+            i = ii, next = nx, av = VOP(T, set1)(a[ii]);                                 \
+            EXPAND_AFTER(T);                                                             \
+        }                                                                                \
+        for (; j < n; j++) { /* the last, partial step */                                \
+            while (next <= j && i + 1 < nlines) next = LINE_END(++i);                    \
+            out[j] = keep_##T(a[i], m[j], 0);                                            \
+        }                                                                                \
+        return 0;                                                                        \
+    }
+EXPAND_STREAM(f64)
+EXPAND_STREAM(f32)
+#define EXPAND_STREAM_OR_LOOP(T)                                                         \
+    if (op == BW_EXPAND && expand_stream_##T(m, n, offsets, nlines_all, lines, nlines, a, out) == 0) \
+        return 0;
+#else
+#define EXPAND_STREAM_OR_LOOP(T)
+#endif
 #define BW_LINE(j) a_
 #define BW_LINE_B(j) b_
 #define BW_LINE_C(j) c_
@@ -1457,6 +1543,7 @@ TIES_LINE(f32)
                               const T *b, const T *c, T *restrict out) {                 \
         if (op < BW_EXPAND || op > BW_TIES) return -1;                                   \
         if (offsets[0] != 0 || offsets[nlines_all] != n) return -1;                      \
+        EXPAND_STREAM_OR_LOOP(T)                                                         \
         for (int64_t i = 0; i < nlines; i++) {                                           \
             LINE_BOUNDS(i, lo, hi);                                                      \
             const T a_ = a[i], b_ = b ? b[i] : 0, c_ = c ? c[i] : 0;                     \
