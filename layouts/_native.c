@@ -1396,49 +1396,6 @@ static inline void exps_in_place(double *xs, int c) {
 #else
 #define LINES_BACKWARD_WIDTH
 #endif
-/* BW_TIES along one line with AVX-512 (the compiler's loop for it, which counts the ties
- * while it writes, ran at half the speed of the others): 16 or 8 elements a step, the
- * step's mask bytes tested into mask bits, the values loaded and compared under them, a
- * where they tie stored whole, +0.0 elsewhere (masked loads and a masked store past the
- * line's end: no scalar tail); then a / t over the ties where the line has t > 1. The
- * same values as the portable loop. */
-#if VECTOR
-#define TIES_LINE(T)                                                                     \
-    static inline __attribute__((always_inline)) void ties_line_##T(                    \
-        const T *x, const uint8_t *m, int64_t lo, int64_t hi, T a_, T b_, T *out) {      \
-        enum { W = SCAN_W_##T };                                                         \
-        const VEC_##T bv = VOP(T, set1)(b_);                                             \
-        T share = a_;                                                                    \
-        int64_t t = 0;                                                                   \
-        for (int pass = 0; pass < 2; pass++) {                                           \
-            const VEC_##T av = VOP(T, set1)(share);                                      \
-            int64_t j = lo;                                                              \
-            for (; j + W <= hi; j += W) {                                                \
-                __mmask16 specified = mask_bits_at(m + j, W);                            \
-                __mmask16 hits = SCAN_CMP_##T(specified, VOP(T, loadu)(x + j), bv,       \
-                                              _CMP_EQ_OQ);                               \
-                t += pass ? 0 : __builtin_popcount(hits);                                \
-                VOP(T, storeu)(out + j, VOP(T, maskz_mov)(hits, av));                    \
-            }                                                                            \
-            for (; j < hi; j++) { /* (masked stores cost more than this scalar tail) */  \
-                uint8_t hit = (uint8_t)((m[j] != 0) & (x[j] == b_));                     \
-                t += pass ? 0 : hit;                                                     \
-                out[j] = keep_##T(share, hit, 0);                                        \
-            }                                                                            \
-            if (t <= 1) return;                                                          \
-            share = a_ / (T)t;                                                           \
-        }                                                                                \
-    }
-TIES_LINE(f64)
-TIES_LINE(f32)
-#define TIES_LINE_OR_LOOP(T)                                                             \
-    if (op == BW_TIES) {                                                                 \
-        ties_line_##T(x, m, lo, hi, a_, b_, out);                                        \
-        continue;                                                                        \
-    }
-#else
-#define TIES_LINE_OR_LOOP(T)
-#endif
 /* BW_EXPAND (out[j] = m[j] ? a[its line] : +0.0) along lines with AVX-512 as one pass over
  * the elements, W at a time, instead of a loop per line: a sparse matrix's lines are a few
  * dozen elements of ragged length, and per line the loop's setup and scalar tail (its
@@ -1519,8 +1476,96 @@ TIES_LINE(f32)
     }
 EXPAND_STREAM(f64)
 EXPAND_STREAM(f32)
+
+/* BW_TIES along lines the same way (amax / amin: a at the specified elements equal to the
+ * line's extreme b, +0.0 elsewhere; a / t at each where a line has t > 1 ties): one pass of
+ * steps, each comparing with its line's b (blended where a line ends inside it), counting
+ * each line's ties; a line found with several is rewritten at its end with the share, as
+ * the per-line loop does. */
+#define TIES_AFTER(T)                                                                    \
+    do {                                                                                 \
+        const int64_t k_ = i + 1 < nlines ? i + 1 : i;                                   \
+        after = i + 1 < nlines ? LINE_END(k_) : n;                                       \
+        nv = VOP(T, set1)(a[k_]), nb = VOP(T, set1)(b[k_]);                              \
+    } while (0)
+#define TIES_END_OF_LINE(T) /* line i is written: split it among its ties, move on */    \
+    do {                                                                                 \
+        if (t > 1) {                                                                     \
+            const T share = a[i] / (T)t, b_ = b[i];                                      \
+            for (int64_t q = start; q < next; q++)                                       \
+                out[q] = keep_##T(share, (m[q] != 0) & (x[q] == b_), 0);                 \
+        }                                                                                \
+        if (i + 1 < nlines) {                                                            \
+            start = next, i++, next = after, av = nv, bv = nb, t = 0;                    \
+            TIES_AFTER(T);                                                               \
+        }                                                                                \
+    } while (0)
+#define TIES_STREAM(T)                                                                   \
+    static int ties_stream_##T(const T *x, const uint8_t *m, int64_t n,                  \
+                               const int64_t *offsets, int64_t nlines_all,               \
+                               const int64_t *lines, int64_t nlines, const T *a,         \
+                               const T *b, T *restrict out) {                            \
+        enum { W = SCAN_W_##T };                                                         \
+        const unsigned full = (1u << W) - 1;                                             \
+        int64_t end = 0;                                                                 \
+        for (int64_t i = 0; i < nlines; i++) { /* the lines tile 0 .. n, none empty */   \
+            const uint64_t r = lines ? (uint64_t)lines[i] : (uint64_t)i;                 \
+            if (r >= (uint64_t)nlines_all || offsets[r] != end || offsets[r + 1] <= end) \
+                return 1;                                                                \
+            end = offsets[r + 1];                                                        \
+        }                                                                                \
+        if (nlines == 0 || end != n) return 1;                                           \
+        int64_t i = 0, start = 0, next = LINE_END(0), after = 0, t = 0, j = 0;           \
+        VEC_##T av = VOP(T, set1)(a[0]), bv = VOP(T, set1)(b[0]), nv, nb;                \
+        TIES_AFTER(T);                                                                   \
+        for (; j + W <= n; j += W) {                                                     \
+            const int64_t sh = next - j; /* >= 1: the lane where line i ends */           \
+            const __mmask16 spec = mask_bits_at(m + j, W);                               \
+            const VEC_##T v = VOP(T, loadu)(x + j);                                      \
+            if (sh >= W) { /* no line end inside this step */                            \
+                const __mmask16 hits = SCAN_CMP_##T(spec, v, bv, _CMP_EQ_OQ);            \
+                t += __builtin_popcount(hits);                                           \
+                VOP(T, storeu)(out + j, VOP(T, maskz_mov)(hits, av));                    \
+                if (sh == W) TIES_END_OF_LINE(T);                                        \
+                continue;                                                                \
+            }                                                                            \
+            if (after > j + W) { /* one line end inside: blend, count on both sides */   \
+                const __mmask16 from = (__mmask16)((full << sh) & full);                 \
+                const __mmask16 hits = SCAN_CMP_##T(spec, v, VOP(T, mask_mov)(bv, from, nb), \
+                                                    _CMP_EQ_OQ);                         \
+                VOP(T, storeu)(out + j, VOP(T, maskz_mov)(hits, VOP(T, mask_mov)(av, from, nv))); \
+                t += __builtin_popcount(hits & ~from & full);                            \
+                TIES_END_OF_LINE(T);                                                     \
+                t = __builtin_popcount(hits & from);                                     \
+                continue;                                                                \
+            }                                                                            \
+            for (int64_t q = j; q < j + W; q++) { /* several line ends: element by element */ \
+                while (next <= q) TIES_END_OF_LINE(T);                                   \
+                const uint8_t hit = (uint8_t)((m[q] != 0) & (x[q] == b[i]));             \
+                t += hit;                                                                \
+                out[q] = keep_##T(a[i], hit, 0);                                         \
+            }                                                                            \
+            if (next == j + W) TIES_END_OF_LINE(T);                                      \
+        }                                                                                \
+        for (; j < n; j++) { /* the last, partial step */                                \
+            while (next <= j) TIES_END_OF_LINE(T);                                       \
+            const uint8_t hit = (uint8_t)((m[j] != 0) & (x[j] == b[i]));                 \
+            t += hit;                                                                    \
+            out[j] = keep_##T(a[i], hit, 0);                                             \
+        }                                                                                \
+        if (t > 1) { /* the last line */                                                 \
+            const T share = a[i] / (T)t, b_ = b[i];                                      \
+            for (int64_t q = start; q < next; q++)                                       \
+                out[q] = keep_##T(share, (m[q] != 0) & (x[q] == b_), 0);                 \
+        }                                                                                \
+        return 0;                                                                        \
+    }
+TIES_STREAM(f64)
+TIES_STREAM(f32)
 #define EXPAND_STREAM_OR_LOOP(T)                                                         \
     if (op == BW_EXPAND && expand_stream_##T(m, n, offsets, nlines_all, lines, nlines, a, out) == 0) \
+        return 0;                                                                        \
+    if (op == BW_TIES && ties_stream_##T(x, m, n, offsets, nlines_all, lines, nlines, a, b, out) == 0) \
         return 0;
 #else
 #define EXPAND_STREAM_OR_LOOP(T)
@@ -1547,7 +1592,6 @@ EXPAND_STREAM(f32)
         for (int64_t i = 0; i < nlines; i++) {                                           \
             LINE_BOUNDS(i, lo, hi);                                                      \
             const T a_ = a[i], b_ = b ? b[i] : 0, c_ = c ? c[i] : 0;                     \
-            TIES_LINE_OR_LOOP(T)                                                         \
             if (op == BW_TIES) { /* a_ at the ties, then a_ / t where t > 1 (a_ / 1 is a_) */ \
                 int32_t t = 0;                                                           \
                 for (int64_t j = lo; j < hi; j++) {                                      \

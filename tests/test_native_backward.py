@@ -88,7 +88,10 @@ def _call(op, mask, a, b, c, x, y, **where):
                            c=c if op == "dev+c" else None, **where)
 
 
-sizes = st.lists(st.integers(0, 300) | st.integers(256, 1000), min_size=1, max_size=10)
+# a few lines of any length, or many short ones (several line ends in one vector step of
+# the one-pass kernels, Note in _native.c's BW_EXPAND section)
+sizes = (st.lists(st.integers(0, 300) | st.integers(256, 1000), min_size=1, max_size=10)
+         | st.lists(st.integers(0, 40), min_size=1, max_size=200))
 densities = st.sampled_from([0.0, 0.5, 0.9, 1.0])
 specials = st.sampled_from([0.0, 0.15])
 
