@@ -1408,6 +1408,18 @@ static inline void exps_in_place(double *xs, int c) {
  * values as the per-line loop. */
 #if VECTOR
 #define LINE_END(i) offsets[(lines ? lines[i] : (i)) + 1]
+/* True where the listed lines (every line where `lines` is NULL) are non-empty and tile
+ * the elements 0 .. n in order: what the one-pass kernels below read them as. */
+static int lines_tile(int64_t n, const int64_t *offsets, int64_t nlines_all,
+                      const int64_t *lines, int64_t nlines) {
+    int64_t end = 0;
+    for (int64_t i = 0; i < nlines; i++) {
+        const uint64_t r = lines ? (uint64_t)lines[i] : (uint64_t)i;
+        if (r >= (uint64_t)nlines_all || offsets[r] != end || offsets[r + 1] <= end) return 0;
+        end = offsets[r + 1];
+    }
+    return nlines > 0 && end == n;
+}
 /* (in expand_stream) the line after line i: where it ends and its value, or n and line
  * i's own past the last line; then moving on to it */
 #define EXPAND_AFTER(T)                                                                  \
@@ -1428,14 +1440,7 @@ static inline void exps_in_place(double *xs, int c) {
                                  int64_t nlines, const T *a, T *restrict out) {          \
         enum { W = SCAN_W_##T };                                                         \
         const unsigned full = (1u << W) - 1;                                             \
-        int64_t end = 0;                                                                 \
-        for (int64_t i = 0; i < nlines; i++) { /* the lines tile 0 .. n, none empty */   \
-            const uint64_t r = lines ? (uint64_t)lines[i] : (uint64_t)i;                 \
-            if (r >= (uint64_t)nlines_all || offsets[r] != end || offsets[r + 1] <= end) \
-                return 1;                                                                \
-            end = offsets[r + 1];                                                        \
-        }                                                                                \
-        if (nlines == 0 || end != n) return 1;                                           \
+        if (!lines_tile(n, offsets, nlines_all, lines, nlines)) return 1;                \
         /* line i holds element j and ends at next; the line after it ends at after (read a \
          * step ahead: the loads stay off the chain from one step to the next) */          \
         int64_t i = 0, next = LINE_END(0), after = nlines > 1 ? LINE_END(1) : n, j = 0;  \
@@ -1507,14 +1512,7 @@ EXPAND_STREAM(f32)
                                const T *b, T *restrict out) {                            \
         enum { W = SCAN_W_##T };                                                         \
         const unsigned full = (1u << W) - 1;                                             \
-        int64_t end = 0;                                                                 \
-        for (int64_t i = 0; i < nlines; i++) { /* the lines tile 0 .. n, none empty */   \
-            const uint64_t r = lines ? (uint64_t)lines[i] : (uint64_t)i;                 \
-            if (r >= (uint64_t)nlines_all || offsets[r] != end || offsets[r + 1] <= end) \
-                return 1;                                                                \
-            end = offsets[r + 1];                                                        \
-        }                                                                                \
-        if (nlines == 0 || end != n) return 1;                                           \
+        if (!lines_tile(n, offsets, nlines_all, lines, nlines)) return 1;                \
         int64_t i = 0, start = 0, next = LINE_END(0), after = 0, t = 0, j = 0;           \
         VEC_##T av = VOP(T, set1)(a[0]), bv = VOP(T, set1)(b[0]), nv, nb;                \
         TIES_AFTER(T);                                                                   \
