@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import masked_sparse as ms
+from benchmarks.bench_training import forward as _forward  # the benchmarked MLP
 
 SIZES = (20, 16, 12, 5)
 LAYOUTS = {"strided": torch.strided, "coo": torch.sparse_coo, "csr": torch.sparse_csr}
@@ -35,15 +36,6 @@ def _model(seed: int):
         biases.append(torch.randn(n_out, generator=g) * 0.1)
     assert all(m.any(1).all() for m in masks)  # no fully pruned neuron: outputs agree
     return weights, masks, biases
-
-
-def _forward(x, weights, biases, masks=None):
-    h = x
-    for i, (w, b) in enumerate(zip(weights, biases)):
-        h = F.linear(h, w if masks is None else w * masks[i], b)
-        if i < len(weights) - 1:
-            h = torch.relu(h)
-    return h if masks is not None else h.to_tensor(0)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
