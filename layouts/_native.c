@@ -1408,6 +1408,25 @@ static inline void exps_in_place(double *xs, int c) {
  * values as the per-line loop. */
 #if VECTOR
 #define LINE_END(i) offsets[(lines ? lines[i] : (i)) + 1]
+/* Note [Streaming stores]: the one-pass kernels below write a fresh gradient the size of
+ * the values. Past the private caches, a plain store first reads each cache line it fills
+ * (a read for ownership): memory traffic that is not needed, as every line of `out` is
+ * written whole, and that evicts the values the kernel reads. There the steps' stores are
+ * non-temporal (`stream`, 64-byte aligned: torch's allocations are), fenced at the end;
+ * the scalar stores (short lines, the tail, a line rewritten for its ties) stay plain,
+ * which the core orders with its own streamed stores. `benchmarks.bench_training_reductions`
+ * measures the effect (forward + backward along lines). */
+#define STREAM_MIN_BYTES ((int64_t)4 << 20)
+static inline int streamed(const void *out, int64_t bytes) {
+    return bytes >= STREAM_MIN_BYTES && ((uintptr_t)out & 63) == 0;
+}
+#define STORE_OUT(T, nt, p, v)                                                           \
+    do {                                                                                 \
+        if (nt)                                                                          \
+            VOP(T, stream)(p, v);                                                        \
+        else                                                                             \
+            VOP(T, storeu)(p, v);                                                        \
+    } while (0)
 /* True where the listed lines (every line where `lines` is NULL) are non-empty and tile
  * the elements 0 .. n in order: what the one-pass kernels below read them as. */
 static int lines_tile(int64_t n, const int64_t *offsets, int64_t nlines_all,
@@ -1441,6 +1460,7 @@ static int lines_tile(int64_t n, const int64_t *offsets, int64_t nlines_all,
         enum { W = SCAN_W_##T };                                                         \
         const unsigned full = (1u << W) - 1;                                             \
         if (!lines_tile(n, offsets, nlines_all, lines, nlines)) return 1;                \
+        const int nt = streamed(out, n * (int64_t)sizeof(T));                           \
         /* line i holds element j and ends at next; the line after it ends at after (read a \
          * step ahead: the loads stay off the chain from one step to the next) */          \
         int64_t i = 0, next = LINE_END(0), after = nlines > 1 ? LINE_END(1) : n, j = 0;  \
@@ -1449,13 +1469,13 @@ static int lines_tile(int64_t n, const int64_t *offsets, int64_t nlines_all,
             const int64_t sh = next - j; /* >= 1: the lane where line i ends */           \
             const __mmask16 spec = mask_bits_at(m + j, W);                               \
             if (sh >= W) { /* no line end inside this step: line i's value */             \
-                VOP(T, storeu)(out + j, VOP(T, maskz_mov)(spec, av));                    \
+                STORE_OUT(T, nt, out + j, VOP(T, maskz_mov)(spec, av));                    \
                 if (sh == W) EXPAND_NEXT_LINE(T); /* line i ends with this step */       \
                 continue;                                                                \
             }                                                                            \
             if (after > j + W) { /* one line end inside: blend, then the next line */     \
                 const __mmask16 from = (__mmask16)((full << sh) & full);                 \
-                VOP(T, storeu)(out + j, VOP(T, maskz_mov)(spec, VOP(T, mask_mov)(av, from, nv))); \
+                STORE_OUT(T, nt, out + j, VOP(T, maskz_mov)(spec, VOP(T, mask_mov)(av, from, nv))); \
                 EXPAND_NEXT_LINE(T);                                                     \
                 continue;                                                                \
             }                                                                            \
@@ -1468,7 +1488,7 @@ static int lines_tile(int64_t n, const int64_t *offsets, int64_t nlines_all,
                                         VOP(T, set1)(a[ii]));                            \
                 nx = LINE_END(ii);                                                       \
             }                                                                            \
-            VOP(T, storeu)(out + j, VOP(T, maskz_mov)(spec, vals));                      \
+            STORE_OUT(T, nt, out + j, VOP(T, maskz_mov)(spec, vals));                      \
             while (nx <= j + W && ii + 1 < nlines) nx = LINE_END(++ii);                  \
             i = ii, next = nx, av = VOP(T, set1)(a[ii]);                                 \
             EXPAND_AFTER(T);                                                             \
@@ -1477,6 +1497,7 @@ static int lines_tile(int64_t n, const int64_t *offsets, int64_t nlines_all,
             while (next <= j && i + 1 < nlines) next = LINE_END(++i);                    \
             out[j] = keep_##T(a[i], m[j], 0);                                            \
         }                                                                                \
+        if (nt) _mm_sfence(); /* the streamed stores, visible before the caller goes on */ \
         return 0;                                                                        \
     }
 EXPAND_STREAM(f64)
@@ -1513,6 +1534,7 @@ EXPAND_STREAM(f32)
         enum { W = SCAN_W_##T };                                                         \
         const unsigned full = (1u << W) - 1;                                             \
         if (!lines_tile(n, offsets, nlines_all, lines, nlines)) return 1;                \
+        const int nt = streamed(out, n * (int64_t)sizeof(T));                           \
         int64_t i = 0, start = 0, next = LINE_END(0), after = 0, t = 0, j = 0;           \
         VEC_##T av = VOP(T, set1)(a[0]), bv = VOP(T, set1)(b[0]), nv, nb;                \
         TIES_AFTER(T);                                                                   \
@@ -1523,7 +1545,7 @@ EXPAND_STREAM(f32)
             if (sh >= W) { /* no line end inside this step */                            \
                 const __mmask16 hits = SCAN_CMP_##T(spec, v, bv, _CMP_EQ_OQ);            \
                 t += __builtin_popcount(hits);                                           \
-                VOP(T, storeu)(out + j, VOP(T, maskz_mov)(hits, av));                    \
+                STORE_OUT(T, nt, out + j, VOP(T, maskz_mov)(hits, av));                    \
                 if (sh == W) TIES_END_OF_LINE(T);                                        \
                 continue;                                                                \
             }                                                                            \
@@ -1531,7 +1553,7 @@ EXPAND_STREAM(f32)
                 const __mmask16 from = (__mmask16)((full << sh) & full);                 \
                 const __mmask16 hits = SCAN_CMP_##T(spec, v, VOP(T, mask_mov)(bv, from, nb), \
                                                     _CMP_EQ_OQ);                         \
-                VOP(T, storeu)(out + j, VOP(T, maskz_mov)(hits, VOP(T, mask_mov)(av, from, nv))); \
+                STORE_OUT(T, nt, out + j, VOP(T, maskz_mov)(hits, VOP(T, mask_mov)(av, from, nv))); \
                 t += __builtin_popcount(hits & ~from & full);                            \
                 TIES_END_OF_LINE(T);                                                     \
                 t = __builtin_popcount(hits & from);                                     \
@@ -1556,6 +1578,7 @@ EXPAND_STREAM(f32)
             for (int64_t q = start; q < next; q++)                                       \
                 out[q] = keep_##T(share, (m[q] != 0) & (x[q] == b_), 0);                 \
         }                                                                                \
+        if (nt) _mm_sfence(); /* the streamed stores, visible before the caller goes on */ \
         return 0;                                                                        \
     }
 TIES_STREAM(f64)

@@ -105,6 +105,26 @@ def test_lines_backward_is_its_definition(lengths, density, seed, dtype, op, spe
                                           listed):
     """Lines of any length (empty ones, short, blocks of 64 and their tails), every line
     or the non-empty ones listed (a grouping's lines), one group value per listed line."""
+    _check_lines(lengths, density, seed, dtype, op, specials, listed)
+
+
+@pytest.mark.usefixtures("build")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["expand", "ties"])
+def test_large_outputs_streamed_are_their_definition(dtype, op):
+    """Outputs past the kernels' streaming size (Note [Streaming stores] in _native.c: the
+    one-pass kernels' vector steps store non-temporally): ragged lines with short ones
+    among them (scalar stores in the same cache lines), empty lines, several ties."""
+    g = torch.Generator().manual_seed(7)
+    n_min = (5 << 20) // torch.empty((), dtype=dtype).element_size()  # over 4 MiB
+    lengths = []
+    while sum(lengths) < n_min:
+        lengths += torch.randint(0, 200, (1000,), generator=g).tolist()
+        lengths += torch.randint(0, 12, (300,), generator=g).tolist()
+    _check_lines(lengths, 0.9, 11, dtype, op, 0.15, listed=True)
+
+
+def _check_lines(lengths, density, seed, dtype, op, specials, listed):
     offsets = torch.tensor([0, *lengths]).cumsum(0)
     n = int(offsets[-1])
     lines = torch.arange(len(lengths))
