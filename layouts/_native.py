@@ -116,6 +116,7 @@ import json
 import os
 import sys
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -409,6 +410,18 @@ def _index_ok(index: torch.Tensor, n: int, group: bool = False) -> bool:
             and index.is_cpu and index.is_contiguous() and index.shape == (n,))
 
 
+# Note [One check per call]
+# The checks of :func:`_readable` run on every kernel call, and a small reduction is
+# mostly such fixed costs (``benchmarks/profile_overhead.py --fixed``): they are written
+# as one expression over names bound at import (no nested helpers), each property read
+# once. ``_library`` stays a lookup of this module's global (tests swap it).
+_TENSOR, _BOOL, _LONG = torch.Tensor, torch.bool, torch.long
+_grad_enabled = torch.is_grad_enabled
+_transforms_active = torch._C._are_functorch_transforms_active
+_modes_active = torch._C._len_torch_dispatch_stack
+_compiling = torch.compiler.is_compiling
+
+
 def _applies(values: torch.Tensor, mask: torch.Tensor) -> bool:
     """True where a reduction kernel may read ``values`` and ``mask``: 1-D, and
     :func:`_readable`."""
@@ -418,10 +431,13 @@ def _applies(values: torch.Tensor, mask: torch.Tensor) -> bool:
 def _readable(values: torch.Tensor, mask: torch.Tensor) -> bool:
     """True where a kernel may read ``values`` and ``mask`` element by element: a bool mask
     of the values' shape, both contiguous, CPU, eager, no autograd or torch.func, and the
-    library loaded (any dtype: the kernel tables say which they take)."""
-    return (type(mask) is torch.Tensor and mask.dtype is torch.bool
-            and mask.shape == values.shape and mask.is_cpu and mask.is_contiguous()
-            and values.is_contiguous() and _eager_cpu(values)
+    library loaded (any dtype: the kernel tables say which they take): :func:`_mask_ok`
+    and :func:`_eager_cpu` in one expression (Note [One check per call])."""
+    return (type(values) is _TENSOR and type(mask) is _TENSOR and mask.dtype is _BOOL
+            and values.is_cpu and mask.is_cpu and mask.shape == values.shape
+            and values.is_contiguous() and mask.is_contiguous()
+            and not (values.requires_grad and _grad_enabled())
+            and not _transforms_active() and not _modes_active() and not _compiling()
             and _library() is not None)
 
 
@@ -509,7 +525,47 @@ def _line_args(offsets: torch.Tensor, which: torch.Tensor | None) -> tuple | Non
     """The arguments a lines kernel takes for ``offsets`` and ``which`` -- the pointers,
     the number of lines, the listed lines (NULL: all) and their number, the output's
     length last -- or None where they are not int64 CPU vectors a kernel may read. Called
-    once the kernel applies (plain eager values): a torch.func wrapper has no pointer."""
+    once the kernel applies (plain eager values): a torch.func wrapper has no pointer.
+
+    Note [Line arguments once per index]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    ``offsets`` and ``which`` are a grouping's cached line facts, the same tensors call
+    after call: their checked arguments are kept per ``offsets`` object (a weak reference:
+    the entry goes with it) with the very ``which`` object, and served while both version
+    counters are unchanged. An in-place write bumps a version counter (``set_`` and
+    ``resize_`` included), so what such a tensor holds now is checked again; the data
+    pointer is compared too (``.data`` assignment keeps the counter). The kernels check
+    every pointer and line they read, cached or not (:class:`IndexOutOfRange`).
+    """
+    entry = _LINE_ARGS.get(id(offsets))
+    if entry is not None and entry[0]() is offsets and entry[1] is which:
+        try:
+            if (entry[2] == offsets._version and entry[3] == offsets.data_ptr()
+                    and (which is None or (entry[4] == which._version
+                                           and entry[5] == which.data_ptr()))):
+                return entry[6]
+        except RuntimeError:  # an inference tensor: no version counter (never cached)
+            pass
+    args = _checked_line_args(offsets, which)
+    if (args is not None and not offsets.is_inference()
+            and (which is None or not which.is_inference())):
+        key = id(offsets)
+        forget = functools.partial(_forget, key)
+        _LINE_ARGS[key] = (weakref.ref(offsets, forget),
+                           which, offsets._version, args[0],
+                           None if which is None else which._version, args[2], args)
+    return args
+
+
+_LINE_ARGS: dict[int, tuple] = {}  # id(offsets) -> Note [Line arguments once per index]
+
+
+def _forget(key: int, _: object, cache: dict = _LINE_ARGS) -> None:
+    cache.pop(key, None)  # ``cache`` bound early: the module may be torn down first
+
+
+def _checked_line_args(offsets: torch.Tensor, which: torch.Tensor | None) -> tuple | None:
+    """:func:`_line_args`, checked."""
     if type(offsets) is not torch.Tensor or offsets.dim() != 1:
         return None
     lines = offsets.shape[0] - 1  # (the checks of _index_ok, the shape read once)
