@@ -343,8 +343,29 @@ def fill_unspecified(values: torch.Tensor, mask: torch.Tensor, value: Any) -> to
         out = _native.fill(values, mask, bits)
         if out is not None:
             return out
-    fill = torch.full((), value, dtype=values.dtype, device=values.device)
-    return torch.where(mask, values, fill)
+    return torch.where(mask, values, _fill_tensor(value, values))
+
+
+def _fill_tensor(value: Any, values: torch.Tensor) -> torch.Tensor:
+    """``value`` as a 0-d tensor of the values' dtype and device, for ``where``. Below
+    ``_FILL_MIN`` elements building it is a third of a fill's cost: for plain eager CPU
+    values (no tracer to see a shared constant, no dispatch mode), a Python number's tensor
+    is built once per dtype (keyed as ``_fill_bits``: -0.0 is not 0.0) and reused; ``where``
+    only reads it, and nothing else sees it."""
+    if (type(value) in (int, float, bool) and value == value and plain_eager(values)
+            and not torch._C._len_torch_dispatch_stack()):
+        key = (type(value), repr(value), values.dtype)
+        fill = _FILL_TENSORS.get(key)
+        if fill is None:
+            with torch.inference_mode(False):  # (a normal tensor, whatever the mode)
+                fill = torch.full((), value, dtype=values.dtype)
+            if len(_FILL_TENSORS) < 1024:
+                _FILL_TENSORS[key] = fill
+        return fill
+    return torch.full((), value, dtype=values.dtype, device=values.device)
+
+
+_FILL_TENSORS: dict[tuple, torch.Tensor] = {}  # (type, repr, dtype) -> 0-d CPU tensor
 
 
 def _broadcast_part(mask: torch.Tensor) -> torch.Tensor:
