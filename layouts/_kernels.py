@@ -67,8 +67,15 @@ def traced(values: torch.Tensor) -> bool:
     """True where the ctypes kernels cannot serve ``values`` whatever its device: while
     torch.compile traces, inside a torch.func transform or a dispatch mode, and for complex
     values (Note [One kernel route]): the torch-op implementation runs, differentiably."""
-    return (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
-            or bool(torch._C._len_torch_dispatch_stack()) or values.is_complex())
+    return (_compiling() or _transforms_active() or bool(_modes_active())
+            or values.is_complex())
+
+
+# (bound once: :func:`run` asks on every masked primitive; Dynamo knows them by object)
+_compiling = torch.compiler.is_compiling
+_transforms_active = torch._C._are_functorch_transforms_active
+_modes_active = torch._C._len_torch_dispatch_stack
+_grad_enabled = torch.is_grad_enabled
 
 
 def eager(values: torch.Tensor) -> bool:
@@ -217,7 +224,7 @@ def run(family: type[Family], g: Any, values: torch.Tensor, mask: torch.Tensor,
             if out is not None:
                 return out
         return family.torch_ops(g, values, mask, *args)
-    if values.requires_grad and torch.is_grad_enabled():
+    if values.requires_grad and _grad_enabled():
         # torch's ``Function.apply`` less its Python layer: ``_Op`` has no setup_context
         # whose arguments it would bind, and no torch.func transform is active here (traced)
         unwrap = torch._C._functorch.unwrap_if_dead

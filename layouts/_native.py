@@ -515,9 +515,10 @@ def reduce_all(values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tenso
     kernel = _kernel("all", values, mask, op)
     if kernel is None:
         return None
-    out = torch.empty(1, dtype=values.dtype)
-    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0],
-                  start(op, values.dtype), out.data_ptr()), op)
+    out = values.new_empty(1)
+    if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], start(op, values.dtype),
+              out.data_ptr()):
+        _check(-1, op)
     return out
 
 
@@ -589,10 +590,10 @@ def lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.Tens
     args = None if kernel is None else _line_args(offsets, which)
     if kernel is None or args is None:
         return None
-    out = torch.empty(args[-1], dtype=values.dtype)
-    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args,
-                  start(op, values.dtype), out.data_ptr()), op,
-           offsets=offsets, which=which, size=values.shape[0])
+    out = values.new_empty(args[-1])
+    if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args,
+              start(op, values.dtype), out.data_ptr()):
+        _check(-1, op, offsets=offsets, which=which, size=values.shape[0])
     return out
 
 
@@ -606,8 +607,9 @@ def scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.Tens
         return None
     kernel = kernels[index.dtype]
     out = torch.empty(n, dtype=torch.float64 if op in _SUMS else values.dtype)
-    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], index.data_ptr(),
-                  start(op, values.dtype), out.data_ptr(), n), op, index=index, groups=n)
+    if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], index.data_ptr(),
+              start(op, values.dtype), out.data_ptr(), n):
+        _check(-1, op, index=index, groups=n)
     return out.to(values.dtype)
 
 
@@ -656,7 +658,7 @@ def arg_applies(values: torch.Tensor, mask: torch.Tensor, op: str) -> bool:
 
 
 def _arg_out(n: int, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.empty(n, dtype=values.dtype), torch.empty(n, dtype=torch.long)
+    return values.new_empty(n), torch.empty(n, dtype=torch.long)
 
 
 def arg_lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.Tensor,
@@ -677,10 +679,9 @@ def arg_lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.
     if kernel is None or args is None:
         return None
     top, at = _arg_out(args[-1], values)
-    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args,
-                  positions.data_ptr(), start(op, values.dtype), top.data_ptr(),
-                  at.data_ptr()), "arg" + op[1:], offsets=offsets, which=which,
-           size=values.shape[0])
+    if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args,
+              positions.data_ptr(), start(op, values.dtype), top.data_ptr(), at.data_ptr()):
+        _check(-1, "arg" + op[1:], offsets=offsets, which=which, size=values.shape[0])
     return top, at
 
 
@@ -744,8 +745,8 @@ def count_lines(mask: torch.Tensor, offsets: torch.Tensor,
     if args is None:
         return None
     out = torch.empty(args[-1], dtype=torch.long)
-    _check(_library().ms_lines_count(mask.data_ptr(), mask.shape[0], *args, out.data_ptr()),
-           "count", offsets=offsets, which=which, size=mask.shape[0])
+    if _library().ms_lines_count(mask.data_ptr(), mask.shape[0], *args, out.data_ptr()):
+        _check(-1, "count", offsets=offsets, which=which, size=mask.shape[0])
     return out
 
 
@@ -858,10 +859,10 @@ def deviations_lines(f: str, values: torch.Tensor, mask: torch.Tensor, center: t
     args = None if kernel is None else _line_args(offsets, which)
     if args is None:
         return None
-    out = torch.empty(args[-1], dtype=values.dtype)
-    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args,
-                  center.data_ptr(), out.data_ptr()), _DEVIATIONS[f],
-           offsets=offsets, which=which, size=values.shape[0])
+    out = values.new_empty(args[-1])
+    if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args, center.data_ptr(),
+              out.data_ptr()):
+        _check(-1, _DEVIATIONS[f], offsets=offsets, which=which, size=values.shape[0])
     return out
 
 
@@ -894,10 +895,9 @@ def logsumexp_lines(values: torch.Tensor, mask: torch.Tensor, offsets: torch.Ten
     args = None if kernel is None else _line_args(offsets, which)
     if kernel is None or args is None:
         return None
-    out = torch.empty(args[-1], dtype=values.dtype)
-    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args,
-                  out.data_ptr()), "logsumexp", offsets=offsets, which=which,
-           size=values.shape[0])
+    out = values.new_empty(args[-1])
+    if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args, out.data_ptr()):
+        _check(-1, "logsumexp", offsets=offsets, which=which, size=values.shape[0])
     return out
 
 
@@ -965,17 +965,18 @@ def moments(values: torch.Tensor, mask: torch.Tensor, correction: float | None,
         groups = (index.data_ptr(), counts.data_ptr())
     else:
         n = 1
-    var = None if correction is None else torch.empty(n, dtype=values.dtype)
-    mean, specified = torch.empty(n, dtype=values.dtype), torch.empty(n, dtype=torch.bool)
+    var = None if correction is None else values.new_empty(n)
+    mean, specified = values.new_empty(n), torch.empty(n, dtype=torch.bool)
     groups += (0.0 if correction is None else float(correction),)
     tail = (None if var is None else var.data_ptr(), mean.data_ptr(), specified.data_ptr())
     if kind == "scatter":
         groups += (sums.data_ptr(),)
         tail += (n,)
-    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *groups, *tail),
-           "mean" if correction is None else "var", index=index if kind == "scatter" else None,
-           groups=n, offsets=offsets if kind == "lines" else None, which=which,
-           size=values.shape[0])
+    if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *groups, *tail):
+        _check(-1, "mean" if correction is None else "var",
+               index=index if kind == "scatter" else None, groups=n,
+               offsets=offsets if kind == "lines" else None, which=which,
+               size=values.shape[0])
     return var, mean, specified
 
 
@@ -1010,8 +1011,9 @@ def softmax(values: torch.Tensor, mask: torch.Tensor, log: bool,
     lines = () if offsets is None else _line_args(offsets, which)
     if lines is None:
         return None
-    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *lines, int(log),
-                  out.data_ptr()), what, offsets=offsets, which=which, size=values.shape[0])
+    if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *lines, int(log),
+              out.data_ptr()):
+        _check(-1, what, offsets=offsets, which=which, size=values.shape[0])
     return out
 
 

@@ -28,7 +28,7 @@ results are COO (or strided for full reductions).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -113,7 +113,7 @@ class CooGrouping(SparseSums):
         if owner is None or not _kernels.eager(storage.values):
             facts = self._index_facts(row_major)
         else:  # Note [Index facts of a grouping]
-            facts = cached(owner, ("grouping", dims, keepdim, tuple(storage.shape), row_major),
+            facts = cached(owner, ("grouping", dims, keepdim, _key(storage.shape), row_major),
                            partial(self._index_facts, row_major))
         self.__dict__.update(facts)
         if not self.sparse_dims:
@@ -219,7 +219,7 @@ class CooGrouping(SparseSums):
         """The group of every stored element, or None when each is its own group."""
         if self._gid is None and self._present is not None:
             self._gid = (self._present.cumsum(0) - 1)[self._keys] if self._owner is None \
-                else cached(self._owner, ("gid", self.dims, tuple(self.source.shape)),
+                else cached(self._owner, ("gid", self.dims, _key(self.source.shape)),
                             lambda: (self._present.cumsum(0) - 1)[self._keys])
         return self._gid
 
@@ -247,7 +247,7 @@ class CooGrouping(SparseSums):
         """``compute(mask)``, cached per index and mask object (Note [Facts of a mask])."""
         if self._owner is None:
             return compute(mask)
-        return cached(self._owner, (what, self.dims, tuple(self.source.shape)),
+        return cached(self._owner, (what, self.dims, _key(self.source.shape)),
                       partial(compute, mask), data=mask)
 
     def _count_pass(self, mask: torch.Tensor) -> torch.Tensor:
@@ -294,7 +294,7 @@ class CooGrouping(SparseSums):
         (no owner to cache it on, a transform, no native kernels)."""
         if self._owner is None or not _kernels.eager(values):
             return None
-        return cached(self._owner, ("narrow", self.dims, tuple(self.source.shape)),  # Note
+        return cached(self._owner, ("narrow", self.dims, _key(self.source.shape)),  # Note
                       self._narrowed)  # [Narrow group indices]
 
     def _narrowed(self) -> torch.Tensor | None:
@@ -563,7 +563,7 @@ class CompressedGrouping(CooGrouping):
         # per-element coordinates are built only if needed
         self._coords = [idx, None] if axis == 1 else [None, idx]
         # Note [Index facts of a grouping]
-        self.__dict__.update(cached(ptr, ("line grouping", keepdim, tuple(storage.shape), axis),
+        self.__dict__.update(cached(ptr, ("line grouping", keepdim, _key(storage.shape), axis),
                                     partial(self._line_facts, ptr, axis)))
 
     def _line_facts(self, ptr: torch.Tensor, axis: int) -> dict[str, Any]:
@@ -719,6 +719,12 @@ class CompressedGrouping(CooGrouping):
         if self.keepdim and len(self.out_shape) == 2 and self.source.layout is not self.coo:
             return self.source.layout.from_coo(out)
         return out
+
+
+def _key(shape: Sequence[int]) -> tuple[int, ...]:
+    """``shape`` as a cache key: a ``torch.Size`` as it is (it hashes and compares as its
+    tuple), anything else as a tuple."""
+    return shape if type(shape) is torch.Size else tuple(shape)
 
 
 def _index_of(coords: list[torch.Tensor], n: int, device: torch.device) -> torch.Tensor:
