@@ -211,7 +211,7 @@ class Grouping:
         dof = count - correction  # float32, as torch makes an int64 tensor minus a float
         specified = dof > 0
         var = self.masked_sqdev(values, mask, mean) / torch.where(
-            specified, dof, torch.ones((), dtype=dof.dtype, device=dof.device))
+            specified, dof, _fill_tensor(1, dof))
         return zero_unspecified(var, specified), mean, specified
 
     def _torch_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
@@ -220,10 +220,9 @@ class Grouping:
         # pass for it); a max that is not finite shifts by 0 (all -inf: log 0 = -inf; +inf:
         # inf; NaN: NaN).
         top = self.masked_reduce(values, mask, "amax").detach()
-        top = torch.where(torch.isfinite(top), top, torch.zeros((), dtype=top.dtype,
-                                                                device=top.device))
+        top = torch.where(torch.isfinite(top), top, _fill_tensor(0, top))
         total = self.masked_sumexp(values, mask, top)
-        one = torch.ones((), dtype=total.dtype, device=total.device)
+        one = _fill_tensor(1, total)
         out = torch.log(torch.where(specified, total, one)) + top
         return zero_unspecified(out, specified)
 
@@ -232,8 +231,7 @@ class Grouping:
         # The shift cancels in value and gradient; detaching it saves a backward pass. A +inf
         # or NaN maximum is kept: the whole group is NaN, as torch.softmax gives.
         top = self.masked_reduce(values, mask, "amax").detach()
-        top = torch.where(torch.isneginf(top), torch.zeros((), dtype=top.dtype,
-                                                           device=top.device), top)
+        top = torch.where(torch.isneginf(top), _fill_tensor(0, top), top)
         # Unspecified elements are shifted to 0, not -inf, before ``exp`` (torch's CPU exp is
         # much slower on arguments that underflow) and left out of the sum.
         shifted = zero_unspecified(values - self.expand(top), mask)

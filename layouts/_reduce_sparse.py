@@ -536,7 +536,8 @@ class CompressedGrouping(CooGrouping):
     runs over the line pointers (Note [Reducing along lines]): no per-element index is
     built. Other reductions group the (row, col) coordinates. The result is of the input's
     layout when it is 2-D (``keepdim=True``), else COO / strided. ``index`` overrides the
-    storage's ``(ptr, idx)`` (a row-sorted 2-D COO storage reduced along its rows).
+    storage's ``(ptr, idx)`` (a row-sorted 2-D COO storage reduced along its rows; ``idx``
+    None: its index's second row).
     """
 
     _SEGMENT_OPS = {"sum": "sum", "prod": "prod", "amax": "max", "amin": "min"}
@@ -545,6 +546,8 @@ class CompressedGrouping(CooGrouping):
                  axis: int = 0, index: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         ptr, idx = storage.index if index is None else index
         self.by_lines = dims == (1 - axis,)
+        if idx is None and not self.by_lines:  # (a row-sorted COO: its columns)
+            idx = storage.index[0][1]
         if not self.by_lines:
             # Every element's outer coordinate (its row, for CSR) is O(nnz) to expand; a
             # reduction over the outer dim groups by the inner one and needs it only for
@@ -560,8 +563,9 @@ class CompressedGrouping(CooGrouping):
         self.keepdim = keepdim
         self.ptr, self.inner = ptr, storage.shape[1 - axis]
         self._owner = ptr
-        # per-element coordinates are built only if needed
-        self._coords = [idx, None] if axis == 1 else [None, idx]
+        # per-element coordinates are built only if needed (``idx`` None: a row-sorted
+        # 2-D COO storage, whose ``coords`` unbinds its index on first use)
+        self._coords = None if idx is None else [idx, None] if axis == 1 else [None, idx]
         # Note [Index facts of a grouping]
         self.__dict__.update(cached(ptr, ("line grouping", keepdim, _key(storage.shape), axis),
                                     partial(self._line_facts, ptr, axis)))
@@ -757,7 +761,8 @@ def coo_grouping(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> Grou
     if (dims == (1,) and indices.shape[0] == 2 and storage.values.dim() == 1
             and storage.shape[0] <= _SLOTS_PER_NNZ * nnz + 4096):
         crow = cached(indices, "crow", lambda: crow_from_rows(indices[0], storage.shape[0]))
-        return CompressedGrouping(storage, dims, keepdim, axis=0, index=(crow, indices[1]))
+        # (the columns: the COO index's second row, unbound only when a pass reads them)
+        return CompressedGrouping(storage, dims, keepdim, axis=0, index=(crow, None))
     return CooGrouping(storage, dims, keepdim)
 
 
