@@ -323,7 +323,7 @@ def _wrap(storage: Storage, requires_grad: bool = False) -> MaskedTensor:
         # the wrapper is built outside the graph, whole (never half-built across a break).
         return _wrap_outside_graph(storage, requires_grad)
     values = storage.values
-    out = torch.Tensor._make_wrapper_subclass(
+    out = _make_wrapper_subclass(
         MaskedTensor, storage.shape, strides=None if storage.index else values.stride(),
         dtype=values.dtype, device=values.device, requires_grad=requires_grad)
     _set_storage(out.__dict__, storage)  # a new wrapper: no old data tensor to free
@@ -331,6 +331,7 @@ def _wrap(storage: Storage, requires_grad: bool = False) -> MaskedTensor:
 
 
 _wrap_outside_graph = torch.compiler.disable(_wrap, recursive=True)
+_make_wrapper_subclass = torch.Tensor._make_wrapper_subclass  # (bound once: every op wraps)
 
 
 _STORAGE_ATTRS = frozenset({"_storage", "_cached", "_layout", "_shape", "_values", "_mask",
