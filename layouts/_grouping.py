@@ -110,11 +110,11 @@ class Grouping:
     # C kernels; None where they do not apply) or the ``_torch_*`` one by device, and
     # records the family's backward when the values require grad.
     def masked_reduce(self, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor:
-        return _kernels.run(_kernels.REDUCE, self, values, mask, op)[0]
+        return _kernels.reduce(self, values, mask, op)
 
     def masked_sum(self, values: torch.Tensor, mask: torch.Tensor,
                    with_count: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        total = self.masked_reduce(values, mask, "sum")
+        total = _kernels.reduce(self, values, mask, "sum")
         return total, (self.reduce(mask, "sum") if with_count else None)
 
     def masked_mean(self, values: torch.Tensor, mask: torch.Tensor

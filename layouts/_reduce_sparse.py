@@ -239,7 +239,13 @@ class CooGrouping(SparseSums):
     def _specified(self, mask: torch.Tensor) -> torch.Tensor:
         """Per group, whether ``mask`` holds a True element (a reduction's result mask): from
         the counts, cached per index and mask object like them (Note [Facts of a mask])."""
-        return self._of_mask("any", mask, lambda m: self._count(m) > 0)
+        if self._owner is None:
+            return self._any_pass(mask)
+        return cached(self._owner, ("any", self.dims, _key(self.source.shape)),  # (_of_mask)
+                      partial(self._any_pass, mask), data=mask)
+
+    def _any_pass(self, mask: torch.Tensor) -> torch.Tensor:
+        return self._count(mask) > 0
 
     _owner: torch.Tensor | None = None
 
