@@ -346,10 +346,11 @@ def fill_unspecified(values: torch.Tensor, mask: torch.Tensor, value: Any) -> to
 
 def _fill_tensor(value: Any, values: torch.Tensor) -> torch.Tensor:
     """``value`` as a 0-d tensor of the values' dtype and device, for ``where``. Below
-    ``_FILL_MIN`` elements building it is a third of a fill's cost: for plain eager CPU
-    values (no tracer to see a shared constant, no dispatch mode), a Python number's tensor
-    is built once per dtype (keyed as ``_fill_bits``: -0.0 is not 0.0) and reused; ``where``
-    only reads it, and nothing else sees it."""
+    ``_FILL_MIN`` elements building it is a large part of a fill's fixed cost
+    (``benchmarks/profile_overhead.py --fixed``): for plain eager CPU values (no tracer to
+    see a shared constant, no dispatch mode), a Python number's tensor is built once per
+    dtype (keyed as ``_fill_bits``: -0.0 is not 0.0) and reused; ``where`` only reads it,
+    and nothing else sees it."""
     if (type(value) in (int, float, bool) and value == value and plain_eager(values)
             and not torch._C._len_torch_dispatch_stack()):
         key = (type(value), repr(value), values.dtype)

@@ -415,7 +415,7 @@ def _index_ok(index: torch.Tensor, n: int, group: bool = False) -> bool:
 # mostly such fixed costs (``benchmarks/profile_overhead.py --fixed``): they are written
 # as one expression over names bound at import (no nested helpers), each property read
 # once. ``_library`` stays a lookup of this module's global (tests swap it).
-_TENSOR, _BOOL, _LONG = torch.Tensor, torch.bool, torch.long
+_TENSOR, _BOOL = torch.Tensor, torch.bool
 _grad_enabled = torch.is_grad_enabled
 _transforms_active = torch._C._are_functorch_transforms_active
 _modes_active = torch._C._len_torch_dispatch_stack

@@ -155,10 +155,10 @@ def is_zero_filled(values: torch.Tensor, mask: torch.Tensor) -> bool:
 def _all_true(small: torch.Tensor) -> bool:
     """``bool(small.all())`` for a CPU bool tensor of at most ``_DIRECT`` elements: compared
     with a kept all-True tensor of its shape (``torch.equal`` compares the bytes of two
-    contiguous tensors at once; ``all`` is a reduction with a fixed cost several times
-    larger, the larger part of a small ``amax(dim)``: ``benchmarks/profile_overhead.py
-    --fixed``). A byte other than 0 and 1 (a bool view of other bytes) reads as not all
-    True: at worst a fill with nothing to do."""
+    contiguous tensors at once; ``all`` is a reduction, with a larger fixed cost, which a
+    small ``amax(dim)`` pays on every call: ``benchmarks/profile_overhead.py --fixed``). A
+    byte other than 0 and 1 (a bool view of other bytes) reads as not all True: at worst a
+    fill with nothing to do."""
     ones = _ONES.get(small.shape)
     if ones is None:
         with torch.inference_mode(False):  # (a normal tensor, whatever the mode)
