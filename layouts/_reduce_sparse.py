@@ -570,11 +570,21 @@ class CompressedGrouping(CooGrouping):
         self.ptr, self.inner = ptr, storage.shape[1 - axis]
         self._owner = ptr
         # per-element coordinates are built only if needed (``idx`` None: a row-sorted
-        # 2-D COO storage, whose ``coords`` unbinds its index on first use)
+        # 2-D COO storage, whose ``coords`` reads its index's columns on first use)
         self._coords = None if idx is None else [idx, None] if axis == 1 else [None, idx]
         # Note [Index facts of a grouping]
         self.__dict__.update(cached(ptr, ("line grouping", keepdim, _key(storage.shape), axis),
                                     partial(self._line_facts, ptr, axis)))
+
+    @property
+    def coords(self) -> list[torch.Tensor | None]:
+        if self._coords is None:  # (only a row-sorted COO storage along its rows: axis 0)
+            self._coords = [None, self.source.index[0][1]]
+        return self._coords
+
+    @coords.setter
+    def coords(self, value: list[torch.Tensor | None]) -> None:
+        self._coords = value
 
     def _line_facts(self, ptr: torch.Tensor, axis: int) -> dict[str, Any]:
         offsets, lines, lengths = _lines(ptr)
