@@ -110,11 +110,11 @@ class Grouping:
     # C kernels; None where they do not apply) or the ``_torch_*`` one by device, and
     # records the family's backward when the values require grad.
     def masked_reduce(self, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor:
-        return _kernels.run(_kernels.REDUCE, self, values, mask, op)[0]
+        return _kernels.reduce(self, values, mask, op)
 
     def masked_sum(self, values: torch.Tensor, mask: torch.Tensor,
                    with_count: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        total = self.masked_reduce(values, mask, "sum")
+        total = _kernels.reduce(self, values, mask, "sum")
         return total, (self.reduce(mask, "sum") if with_count else None)
 
     def masked_mean(self, values: torch.Tensor, mask: torch.Tensor
@@ -211,7 +211,7 @@ class Grouping:
         dof = count - correction  # float32, as torch makes an int64 tensor minus a float
         specified = dof > 0
         var = self.masked_sqdev(values, mask, mean) / torch.where(
-            specified, dof, torch.ones((), dtype=dof.dtype, device=dof.device))
+            specified, dof, _fill_tensor(1, dof))
         return zero_unspecified(var, specified), mean, specified
 
     def _torch_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
@@ -220,10 +220,9 @@ class Grouping:
         # pass for it); a max that is not finite shifts by 0 (all -inf: log 0 = -inf; +inf:
         # inf; NaN: NaN).
         top = self.masked_reduce(values, mask, "amax").detach()
-        top = torch.where(torch.isfinite(top), top, torch.zeros((), dtype=top.dtype,
-                                                                device=top.device))
+        top = torch.where(torch.isfinite(top), top, _fill_tensor(0, top))
         total = self.masked_sumexp(values, mask, top)
-        one = torch.ones((), dtype=total.dtype, device=total.device)
+        one = _fill_tensor(1, total)
         out = torch.log(torch.where(specified, total, one)) + top
         return zero_unspecified(out, specified)
 
@@ -232,8 +231,7 @@ class Grouping:
         # The shift cancels in value and gradient; detaching it saves a backward pass. A +inf
         # or NaN maximum is kept: the whole group is NaN, as torch.softmax gives.
         top = self.masked_reduce(values, mask, "amax").detach()
-        top = torch.where(torch.isneginf(top), torch.zeros((), dtype=top.dtype,
-                                                           device=top.device), top)
+        top = torch.where(torch.isneginf(top), _fill_tensor(0, top), top)
         # Unspecified elements are shifted to 0, not -inf, before ``exp`` (torch's CPU exp is
         # much slower on arguments that underflow) and left out of the sum.
         shifted = zero_unspecified(values - self.expand(top), mask)
@@ -343,8 +341,30 @@ def fill_unspecified(values: torch.Tensor, mask: torch.Tensor, value: Any) -> to
         out = _native.fill(values, mask, bits)
         if out is not None:
             return out
-    fill = torch.full((), value, dtype=values.dtype, device=values.device)
-    return torch.where(mask, values, fill)
+    return torch.where(mask, values, _fill_tensor(value, values))
+
+
+def _fill_tensor(value: Any, values: torch.Tensor) -> torch.Tensor:
+    """``value`` as a 0-d tensor of the values' dtype and device, for ``where``. Below
+    ``_FILL_MIN`` elements building it is a large part of a fill's fixed cost
+    (``benchmarks/profile_overhead.py --fixed``): for plain eager CPU values (no tracer to
+    see a shared constant, no dispatch mode), a Python number's tensor is built once per
+    dtype (keyed as ``_fill_bits``: -0.0 is not 0.0) and reused; ``where`` only reads it,
+    and nothing else sees it."""
+    if (type(value) in (int, float, bool) and value == value and plain_eager(values)
+            and not torch._C._len_torch_dispatch_stack()):
+        key = (type(value), repr(value), values.dtype)
+        fill = _FILL_TENSORS.get(key)
+        if fill is None:
+            with torch.inference_mode(False):  # (a normal tensor, whatever the mode)
+                fill = torch.full((), value, dtype=values.dtype)
+            if len(_FILL_TENSORS) < 1024:
+                _FILL_TENSORS[key] = fill
+        return fill
+    return torch.full((), value, dtype=values.dtype, device=values.device)
+
+
+_FILL_TENSORS: dict[tuple, torch.Tensor] = {}  # (type, repr, dtype) -> 0-d CPU tensor
 
 
 def _broadcast_part(mask: torch.Tensor) -> torch.Tensor:

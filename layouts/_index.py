@@ -83,17 +83,20 @@ def cached(owner: torch.Tensor, tag: object, compute: Callable[[], Any],
     or in inference mode; an inference tensor ``owner`` (it has no version counter) keeps
     its facts unchecked.
     """
-    if data is not None and torch.compiler.is_compiling():
+    if data is not None and _compiling():
         return compute()
     key = (id(owner), tag) if data is None else (id(owner), tag, id(data))
-    version = _version(owner)
+    try:
+        version = owner._version
+    except RuntimeError:  # an inference tensor: no version counter
+        version = None
     entry = _CACHE.get(key)
     if entry is not None and entry[0]() is owner and entry[2] == version and (
             data is None or (entry[3]() is data and entry[4] == data._version
                              and entry[5] == entry[1]._version)):
         return entry[1]
     out = compute()
-    if not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled()
+    if not (_compiling() or torch.is_inference_mode_enabled()
             or (data is not None and data.is_inference())):
         forget = partial(_forget, key)
         if data is None:
@@ -122,6 +125,7 @@ def _version(t: torch.Tensor) -> int | None:
 
 
 _CACHE: dict[tuple, tuple] = {}
+_compiling = torch.compiler.is_compiling  # (bound once: ``cached`` runs on every reduction)
 
 
 def _forget(key: tuple, _: object, cache: dict = _CACHE) -> None:

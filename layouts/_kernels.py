@@ -67,8 +67,15 @@ def traced(values: torch.Tensor) -> bool:
     """True where the ctypes kernels cannot serve ``values`` whatever its device: while
     torch.compile traces, inside a torch.func transform or a dispatch mode, and for complex
     values (Note [One kernel route]): the torch-op implementation runs, differentiably."""
-    return (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
-            or bool(torch._C._len_torch_dispatch_stack()) or values.is_complex())
+    return (_compiling() or _transforms_active() or bool(_modes_active())
+            or values.is_complex())
+
+
+# (bound once: :func:`run` asks on every masked primitive; Dynamo knows them by object)
+_compiling = torch.compiler.is_compiling
+_transforms_active = torch._C._are_functorch_transforms_active
+_modes_active = torch._C._len_torch_dispatch_stack
+_grad_enabled = torch.is_grad_enabled
 
 
 def eager(values: torch.Tensor) -> bool:
@@ -209,7 +216,8 @@ def node_backward(outputs: list[torch.Tensor], inputs: list[torch.Tensor],
 def run(family: type[Family], g: Any, values: torch.Tensor, mask: torch.Tensor,
         *args: Any) -> tuple:
     """``family``'s outputs for grouping ``g`` (Note [One kernel route])."""
-    if traced(values):
+    if _compiling() or _transforms_active() or _modes_active() or values.is_complex():
+        # (:func:`traced`, inlined: this runs on every masked primitive)
         if torch.compiler.is_compiling():  # Note [Kernel families as custom ops]
             from ._custom_ops import call  # (it imports this module)
 
@@ -217,12 +225,24 @@ def run(family: type[Family], g: Any, values: torch.Tensor, mask: torch.Tensor,
             if out is not None:
                 return out
         return family.torch_ops(g, values, mask, *args)
-    if values.requires_grad and torch.is_grad_enabled():
+    if values.requires_grad and _grad_enabled():
         # torch's ``Function.apply`` less its Python layer: ``_Op`` has no setup_context
         # whose arguments it would bind, and no torch.func transform is active here (traced)
         unwrap = torch._C._functorch.unwrap_if_dead
         return _APPLY(family, g, args, unwrap(values), unwrap(mask))
     return family.forward(g, values, mask, *args)
+
+
+def reduce(g: Any, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor:
+    """``run(REDUCE, g, values, mask, op)[0]``, the most called family: without autograd to
+    record and no tracer, the grouping's native implementation, else its torch ops, called
+    here directly (no family, tuple or forward layer between: the fixed cost of a small
+    reduction, ``benchmarks/profile_overhead.py --fixed``); the rest through :func:`run`."""
+    if (_compiling() or _transforms_active() or _modes_active() or values.is_complex()
+            or (values.requires_grad and _grad_enabled())):
+        return run(REDUCE, g, values, mask, op)[0]
+    out = g._native_reduce(op, values, mask)
+    return out if out is not None else g._torch_reduce(values, mask, op)
 
 
 _OP_NODE = _Op._backward_cls  # the type of a family node in a graph (its grad_fn)

@@ -116,6 +116,7 @@ import json
 import os
 import sys
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -409,6 +410,18 @@ def _index_ok(index: torch.Tensor, n: int, group: bool = False) -> bool:
             and index.is_cpu and index.is_contiguous() and index.shape == (n,))
 
 
+# Note [One check per call]
+# The checks of :func:`_readable` run on every kernel call, and a small reduction is
+# mostly such fixed costs (``benchmarks/profile_overhead.py --fixed``): they are written
+# as one expression over names bound at import (no nested helpers), each property read
+# once. ``_library`` stays a lookup of this module's global (tests swap it).
+_TENSOR, _BOOL = torch.Tensor, torch.bool
+_grad_enabled = torch.is_grad_enabled
+_transforms_active = torch._C._are_functorch_transforms_active
+_modes_active = torch._C._len_torch_dispatch_stack
+_compiling = torch.compiler.is_compiling
+
+
 def _applies(values: torch.Tensor, mask: torch.Tensor) -> bool:
     """True where a reduction kernel may read ``values`` and ``mask``: 1-D, and
     :func:`_readable`."""
@@ -418,10 +431,13 @@ def _applies(values: torch.Tensor, mask: torch.Tensor) -> bool:
 def _readable(values: torch.Tensor, mask: torch.Tensor) -> bool:
     """True where a kernel may read ``values`` and ``mask`` element by element: a bool mask
     of the values' shape, both contiguous, CPU, eager, no autograd or torch.func, and the
-    library loaded (any dtype: the kernel tables say which they take)."""
-    return (type(mask) is torch.Tensor and mask.dtype is torch.bool
-            and mask.shape == values.shape and mask.is_cpu and mask.is_contiguous()
-            and values.is_contiguous() and _eager_cpu(values)
+    library loaded (any dtype: the kernel tables say which they take): :func:`_mask_ok`
+    and :func:`_eager_cpu` in one expression (Note [One check per call])."""
+    return (type(values) is _TENSOR and type(mask) is _TENSOR and mask.dtype is _BOOL
+            and values.is_cpu and mask.is_cpu and mask.shape == values.shape
+            and values.is_contiguous() and mask.is_contiguous()
+            and not (values.requires_grad and _grad_enabled())
+            and not _transforms_active() and not _modes_active() and not _compiling()
             and _library() is not None)
 
 
@@ -499,9 +515,10 @@ def reduce_all(values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tenso
     kernel = _kernel("all", values, mask, op)
     if kernel is None:
         return None
-    out = torch.empty(1, dtype=values.dtype)
-    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0],
-                  start(op, values.dtype), out.data_ptr()), op)
+    out = values.new_empty(1)
+    if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], start(op, values.dtype),
+              out.data_ptr()):
+        _check(-1, op)
     return out
 
 
@@ -509,7 +526,47 @@ def _line_args(offsets: torch.Tensor, which: torch.Tensor | None) -> tuple | Non
     """The arguments a lines kernel takes for ``offsets`` and ``which`` -- the pointers,
     the number of lines, the listed lines (NULL: all) and their number, the output's
     length last -- or None where they are not int64 CPU vectors a kernel may read. Called
-    once the kernel applies (plain eager values): a torch.func wrapper has no pointer."""
+    once the kernel applies (plain eager values): a torch.func wrapper has no pointer.
+
+    Note [Line arguments once per index]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    ``offsets`` and ``which`` are a grouping's cached line facts, the same tensors call
+    after call: their checked arguments are kept per ``offsets`` object (a weak reference:
+    the entry goes with it) with the very ``which`` object, and served while both version
+    counters are unchanged. An in-place write bumps a version counter (``set_`` and
+    ``resize_`` included), so what such a tensor holds now is checked again; the data
+    pointer is compared too (``.data`` assignment keeps the counter). The kernels check
+    every pointer and line they read, cached or not (:class:`IndexOutOfRange`).
+    """
+    entry = _LINE_ARGS.get(id(offsets))
+    if entry is not None and entry[0]() is offsets and entry[1] is which:
+        try:
+            if (entry[2] == offsets._version and entry[3] == offsets.data_ptr()
+                    and (which is None or (entry[4] == which._version
+                                           and entry[5] == which.data_ptr()))):
+                return entry[6]
+        except RuntimeError:  # an inference tensor: no version counter (never cached)
+            pass
+    args = _checked_line_args(offsets, which)
+    if (args is not None and not offsets.is_inference()
+            and (which is None or not which.is_inference())):
+        key = id(offsets)
+        forget = functools.partial(_forget, key)
+        _LINE_ARGS[key] = (weakref.ref(offsets, forget),
+                           which, offsets._version, args[0],
+                           None if which is None else which._version, args[2], args)
+    return args
+
+
+_LINE_ARGS: dict[int, tuple] = {}  # id(offsets) -> Note [Line arguments once per index]
+
+
+def _forget(key: int, _: object, cache: dict = _LINE_ARGS) -> None:
+    cache.pop(key, None)  # ``cache`` bound early: the module may be torn down first
+
+
+def _checked_line_args(offsets: torch.Tensor, which: torch.Tensor | None) -> tuple | None:
+    """:func:`_line_args`, checked."""
     if type(offsets) is not torch.Tensor or offsets.dim() != 1:
         return None
     lines = offsets.shape[0] - 1  # (the checks of _index_ok, the shape read once)
@@ -533,10 +590,10 @@ def lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.Tens
     args = None if kernel is None else _line_args(offsets, which)
     if kernel is None or args is None:
         return None
-    out = torch.empty(args[-1], dtype=values.dtype)
-    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args,
-                  start(op, values.dtype), out.data_ptr()), op,
-           offsets=offsets, which=which, size=values.shape[0])
+    out = values.new_empty(args[-1])
+    if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args,
+              start(op, values.dtype), out.data_ptr()):
+        _check(-1, op, offsets=offsets, which=which, size=values.shape[0])
     return out
 
 
@@ -550,8 +607,9 @@ def scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.Tens
         return None
     kernel = kernels[index.dtype]
     out = torch.empty(n, dtype=torch.float64 if op in _SUMS else values.dtype)
-    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], index.data_ptr(),
-                  start(op, values.dtype), out.data_ptr(), n), op, index=index, groups=n)
+    if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], index.data_ptr(),
+              start(op, values.dtype), out.data_ptr(), n):
+        _check(-1, op, index=index, groups=n)
     return out.to(values.dtype)
 
 
@@ -600,7 +658,7 @@ def arg_applies(values: torch.Tensor, mask: torch.Tensor, op: str) -> bool:
 
 
 def _arg_out(n: int, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.empty(n, dtype=values.dtype), torch.empty(n, dtype=torch.long)
+    return values.new_empty(n), torch.empty(n, dtype=torch.long)
 
 
 def arg_lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.Tensor,
@@ -621,10 +679,9 @@ def arg_lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.
     if kernel is None or args is None:
         return None
     top, at = _arg_out(args[-1], values)
-    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args,
-                  positions.data_ptr(), start(op, values.dtype), top.data_ptr(),
-                  at.data_ptr()), "arg" + op[1:], offsets=offsets, which=which,
-           size=values.shape[0])
+    if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args,
+              positions.data_ptr(), start(op, values.dtype), top.data_ptr(), at.data_ptr()):
+        _check(-1, "arg" + op[1:], offsets=offsets, which=which, size=values.shape[0])
     return top, at
 
 
@@ -688,8 +745,8 @@ def count_lines(mask: torch.Tensor, offsets: torch.Tensor,
     if args is None:
         return None
     out = torch.empty(args[-1], dtype=torch.long)
-    _check(_library().ms_lines_count(mask.data_ptr(), mask.shape[0], *args, out.data_ptr()),
-           "count", offsets=offsets, which=which, size=mask.shape[0])
+    if _library().ms_lines_count(mask.data_ptr(), mask.shape[0], *args, out.data_ptr()):
+        _check(-1, "count", offsets=offsets, which=which, size=mask.shape[0])
     return out
 
 
@@ -802,10 +859,10 @@ def deviations_lines(f: str, values: torch.Tensor, mask: torch.Tensor, center: t
     args = None if kernel is None else _line_args(offsets, which)
     if args is None:
         return None
-    out = torch.empty(args[-1], dtype=values.dtype)
-    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args,
-                  center.data_ptr(), out.data_ptr()), _DEVIATIONS[f],
-           offsets=offsets, which=which, size=values.shape[0])
+    out = values.new_empty(args[-1])
+    if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args, center.data_ptr(),
+              out.data_ptr()):
+        _check(-1, _DEVIATIONS[f], offsets=offsets, which=which, size=values.shape[0])
     return out
 
 
@@ -838,10 +895,9 @@ def logsumexp_lines(values: torch.Tensor, mask: torch.Tensor, offsets: torch.Ten
     args = None if kernel is None else _line_args(offsets, which)
     if kernel is None or args is None:
         return None
-    out = torch.empty(args[-1], dtype=values.dtype)
-    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args,
-                  out.data_ptr()), "logsumexp", offsets=offsets, which=which,
-           size=values.shape[0])
+    out = values.new_empty(args[-1])
+    if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args, out.data_ptr()):
+        _check(-1, "logsumexp", offsets=offsets, which=which, size=values.shape[0])
     return out
 
 
@@ -909,17 +965,18 @@ def moments(values: torch.Tensor, mask: torch.Tensor, correction: float | None,
         groups = (index.data_ptr(), counts.data_ptr())
     else:
         n = 1
-    var = None if correction is None else torch.empty(n, dtype=values.dtype)
-    mean, specified = torch.empty(n, dtype=values.dtype), torch.empty(n, dtype=torch.bool)
+    var = None if correction is None else values.new_empty(n)
+    mean, specified = values.new_empty(n), torch.empty(n, dtype=torch.bool)
     groups += (0.0 if correction is None else float(correction),)
     tail = (None if var is None else var.data_ptr(), mean.data_ptr(), specified.data_ptr())
     if kind == "scatter":
         groups += (sums.data_ptr(),)
         tail += (n,)
-    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *groups, *tail),
-           "mean" if correction is None else "var", index=index if kind == "scatter" else None,
-           groups=n, offsets=offsets if kind == "lines" else None, which=which,
-           size=values.shape[0])
+    if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *groups, *tail):
+        _check(-1, "mean" if correction is None else "var",
+               index=index if kind == "scatter" else None, groups=n,
+               offsets=offsets if kind == "lines" else None, which=which,
+               size=values.shape[0])
     return var, mean, specified
 
 
@@ -954,8 +1011,9 @@ def softmax(values: torch.Tensor, mask: torch.Tensor, log: bool,
     lines = () if offsets is None else _line_args(offsets, which)
     if lines is None:
         return None
-    _check(kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *lines, int(log),
-                  out.data_ptr()), what, offsets=offsets, which=which, size=values.shape[0])
+    if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *lines, int(log),
+              out.data_ptr()):
+        _check(-1, what, offsets=offsets, which=which, size=values.shape[0])
     return out
 
 

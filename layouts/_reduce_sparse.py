@@ -28,7 +28,7 @@ results are COO (or strided for full reductions).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -113,7 +113,7 @@ class CooGrouping(SparseSums):
         if owner is None or not _kernels.eager(storage.values):
             facts = self._index_facts(row_major)
         else:  # Note [Index facts of a grouping]
-            facts = cached(owner, ("grouping", dims, keepdim, tuple(storage.shape), row_major),
+            facts = cached(owner, ("grouping", dims, keepdim, _key(storage.shape), row_major),
                            partial(self._index_facts, row_major))
         self.__dict__.update(facts)
         if not self.sparse_dims:
@@ -219,7 +219,7 @@ class CooGrouping(SparseSums):
         """The group of every stored element, or None when each is its own group."""
         if self._gid is None and self._present is not None:
             self._gid = (self._present.cumsum(0) - 1)[self._keys] if self._owner is None \
-                else cached(self._owner, ("gid", self.dims, tuple(self.source.shape)),
+                else cached(self._owner, ("gid", self.dims, _key(self.source.shape)),
                             lambda: (self._present.cumsum(0) - 1)[self._keys])
         return self._gid
 
@@ -239,7 +239,13 @@ class CooGrouping(SparseSums):
     def _specified(self, mask: torch.Tensor) -> torch.Tensor:
         """Per group, whether ``mask`` holds a True element (a reduction's result mask): from
         the counts, cached per index and mask object like them (Note [Facts of a mask])."""
-        return self._of_mask("any", mask, lambda m: self._count(m) > 0)
+        if self._owner is None:
+            return self._any_pass(mask)
+        return cached(self._owner, ("any", self.dims, _key(self.source.shape)),  # (_of_mask)
+                      partial(self._any_pass, mask), data=mask)
+
+    def _any_pass(self, mask: torch.Tensor) -> torch.Tensor:
+        return self._count(mask) > 0
 
     _owner: torch.Tensor | None = None
 
@@ -247,7 +253,7 @@ class CooGrouping(SparseSums):
         """``compute(mask)``, cached per index and mask object (Note [Facts of a mask])."""
         if self._owner is None:
             return compute(mask)
-        return cached(self._owner, (what, self.dims, tuple(self.source.shape)),
+        return cached(self._owner, (what, self.dims, _key(self.source.shape)),
                       partial(compute, mask), data=mask)
 
     def _count_pass(self, mask: torch.Tensor) -> torch.Tensor:
@@ -294,7 +300,7 @@ class CooGrouping(SparseSums):
         (no owner to cache it on, a transform, no native kernels)."""
         if self._owner is None or not _kernels.eager(values):
             return None
-        return cached(self._owner, ("narrow", self.dims, tuple(self.source.shape)),  # Note
+        return cached(self._owner, ("narrow", self.dims, _key(self.source.shape)),  # Note
                       self._narrowed)  # [Narrow group indices]
 
     def _narrowed(self) -> torch.Tensor | None:
@@ -536,7 +542,8 @@ class CompressedGrouping(CooGrouping):
     runs over the line pointers (Note [Reducing along lines]): no per-element index is
     built. Other reductions group the (row, col) coordinates. The result is of the input's
     layout when it is 2-D (``keepdim=True``), else COO / strided. ``index`` overrides the
-    storage's ``(ptr, idx)`` (a row-sorted 2-D COO storage reduced along its rows).
+    storage's ``(ptr, idx)`` (a row-sorted 2-D COO storage reduced along its rows; ``idx``
+    None: its index's second row).
     """
 
     _SEGMENT_OPS = {"sum": "sum", "prod": "prod", "amax": "max", "amin": "min"}
@@ -545,6 +552,8 @@ class CompressedGrouping(CooGrouping):
                  axis: int = 0, index: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         ptr, idx = storage.index if index is None else index
         self.by_lines = dims == (1 - axis,)
+        if idx is None and not self.by_lines:  # (a row-sorted COO: its columns)
+            idx = storage.index[0][1]
         if not self.by_lines:
             # Every element's outer coordinate (its row, for CSR) is O(nnz) to expand; a
             # reduction over the outer dim groups by the inner one and needs it only for
@@ -560,11 +569,22 @@ class CompressedGrouping(CooGrouping):
         self.keepdim = keepdim
         self.ptr, self.inner = ptr, storage.shape[1 - axis]
         self._owner = ptr
-        # per-element coordinates are built only if needed
-        self._coords = [idx, None] if axis == 1 else [None, idx]
+        # per-element coordinates are built only if needed (``idx`` None: a row-sorted
+        # 2-D COO storage, whose ``coords`` reads its index's columns on first use)
+        self._coords = None if idx is None else [idx, None] if axis == 1 else [None, idx]
         # Note [Index facts of a grouping]
-        self.__dict__.update(cached(ptr, ("line grouping", keepdim, tuple(storage.shape), axis),
+        self.__dict__.update(cached(ptr, ("line grouping", keepdim, _key(storage.shape), axis),
                                     partial(self._line_facts, ptr, axis)))
+
+    @property
+    def coords(self) -> list[torch.Tensor | None]:
+        if self._coords is None:  # (only a row-sorted COO storage along its rows: axis 0)
+            self._coords = [None, self.source.index[0][1]]
+        return self._coords
+
+    @coords.setter
+    def coords(self, value: list[torch.Tensor | None]) -> None:
+        self._coords = value
 
     def _line_facts(self, ptr: torch.Tensor, axis: int) -> dict[str, Any]:
         offsets, lines, lengths = _lines(ptr)
@@ -721,6 +741,12 @@ class CompressedGrouping(CooGrouping):
         return out
 
 
+def _key(shape: Sequence[int]) -> tuple[int, ...]:
+    """``shape`` as a cache key: a ``torch.Size`` as it is (it hashes and compares as its
+    tuple), anything else as a tuple."""
+    return shape if type(shape) is torch.Size else tuple(shape)
+
+
 def _index_of(coords: list[torch.Tensor], n: int, device: torch.device) -> torch.Tensor:
     """A COO index tensor ``(ndim, n)`` from per-dim coordinates (a view for one dim: index
     tensors are never written in place)."""
@@ -751,7 +777,8 @@ def coo_grouping(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> Grou
     if (dims == (1,) and indices.shape[0] == 2 and storage.values.dim() == 1
             and storage.shape[0] <= _SLOTS_PER_NNZ * nnz + 4096):
         crow = cached(indices, "crow", lambda: crow_from_rows(indices[0], storage.shape[0]))
-        return CompressedGrouping(storage, dims, keepdim, axis=0, index=(crow, indices[1]))
+        # (the columns: the COO index's second row, unbound only when a pass reads them)
+        return CompressedGrouping(storage, dims, keepdim, axis=0, index=(crow, None))
     return CooGrouping(storage, dims, keepdim)
 
 

@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 
+from ._kernels import traced
 from ._lines import dense_lines
+from ._reduce_sparse import masked_arg
 from ._reduce_strided import StridedGrouping
 from ._shape_strided import SHAPE_OPS as _SHAPE_OPS
 from ._vector_mask import vector_mask
@@ -58,6 +60,35 @@ def _from_coo(layout: Layout, storage: Storage) -> Storage:
     return layout.build((), storage.densify(), storage.densify(storage.mask, False), storage.shape)
 
 
+def _masked_arg(storage: Storage, dims: tuple[int, ...], keepdim: bool, op: str,
+                with_values: bool) -> Storage:
+    """The ``reduction`` kernel of ``argmax`` / ``argmin`` (``op`` "amax" / "amin") over
+    every dim: the row-major position is the position in the contiguous values, so the
+    sparse layouts' one native pass (:func:`masked_arg`: the masked extreme, then the first
+    specified element reaching it, NaN first) serves the flattened values, in place of the
+    dozen torch ops of the generic route. ``NotImplemented`` (the generic route) where
+    that does not apply: along some dims, ``keepdim``, a 0-d or non-contiguous storage, a
+    tracer.
+
+    >>> s = _from_strided(get_layout("strided"), torch.tensor([[1., 7.], [7., 2.]]),
+    ...                   torch.tensor([[True, False], [True, True]]))
+    >>> _masked_arg(s, (0, 1), False, "amax", False).values.item()
+    2
+    """
+    values, mask = storage.values, storage.mask
+    if (keepdim or with_values or not dims or len(dims) != values.dim() or traced(values)
+            or mask.shape != values.shape or not values.is_contiguous()
+            or not mask.is_contiguous()):
+        return NotImplemented
+    n = values.numel()
+    flat = storage.layout.build((), values.view(n), mask.view(n), (n,))
+    return masked_arg(flat, (0,), False, op, False, coords=_flat_coords)
+
+
+def _flat_coords(storage: Storage, i: int) -> list[int]:
+    return [i]
+
+
 def _validate(storage: Storage, full: bool = False) -> None:
     if storage.values.shape != storage.shape or storage.mask.shape != storage.shape:
         raise ValueError(f"strided masked tensor: data {tuple(storage.values.shape)} and mask "
@@ -78,6 +109,8 @@ register_layout(Layout(
     to_coo=_to_coo,
     from_coo=_from_coo,
     validate=_validate,
+    reduction={torch.ops.aten.argmax.default: _masked_arg,
+               torch.ops.aten.argmin.default: _masked_arg},
     group=StridedGrouping,
     lines=dense_lines,
     shape_ops=_SHAPE_OPS,

@@ -141,16 +141,24 @@ class MaskedTensor(torch.Tensor):
         # Note [Export traces the aten level]: torch.export records only tensors made by
         # dispatched ops, so while exporting every op goes down to ``__torch_dispatch__``
         # (each Python-level handler has an aten kernel; properties then read the wrapper).
-        if torch._C._get_tracing_state() is not None:
+        # (the torch functions called here are bound once, below the class: Note [One
+        # check per call] in layouts._native; Dynamo knows them by object, not by name)
+        if _tracing_state() is not None:
             _refuse_jit_trace(func)
-        if torch.compiler.is_dynamo_compiling():
+        if _dynamo_compiling():
             # Dynamo traces this code only after the op broke its graph (data-dependent
             # shapes of sparse kernels): run the whole op outside the graph, one clean
             # break, rather than resuming inside our Python.
             return _torch_function_outside_graph(func, args, kwargs)
-        handler = _registry.FUNCTIONS.get(func)
-        if handler is not None and not torch.compiler.is_exporting():
-            return _run(handler, func, args, kwargs)
+        handler = _HANDLERS.get(func)
+        if handler is not None and not _exporting():
+            try:  # _run, inlined: one frame less on every call
+                return handler(func, *args, **(kwargs or _NO_KWARGS))
+            except (NotImplementedError, RuntimeError) as exc:
+                lacking = missing_kernel(func, args, exc)
+                if lacking is None:
+                    raise
+                raise lacking from exc
         if torch._C._are_functorch_transforms_active():  # Note [MaskedTensors in torch.func]
             return _func.dispatch_below(func, args, kwargs)
         with DisableTorchFunctionSubclass():
@@ -215,7 +223,7 @@ class MaskedTensor(torch.Tensor):
     # time, as separate graph inputs (torch.export then bakes them in as constants).
     @property
     def _storage(self) -> Storage:
-        if torch.compiler.is_compiling():
+        if _compiling():
             index = tuple(getattr(self, f"_index{i}") for i in range(self._nindex))
             return Storage(self._layout, index, self._values, self._mask, self._shape)
         return self._cached
@@ -225,6 +233,14 @@ class MaskedTensor(torch.Tensor):
         attrs = self.__dict__
         attrs.pop("_data_of", None)  # the old storage's data tensor: free it
         _set_storage(attrs, storage)
+
+
+_tracing_state = torch._C._get_tracing_state
+_dynamo_compiling = torch.compiler.is_dynamo_compiling
+_exporting = torch.compiler.is_exporting
+_compiling = torch.compiler.is_compiling
+_HANDLERS = _registry.FUNCTIONS  # (the one dict ``implements`` fills)
+_NO_KWARGS: dict = {}  # (never written: ``**`` copies it)
 
 
 def _set_storage(attrs: dict, storage: Storage) -> None:
@@ -301,13 +317,13 @@ def check_aten_autograd(func: Any, args: tuple) -> None:
 
 def _wrap(storage: Storage, requires_grad: bool = False) -> MaskedTensor:
     """A MaskedTensor over ``storage`` (no copy, no check)."""
-    if torch.compiler.is_dynamo_compiling():
+    if _dynamo_compiling():
         # Dynamo traces a masked op's Python code only after a graph break in it (sparse
         # kernels with data-dependent shapes); it cannot trace _make_wrapper_subclass, so
         # the wrapper is built outside the graph, whole (never half-built across a break).
         return _wrap_outside_graph(storage, requires_grad)
     values = storage.values
-    out = torch.Tensor._make_wrapper_subclass(
+    out = _make_wrapper_subclass(
         MaskedTensor, storage.shape, strides=None if storage.index else values.stride(),
         dtype=values.dtype, device=values.device, requires_grad=requires_grad)
     _set_storage(out.__dict__, storage)  # a new wrapper: no old data tensor to free
@@ -315,6 +331,7 @@ def _wrap(storage: Storage, requires_grad: bool = False) -> MaskedTensor:
 
 
 _wrap_outside_graph = torch.compiler.disable(_wrap, recursive=True)
+_make_wrapper_subclass = torch.Tensor._make_wrapper_subclass  # (bound once: every op wraps)
 
 
 _STORAGE_ATTRS = frozenset({"_storage", "_cached", "_layout", "_shape", "_values", "_mask",

@@ -390,6 +390,46 @@ def test_a_corrupted_sparse_index_raises_in_a_reduction():
         mt.sum(1)
 
 
+@pytest.mark.parametrize("change", ["written", ".data int32", "set_ shorter", ".data",
+                                    "which written", "which set_"])
+def test_checked_line_arguments_are_not_served_once_the_index_changed(change):
+    """The lines kernels keep the checked arguments of an ``offsets`` / ``which`` pair per
+    object (Note [Line arguments once per index]); an index changed after a first call --
+    written in place, given another length by ``set_``, another dtype or length by
+    ``.data`` -- is
+    checked again: refused (None: the composed path) or raising, never read as it was."""
+    if not native.status().startswith("available"):
+        pytest.skip(f"native kernels: {native.status()}")
+    values, mask = torch.arange(6.0), torch.ones(6, dtype=torch.bool)
+    offsets, which = torch.tensor([0, 2, 4, 6]), torch.tensor([0, 2])
+    assert native.lines(values, mask, "sum", offsets, which).tolist() == [1.0, 9.0]
+    assert native.lines(values, mask, "sum", offsets, which).tolist() == [1.0, 9.0]  # cached
+    if change == "written":
+        offsets[1] = 60
+        with pytest.raises(ValueError, match=r"line pointer 60 \(entry 1\)"):
+            native.lines(values, mask, "sum", offsets, which)
+    elif change == ".data int32":
+        offsets.data = torch.tensor([0, 2, 4, 6], dtype=torch.int32)
+        assert native.lines(values, mask, "sum", offsets, which) is None
+    elif change == "set_ shorter":
+        offsets.set_(torch.tensor([0, 6]))
+        with pytest.raises(ValueError, match=r"listed line 2 \(entry 1\) is outside \[0, 1\)"):
+            native.lines(values, mask, "sum", offsets, which)
+    elif change == ".data":
+        offsets.data = torch.tensor([0, 3, 6])
+        with pytest.raises(ValueError, match=r"listed line 2 \(entry 1\) is outside \[0, 2\)"):
+            native.lines(values, mask, "sum", offsets, which)
+    elif change == "which written":
+        which[1] = 7
+        with pytest.raises(ValueError, match=r"listed line 7 \(entry 1\)"):
+            native.lines(values, mask, "sum", offsets, which)
+    else:
+        which.set_(torch.tensor([1, 0, 2]))
+        assert native.lines(values, mask, "sum", offsets, which).tolist() == [5.0, 1.0, 9.0]
+    assert native.lines(values, mask, "sum", torch.tensor([0, 2, 4, 6]), torch.tensor([0, 2])
+                        ).tolist() == [1.0, 9.0]  # another pair: its own arguments
+
+
 @pytest.mark.parametrize("case", ["group id", "negative id", "pointer past the end",
                                   "decreasing pointers", "listed line", "backward"])
 def test_an_index_out_of_range_is_a_value_error_naming_the_op_the_index_and_the_bound(case):

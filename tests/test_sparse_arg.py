@@ -114,3 +114,32 @@ def test_an_int32_csr_gives_the_int64_results():
         values, indices = torch.min(narrow, dim)
         assert_masked_equal(indices, idx, spec)
         assert_masked_equal(values, top, spec)
+
+
+@pytest.mark.parametrize("kind", ["max", "min"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(6, 9), (5, 4, 6), (7,)])
+def test_a_strided_arg_extreme_over_every_dim_is_the_first_extreme(shape, dtype, kind,
+                                                                    monkeypatch):
+    """argmax() / argmin() of a strided MaskedTensor: the first specified extreme in
+    row-major order (NaN first), as the flattened dense reference gives; with the native
+    kernels, one masked extreme and one scan of the contiguous values (``_native.first``),
+    with or without autograd. A transposed (non-contiguous) operand and one with nothing
+    specified take the generic route: the same answer, and 0 unspecified."""
+    g = torch.Generator().manual_seed(3)
+    pick = torch.randint(0, 7, shape, generator=g)
+    data = torch.tensor([-1., 0., 1., 1., math.nan, math.inf, -math.inf], dtype=dtype)[pick]
+    mask = torch.rand(shape, generator=g) < 0.5
+    calls = []
+    first = native.first
+    monkeypatch.setattr(native, "first", lambda *args: calls.append(first(*args)) or calls[-1])
+    arg = torch.argmax if kind == "max" else torch.argmin
+    flipped = (data.transpose(0, -1), mask.transpose(0, -1), False)
+    for d, m, grad in ((data, mask, False), (data, mask, True), flipped):
+        calls.clear()
+        mt = ms.masked_tensor(d, m, requires_grad=grad)
+        _, idx, spec = _reference(d.reshape(-1), m.reshape(-1), 0, kind, False)
+        assert_masked_equal(arg(mt), idx, spec)
+        assert len(calls) == (1 if d.is_contiguous() and native.available() else 0)
+    nothing = ms.masked_tensor(data, torch.zeros(shape, dtype=torch.bool))
+    assert_masked_equal(arg(nothing), torch.tensor(0), torch.tensor(False))

@@ -38,6 +38,8 @@ def compact(t: torch.Tensor) -> torch.Tensor:
     """``t`` with its broadcast (stride 0) dims cut to size 1: it broadcasts back to ``t``'s
     shape, and an elementwise op on it touches each stored element once (an attention mask
     expanded over heads)."""
+    if t.is_contiguous():  # (a broadcast dim of size > 1 is never contiguous)
+        return t
     for d in range(t.dim()):
         if t.stride(d) == 0 and t.shape[d] > 1:
             t = t.narrow(d, 0, 1)
@@ -150,6 +152,26 @@ def is_zero_filled(values: torch.Tensor, mask: torch.Tensor) -> bool:
     return tag is not None and tag[0] is mask and tag[1] == values._version
 
 
+def _all_true(small: torch.Tensor) -> bool:
+    """``bool(small.all())`` for a CPU bool tensor of at most ``_DIRECT`` elements: compared
+    with a kept all-True tensor of its shape (``torch.equal`` compares the bytes of two
+    contiguous tensors at once; ``all`` is a reduction, with a larger fixed cost, which a
+    small ``amax(dim)`` pays on every call: ``benchmarks/profile_overhead.py --fixed``). A
+    byte other than 0 and 1 (a bool view of other bytes) reads as not all True: at worst a
+    fill with nothing to do."""
+    ones = _ONES.get(small.shape)
+    if ones is None:
+        with torch.inference_mode(False):  # (a normal tensor, whatever the mode)
+            ones = torch.ones(small.shape, dtype=torch.bool)
+        if len(_ONES) >= 64:  # bounded: at most 64 x _DIRECT bytes
+            _ONES.clear()
+        _ONES[small.shape] = ones
+    return torch.equal(small, ones)
+
+
+_ONES: dict[torch.Size, torch.Tensor] = {}  # shape -> all-True CPU bool tensor
+
+
 def all_specified(mask: torch.Tensor) -> bool:
     """True when every element of the bool ``mask`` is True: then a zero fill has nothing
     to do (a sparse weight stores only its kept entries; a layer whose every output feature
@@ -167,7 +189,7 @@ def all_specified(mask: torch.Tensor) -> bool:
         return False
     small = compact(mask)
     if small.numel() <= _DIRECT or mask.is_inference():  # (no version counter to key on)
-        return bool(small.all())
+        return _all_true(small)
     entry = _ALL_SPECIFIED.get(mask)
     if entry is not None and entry[0] == mask._version:
         return entry[1]

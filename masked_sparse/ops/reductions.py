@@ -53,7 +53,7 @@ from layouts import Grouping, Kernel, Storage, zero_unspecified
 
 from .._autograd import on_values
 from .._registry import implements, is_aten, op_name
-from .._tensor import MaskedTensor, _wrap, dtype_of, ndim_of
+from .._tensor import MaskedTensor, _wrap, dtype_of, ndim_of, requires_grad_of
 from . import reductions_args as A
 from ._fill import all_specified
 
@@ -133,9 +133,13 @@ def run(op: Any, name: str, kernel: Kernel, mt: MaskedTensor, dims: tuple[int, .
     key = KEYS.get(name)  # None: an op without an aten overload (functional.normalize)
     fn, extra2 = (_reduce, ()) if narrow is None else (_reduce_wide, (narrow,))
     if not is_aten(op):
-        return on_values(fn, [mt], key, kernel, dims, keepdim, extra, *extra2)
-    with torch.no_grad():
+        if torch.is_grad_enabled() and requires_grad_of(mt):
+            return on_values(fn, [mt], key, kernel, dims, keepdim, extra, *extra2)
+        # no gradient to record: what ``on_values`` runs then, without its layer
         out = fn([mt._storage], key, kernel, dims, keepdim, extra, *extra2)
+    else:
+        with torch.no_grad():
+            out = fn([mt._storage], key, kernel, dims, keepdim, extra, *extra2)
     if isinstance(out, Storage):
         return _wrap(out)
     return tuple(_wrap(o) if isinstance(o, Storage) else o for o in out)

@@ -49,6 +49,10 @@ class _Binder:
         """The bound arguments with defaults applied, or None to let ``inspect`` decide."""
         if len(args) > len(self.positional):
             return None
+        if not kwargs:  # the common call: positional arguments only
+            out = self.defaults.copy()
+            out.update(zip(self.positional, args))
+            return out if len(out) == len(self.names) else None
         given = dict(zip(self.positional, args))
         for k, v in kwargs.items():
             k = _ALIASES.get(k, k)
