@@ -34,7 +34,12 @@ from setuptools.command.build_ext import build_ext
 
 SOURCE = "layouts/_native.c"
 MANIFEST = "_native_kernels.json"
-FLAGS = ["-O3", "-g0", "-std=gnu11", "-fopenmp-simd"]  # -g0: no debug info (size)
+# -g0: no debug info (size). -falign-*: every function and loop starts a cache line, so
+# that an edit elsewhere in the file does not move a hot loop across one (an unrelated
+# change slowed a scatter backward kernel by its placement alone, visibly in
+# benchmarks.bench_training_reductions across lines).
+FLAGS = ["-O3", "-g0", "-std=gnu11", "-fopenmp-simd", "-falign-functions=64",
+         "-falign-loops=64"]
 AVX2 = ["-mavx2", "-mfma", "-mbmi", "-mbmi2", "-mpopcnt"]  # = ms_cpu_isa()'s checks
 # instruction set -> its flags; the loader picks by ms_built_isa() / ms_cpu_isa()
 VARIANTS = {"portable": []}
