@@ -245,6 +245,22 @@ def reduce(g: Any, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.T
     return out if out is not None else g._torch_reduce(values, mask, op)
 
 
+def reduce_zeroed(g: Any, values: torch.Tensor, mask: torch.Tensor, op: str,
+                  specified: torch.Tensor) -> torch.Tensor | None:
+    """``Grouping.masked_extreme``: without autograd to record and no tracer, the
+    grouping's native ``op`` reduction (a fresh tensor) with 0 written in place where
+    ``specified`` is False, bit for bit ``where(specified, out, 0)``; None otherwise."""
+    if (_compiling() or _transforms_active() or _modes_active() or values.is_complex()
+            or (values.requires_grad and _grad_enabled())):
+        return None
+    out = g._native_reduce(op, values, mask)
+    if out is None:
+        return None
+    if _grouping._native.fill(out, specified, 0, out=out) is None:
+        return _grouping.zero_unspecified(out, specified)
+    return out
+
+
 _OP_NODE = _Op._backward_cls  # the type of a family node in a graph (its grad_fn)
 _APPLY = super(torch.autograd.Function, _Op).apply  # torch._C._FunctionBase.apply of _Op
 

@@ -203,9 +203,11 @@ def k_prod(g: Grouping, dtype: torch.dtype) -> Storage:
 def k_extreme(g: Grouping, op: str) -> Storage:
     v, m = source(g)
     specified = g.reduce(m, "any")
-    out = g.masked_reduce(v, m, op)
-    if not all_specified(specified):  # an empty group holds the op's identity (+-inf)
-        out = zero_unspecified(out, specified)
+    out = g.masked_extreme(v, m, op, specified)  # the kernel's output, zeroed in place
+    if out is None:
+        out = g.masked_reduce(v, m, op)
+        if not all_specified(specified):  # an empty group holds the op's identity (+-inf)
+            out = zero_unspecified(out, specified)
     return g.build(out, specified)
 
 
