@@ -126,7 +126,7 @@ from ._grouping import plain_eager, start
 
 _DIR = Path(__file__).parent  # where the build puts the kernels and their manifest
 _MANIFEST = "_native_kernels.json"
-_ABI = 1  # = MS_ABI in _native.c: the version of the kernels' signatures
+_ABI = 2  # = MS_ABI in _native.c: the version of the kernels' signatures
 _ISAS = ("portable", "avx2", "avx512")  # ms_built_isa() / ms_cpu_isa(): 0, 1, 2
 _FIX = ("to build them, install the package again with a C compiler (gcc or clang) on the "
         "PATH: `pip install -e .` in a source checkout, or `python setup.py build_ext "
@@ -336,6 +336,13 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
                 index: _declared(lib, f"ms_scatter_arg{name}_{suffix}_{i}",
                                  [p, p, n, p, p, t, p, p, n])
                 for index, i in _INDEX.items()}
+    for op in _SUMS:
+        _SCATTER_TO[op] = {
+            index: _declared(lib, f"ms_scatter_to_{op}_f32_{i}", [p, p, n, p, ctypes.c_float,
+                                                               p, n])
+            for index, i in _INDEX.items()}
+    lib.ms_scatter_stack.restype = ctypes.c_int
+    _SCATTER_TO["stack"] = lib.ms_scatter_stack()
     for width, unsigned in ((1, ctypes.c_uint8), (2, ctypes.c_uint16), (4, ctypes.c_uint32),
                             (8, ctypes.c_uint64)):
         _FILL[width] = _declared(lib, f"ms_fill_u{8 * width}", [p, p, n, unsigned, p])
@@ -369,10 +376,13 @@ _LSE: dict[tuple[str, torch.dtype], Any] = {}  # (kind, dtype) -> logsumexp, as 
 _SOFTMAX: dict[tuple[str, torch.dtype], ctypes._CFuncPtr] = {}  # (kind, dtype) -> softmax
 _MOMENTS: dict[tuple[str, torch.dtype], Any] = {}  # (kind, dtype) -> mean / var, as _LSE
 _CUMSUM: dict[torch.dtype, ctypes._CFuncPtr] = {}  # dtype -> running sums along lines
+# op ("sum", "sumsq") -> {index dtype: scatter of float32 values written as float32}, and
+# "stack" -> the most groups those take (ms_scatter_stack: their double sums on the stack)
+_SCATTER_TO: dict[str, Any] = {}
 _BACKWARD: dict[tuple[str, torch.dtype], Any] = {}  # (kind, dtype) -> backward, as _LSE
 #: the tables :func:`_declare` fills (a test that loads another build swaps them all)
 _TABLES = ("_KERNELS", "_COUNT_SCATTER", "_NARROW", "_FIRST", "_ARG", "_FILL", "_DEV",
-           "_LSE", "_SOFTMAX", "_MOMENTS", "_CUMSUM", "_BACKWARD")
+           "_LSE", "_SOFTMAX", "_MOMENTS", "_CUMSUM", "_BACKWARD", "_SCATTER_TO")
 
 
 def available() -> bool:
@@ -605,12 +615,17 @@ def scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.Tens
     kernels = _kernel("scatter", values, mask, op)
     if kernels is None or not _index_ok(index, values.shape[0], group=True):
         return None
-    kernel = kernels[index.dtype]
-    out = torch.empty(n, dtype=torch.float64 if op in _SUMS else values.dtype)
+    if op in _SUMS:
+        if values.dtype is torch.float32 and n <= _SCATTER_TO["stack"]:
+            kernel, out = _SCATTER_TO[op][index.dtype], values.new_empty(n)
+        else:  # double sums, rounded after (float32) or as they are (float64)
+            kernel, out = kernels[index.dtype], torch.empty(n, dtype=torch.float64)
+    else:
+        kernel, out = kernels[index.dtype], values.new_empty(n)
     if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], index.data_ptr(),
               start(op, values.dtype), out.data_ptr(), n):
         _check(-1, op, index=index, groups=n)
-    return out.to(values.dtype)
+    return out if out.dtype is values.dtype else out.to(values.dtype)
 
 
 def first(values: torch.Tensor, mask: torch.Tensor, x: torch.Tensor) -> int | None:
@@ -960,8 +975,8 @@ def moments(values: torch.Tensor, mask: torch.Tensor, correction: float | None,
         if not (_index_ok(index, values.shape[0], group=True) and counts is not None
                 and _index_ok(counts, n)):
             return None
-        kernel = kernel[index.dtype]
-        sums = torch.empty(n, dtype=torch.float64)
+        kernel = kernel[index.dtype]  # (sums None: the kernel's stack array)
+        sums = None if n <= _SCATTER_TO["stack"] else torch.empty(n, dtype=torch.float64)
         groups = (index.data_ptr(), counts.data_ptr())
     else:
         n = 1
@@ -970,7 +985,7 @@ def moments(values: torch.Tensor, mask: torch.Tensor, correction: float | None,
     groups += (0.0 if correction is None else float(correction),)
     tail = (None if var is None else var.data_ptr(), mean.data_ptr(), specified.data_ptr())
     if kind == "scatter":
-        groups += (sums.data_ptr(),)
+        groups += (None if sums is None else sums.data_ptr(),)
         tail += (n,)
     if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *groups, *tail):
         _check(-1, "mean" if correction is None else "var",
