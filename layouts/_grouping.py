@@ -112,10 +112,11 @@ class Grouping:
     def masked_reduce(self, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor:
         return _kernels.reduce(self, values, mask, op)
 
-    def masked_extreme(self, values: torch.Tensor, mask: torch.Tensor, op: str,
-                       specified: torch.Tensor) -> torch.Tensor | None:
+    def masked_reduce_zeroed(self, values: torch.Tensor, mask: torch.Tensor, op: str,
+                             specified: torch.Tensor) -> torch.Tensor | None:
         """Per group, ``masked_reduce(values, mask, op)`` with 0 where ``specified`` (the
-        groups holding a specified element) is False -- an amax / amin's result values --
+        groups holding a specified element) is False -- the result values of an amax,
+        amin, prod or 2-norm --
         from the native kernel, its fresh output zeroed in place by one native fill (no
         check whether any group is empty, no second output); None where no native kernel
         applies (autograd to record, a tracer, another device, no library): the caller
@@ -125,7 +126,7 @@ class Grouping:
         >>> s = layouts.get_layout("strided").from_strided(torch.tensor([[1., 5.], [2., 0.]]),
         ...     torch.tensor([[True, True], [False, False]]))
         >>> g = layouts.group_by(s, (1,), False)
-        >>> out = g.masked_extreme(s.values, s.mask, "amax", torch.tensor([True, False]))
+        >>> out = g.masked_reduce_zeroed(s.values, s.mask, "amax", torch.tensor([True, False]))
         >>> out is None or out.tolist() == [5.0, 0.0]
         True
         """

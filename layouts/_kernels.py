@@ -247,7 +247,7 @@ def reduce(g: Any, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.T
 
 def reduce_zeroed(g: Any, values: torch.Tensor, mask: torch.Tensor, op: str,
                   specified: torch.Tensor) -> torch.Tensor | None:
-    """``Grouping.masked_extreme``: without autograd to record and no tracer, the
+    """``Grouping.masked_reduce_zeroed``: without autograd to record and no tracer, the
     grouping's native ``op`` reduction (a fresh tensor) with 0 written in place where
     ``specified`` is False, bit for bit ``where(specified, out, 0)``; None otherwise."""
     if (_compiling() or _transforms_active() or _modes_active() or values.is_complex()
