@@ -141,7 +141,7 @@ class Grouping:
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per group, the mean of its specified elements (0 where none is) and whether it
         has one; differentiable."""
-        mean, specified = _kernels.run(_kernels.MOMENTS, self, values, mask, None)
+        mean, specified = _kernels.moments(self, values, mask, None)
         return mean, specified
 
     def masked_var(self, values: torch.Tensor, mask: torch.Tensor, correction: float
@@ -150,7 +150,7 @@ class Grouping:
         ``count - correction <= 0``), their mean (0 where none is specified), and where the
         variance is specified; differentiable.
         """
-        var, mean, specified = _kernels.run(_kernels.MOMENTS, self, values, mask, correction)
+        var, mean, specified = _kernels.moments(self, values, mask, correction)
         return var, mean, specified
 
     def masked_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,

@@ -245,6 +245,20 @@ def reduce(g: Any, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.T
     return out if out is not None else g._torch_reduce(values, mask, op)
 
 
+def moments(g: Any, values: torch.Tensor, mask: torch.Tensor,
+            correction: float | None) -> tuple:
+    """``run(MOMENTS, g, values, mask, correction)``, as :func:`reduce`: without autograd
+    to record and no tracer, the grouping's native implementation, else its torch ops,
+    called here directly (a mean's or variance's fixed cost)."""
+    if (_compiling() or _transforms_active() or _modes_active() or values.is_complex()
+            or (values.requires_grad and _grad_enabled())):
+        return run(MOMENTS, g, values, mask, correction)
+    out = g._native_moments(values, mask, correction)
+    if out is None:
+        return g._torch_moments(values, mask, correction)
+    return out[1:] if correction is None else out
+
+
 def reduce_zeroed(g: Any, values: torch.Tensor, mask: torch.Tensor, op: str,
                   specified: torch.Tensor) -> torch.Tensor | None:
     """``Grouping.masked_reduce_zeroed``: without autograd to record and no tracer, the
