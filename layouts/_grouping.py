@@ -165,7 +165,7 @@ class Grouping:
 
     def masked_arg_extreme(self, values: torch.Tensor, mask: torch.Tensor,
                            op: str) -> tuple[torch.Tensor, torch.Tensor]:
-        top, at = _kernels.run(_kernels.ARG, self, values, mask, op)
+        top, at = _kernels.arg_extreme(self, values, mask, op)
         return top, at
 
     def kernel_groups(self, values: torch.Tensor) -> tuple | None:

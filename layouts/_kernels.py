@@ -259,6 +259,16 @@ def moments(g: Any, values: torch.Tensor, mask: torch.Tensor,
     return out[1:] if correction is None else out
 
 
+def arg_extreme(g: Any, values: torch.Tensor, mask: torch.Tensor, op: str) -> tuple:
+    """``run(ARG, g, values, mask, op)``, as :func:`reduce`: the grouping's native
+    implementation called directly when nothing is traced or recorded."""
+    if (_compiling() or _transforms_active() or _modes_active() or values.is_complex()
+            or (values.requires_grad and _grad_enabled())):
+        return run(ARG, g, values, mask, op)
+    out = g._native_arg(values, mask, op)
+    return out if out is not None else g._torch_arg(values, mask, op)
+
+
 def reduce_zeroed(g: Any, values: torch.Tensor, mask: torch.Tensor, op: str,
                   specified: torch.Tensor) -> torch.Tensor | None:
     """``Grouping.masked_reduce_zeroed``: without autograd to record and no tracer, the

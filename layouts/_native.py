@@ -662,8 +662,12 @@ def first(values: torch.Tensor, mask: torch.Tensor, x: torch.Tensor) -> int | No
 # update, or read the values twice. ``benchmarks/bench_reductions.py`` times both.
 
 
-def _arg_ok(values: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> bool:
-    return _applies(values, mask) and _index_ok(positions, values.shape[0])
+def _arg_ok(values: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
+            checked: bool) -> bool:
+    """The arg kernels' checks; with ``checked``, those of the positions alone: the caller
+    has just asked :func:`arg_applies` of the same ``values`` and ``mask`` (Note [One check
+    per call])."""
+    return (checked or _applies(values, mask)) and _index_ok(positions, values.shape[0])
 
 
 def arg_applies(values: torch.Tensor, mask: torch.Tensor, op: str) -> bool:
@@ -677,19 +681,21 @@ def _arg_out(n: int, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def arg_lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.Tensor,
-              which: torch.Tensor | None, positions: torch.Tensor
+              which: torch.Tensor | None, positions: torch.Tensor, checked: bool = False
               ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Per line (as :func:`lines`), the masked extreme of ``values`` (``op`` "amax" or
     "amin") and the smallest of ``positions`` (int64, one per element) among the specified
     elements reaching it, NaN counting as the extreme, (0, 0) where none is specified (Note
-    [Native arg-extremes]); None where the native kernels do not apply.
+    [Native arg-extremes]); None where the native kernels do not apply. ``checked``: the
+    caller has just asked :func:`arg_applies` of these ``values`` and ``mask``.
 
     >>> v, m = torch.tensor([1., 3., 3., 9.]), torch.tensor([True, True, True, False])
     >>> out = arg_lines(v, m, "amax", torch.tensor([0, 4]), None, torch.tensor([0, 5, 2, 1]))
     >>> out is None or (out[0].tolist(), out[1].tolist()) == ([3.0], [2])
     True
     """
-    kernel = _ARG.get(("lines", op, values.dtype)) if _arg_ok(values, mask, positions) else None
+    kernel = _ARG.get(("lines", op, values.dtype)) \
+        if _arg_ok(values, mask, positions, checked) else None
     args = None if kernel is None else _line_args(offsets, which)
     if kernel is None or args is None:
         return None
@@ -701,12 +707,13 @@ def arg_lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.
 
 
 def arg_scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.Tensor,
-                n: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+                n: int, positions: torch.Tensor, checked: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Into ``n`` groups (as :func:`scatter`), the masked extreme of ``values`` and the
     smallest of ``positions`` among the specified elements reaching it, as
-    :func:`arg_lines`; None where the native kernels do not apply."""
-    kernels = _ARG.get(("scatter", op, values.dtype)) if _arg_ok(values, mask, positions) \
-        else None
+    :func:`arg_lines` (``checked`` too); None where the native kernels do not apply."""
+    kernels = _ARG.get(("scatter", op, values.dtype)) \
+        if _arg_ok(values, mask, positions, checked) else None
     if kernels is None or not _index_ok(index, values.shape[0], group=True):
         return None
     top, at = _arg_out(n, values)

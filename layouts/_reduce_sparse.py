@@ -404,14 +404,15 @@ class CooGrouping(SparseSums):
                    op: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``masked_arg_extreme`` by the native kernels (Note [Native arg-extremes]): one
         line of every element for a single group, else a scatter pass over the group ids;
-        None where they do not apply."""
+        None where they do not apply. Called by :meth:`_native_arg` only, once
+        ``arg_applies`` holds (the kernels check the positions and groups alone)."""
         if self.single:
             offsets = torch.tensor([0, mask.shape[0]])
-            return _native.arg_lines(values, mask, op, offsets, None, self.positions())
+            return _native.arg_lines(values, mask, op, offsets, None, self.positions(), True)
         ids = self._group_ids(values)
         if ids is None:
             ids = self.gid  # the slot groupings build their group ids
-        return _native.arg_scatter(values, mask, op, ids, self.ngroups, self.positions())
+        return _native.arg_scatter(values, mask, op, ids, self.ngroups, self.positions(), True)
 
     # -- primitives --------------------------------------------------------------------
     def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
@@ -657,7 +658,8 @@ class CompressedGrouping(CooGrouping):
                    op: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         if not self.by_lines:
             return super()._fused_arg(values, mask, op)
-        return _native.arg_lines(values, mask, op, self.offsets, self._which, self.positions())
+        return _native.arg_lines(values, mask, op, self.offsets, self._which, self.positions(),
+                                 True)  # (_native_arg asked arg_applies)
 
     def _with_gid(self) -> None:
         if self.by_lines and self.gid is None:  # an index fact (the line of each element)
