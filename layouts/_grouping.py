@@ -157,11 +157,11 @@ class Grouping:
                          specified: torch.Tensor) -> torch.Tensor:
         """Per group, the log of the sum of ``exp`` of its specified elements, 0 where
         ``specified`` (the groups with one) is False; differentiable."""
-        return _kernels.run(_kernels.LOGSUMEXP, self, values, mask, specified)[0]
+        return _kernels.logsumexp(self, values, mask, specified)
 
     def softmax(self, values: torch.Tensor, mask: torch.Tensor,
                 log: bool) -> tuple[torch.Tensor, bool]:
-        return _kernels.run(_kernels.SOFTMAX, self, values, mask, log)[0], True
+        return _kernels.softmax(self, values, mask, log), True
 
     def masked_arg_extreme(self, values: torch.Tensor, mask: torch.Tensor,
                            op: str) -> tuple[torch.Tensor, torch.Tensor]:

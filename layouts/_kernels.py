@@ -269,6 +269,25 @@ def arg_extreme(g: Any, values: torch.Tensor, mask: torch.Tensor, op: str) -> tu
     return out if out is not None else g._torch_arg(values, mask, op)
 
 
+def logsumexp(g: Any, values: torch.Tensor, mask: torch.Tensor,
+              specified: torch.Tensor) -> torch.Tensor:
+    """``run(LOGSUMEXP, g, values, mask, specified)[0]``, as :func:`reduce`."""
+    if (_compiling() or _transforms_active() or _modes_active() or values.is_complex()
+            or (values.requires_grad and _grad_enabled())):
+        return run(LOGSUMEXP, g, values, mask, specified)[0]
+    out = g._native_logsumexp(values, mask, specified)
+    return out if out is not None else g._torch_logsumexp(values, mask, specified)
+
+
+def softmax(g: Any, values: torch.Tensor, mask: torch.Tensor, log: bool) -> torch.Tensor:
+    """``run(SOFTMAX, g, values, mask, log)[0]``, as :func:`reduce`."""
+    if (_compiling() or _transforms_active() or _modes_active() or values.is_complex()
+            or (values.requires_grad and _grad_enabled())):
+        return run(SOFTMAX, g, values, mask, log)[0]
+    out = g._native_softmax(values, mask, log)
+    return out if out is not None else g._torch_softmax(values, mask, log)
+
+
 def reduce_zeroed(g: Any, values: torch.Tensor, mask: torch.Tensor, op: str,
                   specified: torch.Tensor) -> torch.Tensor | None:
     """``Grouping.masked_reduce_zeroed``: without autograd to record and no tracer, the
