@@ -299,6 +299,8 @@ def reduce_zeroed(g: Any, values: torch.Tensor, mask: torch.Tensor, op: str,
     out = g._native_reduce(op, values, mask)
     if out is None:
         return None
+    if specified.numel() == 1 and specified.dtype is torch.bool:  # one group: read it
+        return out if specified.item() else _grouping.zero_unspecified(out, specified)
     if _grouping._native.fill(out, specified, 0, out=out) is None:
         return _grouping.zero_unspecified(out, specified)
     return out
