@@ -788,8 +788,9 @@ def count_scatter(mask: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tens
 # 12 (an int32 index). The loop waits on memory, so a narrower index is faster
 # (``benchmarks/bench_scipy.py``'s column sums; unrolling and prefetching the output
 # measured no gain; the index is what pays). The groupings keep
-# one narrowed copy per index tensor and reduction (``cached``: an index written in place
-# is narrowed again, never read stale): +2 bytes per stored element (uint16, at most 65536
+# one narrowed copy per index tensor and reduction, with the grouping's other index facts
+# (``cached`` per index and version: an index written in place is narrowed again, never
+# read stale): +2 bytes per stored element (uint16, at most 65536
 # groups), else +4 (int32), O(nnz) memory while the index lives. It holds group ids, not
 # key slots: a grouping over key slots (columns) maps each slot to its group in the same
 # pass (``remap``), so the kernels write the groups directly and no selection of the

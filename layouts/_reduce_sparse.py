@@ -116,6 +116,7 @@ class CooGrouping(SparseSums):
             facts = cached(owner, ("grouping", dims, keepdim, _key(storage.shape), row_major),
                            partial(self._index_facts, row_major))
         self.__dict__.update(facts)
+        self._facts = facts  # (where the narrowed group ids join them: _group_ids)
         if not self.sparse_dims:
             self.out_coords = self.coords
 
@@ -300,8 +301,16 @@ class CooGrouping(SparseSums):
         (no owner to cache it on, a transform, no native kernels)."""
         if self._owner is None or not _kernels.eager(values):
             return None
-        return cached(self._owner, ("narrow", self.dims, _key(self.source.shape)),  # Note
-                      self._narrowed)  # [Narrow group indices]
+        # Note [Narrow group indices]: kept with the index facts they derive from (cached
+        # per owner and version, the same key but keepdim), built on first use
+        facts = self.__dict__.get("_facts")
+        if facts is None:  # (a line grouping: no scatter facts)
+            return cached(self._owner, ("narrow", self.dims, _key(self.source.shape)),
+                          self._narrowed)
+        narrowed = facts.get("_narrow_ids", _MISSING)
+        if narrowed is _MISSING:
+            narrowed = facts["_narrow_ids"] = self._narrowed()
+        return narrowed
 
     def _narrowed(self) -> torch.Tensor | None:
         """Every stored element's group id, narrowed (Note [Narrow group indices]): from
@@ -741,6 +750,9 @@ class CompressedGrouping(CooGrouping):
         if self.keepdim and len(self.out_shape) == 2 and self.source.layout is not self.coo:
             return self.source.layout.from_coo(out)
         return out
+
+
+_MISSING = object()
 
 
 def _key(shape: Sequence[int]) -> tuple[int, ...]:

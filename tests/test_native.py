@@ -297,8 +297,9 @@ def test_an_index_written_in_place_is_narrowed_again(layout):
         reduce(mt)
     storage = mt._storage
     owner = storage.index[1] if layout == "sparse_csr" else storage.index[0]
-    narrowed = [entry[1] for key, entry in index_facts._CACHE.items()
-                if entry[0]() is owner and key[1][0] == "narrow"]
+    narrowed = [entry[1]["_narrow_ids"] for key, entry in index_facts._CACHE.items()
+                if entry[0]() is owner and key[1][0] == "grouping"
+                and "_narrow_ids" in entry[1]]  # (kept with the grouping's index facts)
     assert [n.dtype for n in narrowed] == [torch.uint16]  # the kernels read a copy
     columns = storage.index[1] if layout == "sparse_csr" else storage.index[0][1]
     assert columns.tolist() == [0, 1, 3, 1, 3]
