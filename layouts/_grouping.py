@@ -112,6 +112,26 @@ class Grouping:
     def masked_reduce(self, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor:
         return _kernels.reduce(self, values, mask, op)
 
+    def masked_reduce_zeroed(self, values: torch.Tensor, mask: torch.Tensor, op: str,
+                             specified: torch.Tensor) -> torch.Tensor | None:
+        """Per group, ``masked_reduce(values, mask, op)`` with 0 where ``specified`` (the
+        groups holding a specified element) is False -- the result values of an amax,
+        amin, prod or 2-norm --
+        from the native kernel, its fresh output zeroed in place by one native fill (no
+        check whether any group is empty, no second output); None where no native kernel
+        applies (autograd to record, a tracer, another device, no library): the caller
+        reduces and fills (``benchmarks/profile_overhead.py --fixed`` measures both).
+
+        >>> import layouts
+        >>> s = layouts.get_layout("strided").from_strided(torch.tensor([[1., 5.], [2., 0.]]),
+        ...     torch.tensor([[True, True], [False, False]]))
+        >>> g = layouts.group_by(s, (1,), False)
+        >>> out = g.masked_reduce_zeroed(s.values, s.mask, "amax", torch.tensor([True, False]))
+        >>> out is None or out.tolist() == [5.0, 0.0]
+        True
+        """
+        return _kernels.reduce_zeroed(self, values, mask, op, specified)
+
     def masked_sum(self, values: torch.Tensor, mask: torch.Tensor,
                    with_count: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         total = _kernels.reduce(self, values, mask, "sum")
@@ -121,7 +141,7 @@ class Grouping:
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per group, the mean of its specified elements (0 where none is) and whether it
         has one; differentiable."""
-        mean, specified = _kernels.run(_kernels.MOMENTS, self, values, mask, None)
+        mean, specified = _kernels.moments(self, values, mask, None)
         return mean, specified
 
     def masked_var(self, values: torch.Tensor, mask: torch.Tensor, correction: float
@@ -130,22 +150,22 @@ class Grouping:
         ``count - correction <= 0``), their mean (0 where none is specified), and where the
         variance is specified; differentiable.
         """
-        var, mean, specified = _kernels.run(_kernels.MOMENTS, self, values, mask, correction)
+        var, mean, specified = _kernels.moments(self, values, mask, correction)
         return var, mean, specified
 
     def masked_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
                          specified: torch.Tensor) -> torch.Tensor:
         """Per group, the log of the sum of ``exp`` of its specified elements, 0 where
         ``specified`` (the groups with one) is False; differentiable."""
-        return _kernels.run(_kernels.LOGSUMEXP, self, values, mask, specified)[0]
+        return _kernels.logsumexp(self, values, mask, specified)
 
     def softmax(self, values: torch.Tensor, mask: torch.Tensor,
                 log: bool) -> tuple[torch.Tensor, bool]:
-        return _kernels.run(_kernels.SOFTMAX, self, values, mask, log)[0], True
+        return _kernels.softmax(self, values, mask, log), True
 
     def masked_arg_extreme(self, values: torch.Tensor, mask: torch.Tensor,
                            op: str) -> tuple[torch.Tensor, torch.Tensor]:
-        top, at = _kernels.run(_kernels.ARG, self, values, mask, op)
+        top, at = _kernels.arg_extreme(self, values, mask, op)
         return top, at
 
     def kernel_groups(self, values: torch.Tensor) -> tuple | None:

@@ -245,6 +245,67 @@ def reduce(g: Any, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.T
     return out if out is not None else g._torch_reduce(values, mask, op)
 
 
+def moments(g: Any, values: torch.Tensor, mask: torch.Tensor,
+            correction: float | None) -> tuple:
+    """``run(MOMENTS, g, values, mask, correction)``, as :func:`reduce`: without autograd
+    to record and no tracer, the grouping's native implementation, else its torch ops,
+    called here directly (a mean's or variance's fixed cost)."""
+    if (_compiling() or _transforms_active() or _modes_active() or values.is_complex()
+            or (values.requires_grad and _grad_enabled())):
+        return run(MOMENTS, g, values, mask, correction)
+    out = g._native_moments(values, mask, correction)
+    if out is None:
+        return g._torch_moments(values, mask, correction)
+    return out[1:] if correction is None else out
+
+
+def arg_extreme(g: Any, values: torch.Tensor, mask: torch.Tensor, op: str) -> tuple:
+    """``run(ARG, g, values, mask, op)``, as :func:`reduce`: the grouping's native
+    implementation called directly when nothing is traced or recorded."""
+    if (_compiling() or _transforms_active() or _modes_active() or values.is_complex()
+            or (values.requires_grad and _grad_enabled())):
+        return run(ARG, g, values, mask, op)
+    out = g._native_arg(values, mask, op)
+    return out if out is not None else g._torch_arg(values, mask, op)
+
+
+def logsumexp(g: Any, values: torch.Tensor, mask: torch.Tensor,
+              specified: torch.Tensor) -> torch.Tensor:
+    """``run(LOGSUMEXP, g, values, mask, specified)[0]``, as :func:`reduce`."""
+    if (_compiling() or _transforms_active() or _modes_active() or values.is_complex()
+            or (values.requires_grad and _grad_enabled())):
+        return run(LOGSUMEXP, g, values, mask, specified)[0]
+    out = g._native_logsumexp(values, mask, specified)
+    return out if out is not None else g._torch_logsumexp(values, mask, specified)
+
+
+def softmax(g: Any, values: torch.Tensor, mask: torch.Tensor, log: bool) -> torch.Tensor:
+    """``run(SOFTMAX, g, values, mask, log)[0]``, as :func:`reduce`."""
+    if (_compiling() or _transforms_active() or _modes_active() or values.is_complex()
+            or (values.requires_grad and _grad_enabled())):
+        return run(SOFTMAX, g, values, mask, log)[0]
+    out = g._native_softmax(values, mask, log)
+    return out if out is not None else g._torch_softmax(values, mask, log)
+
+
+def reduce_zeroed(g: Any, values: torch.Tensor, mask: torch.Tensor, op: str,
+                  specified: torch.Tensor) -> torch.Tensor | None:
+    """``Grouping.masked_reduce_zeroed``: without autograd to record and no tracer, the
+    grouping's native ``op`` reduction (a fresh tensor) with 0 written in place where
+    ``specified`` is False, bit for bit ``where(specified, out, 0)``; None otherwise."""
+    if (_compiling() or _transforms_active() or _modes_active() or values.is_complex()
+            or (values.requires_grad and _grad_enabled())):
+        return None
+    out = g._native_reduce(op, values, mask)
+    if out is None:
+        return None
+    if specified.numel() == 1 and specified.dtype is torch.bool:  # one group: read it
+        return out if specified.item() else _grouping.zero_unspecified(out, specified)
+    if _grouping._native.fill(out, specified, 0, out=out) is None:
+        return _grouping.zero_unspecified(out, specified)
+    return out
+
+
 _OP_NODE = _Op._backward_cls  # the type of a family node in a graph (its grad_fn)
 _APPLY = super(torch.autograd.Function, _Op).apply  # torch._C._FunctionBase.apply of _Op
 

@@ -21,7 +21,8 @@
  *
  * Every index read from memory is checked before it is used; a kernel returns -1 at the
  * first one out of range (and the caller raises), never reads or writes out of bounds.
- * Nothing is allocated here; the caller owns every array.
+ * Nothing is allocated on the heap here; the caller owns every array it passes (small
+ * scatters of float32 sums keep their double sums on the stack: SCATTER_STACK).
  *
  * Built at install (setup.py), never at run time: this one file is compiled once per
  * instruction set -- baseline (SSE2 on x86-64, the only build elsewhere: aarch64 and others),
@@ -40,7 +41,7 @@
 
 /* The version of the kernels' signatures: _native.py's _ABI must equal it, else the build
  * is refused (a stale build of another version). Bump both when a signature changes. */
-#define MS_ABI 1
+#define MS_ABI 2
 int ms_abi_version(void) { return MS_ABI; }
 
 /* The instruction set this build was compiled for: 2 explicit AVX-512 code, 1 AVX2 (the
@@ -480,6 +481,27 @@ typedef uint16_t u16;
     KERNELS(T, min)
 ALL_OPS(f64)
 ALL_OPS(f32)
+
+/* A float32 sum's scatter written as float32: the double sums of at most SCATTER_STACK
+ * groups in an array on the stack, each rounded once into out as the cast of the double
+ * result would round it, so that the caller allocates no double output and casts nothing
+ * (a column sum of a small matrix: benchmarks/profile_overhead.py --fixed). More groups:
+ * -2, nothing written (the caller takes the double output). ms_scatter_stack() is the
+ * bound; the moments' scatter takes the same stack array for its sums when given none. */
+#define SCATTER_STACK 2048
+int ms_scatter_stack(void) { return SCATTER_STACK; }
+#define SCATTER_TO(OP, I)                                                                \
+    int ms_scatter_to_##OP##_f32_##I(const f32 *v, const uint8_t *m, int64_t n,          \
+                                     const I *index, f32 identity, f32 *out,             \
+                                     int64_t nout) {                                     \
+        double acc[SCATTER_STACK];                                                       \
+        if (nout > SCATTER_STACK) return -2;                                             \
+        if (ms_scatter_##OP##_f32_##I(v, m, n, index, identity, acc, nout)) return -1;   \
+        for (int64_t g = 0; g < nout; g++) out[g] = (f32)acc[g];                         \
+        return 0;                                                                        \
+    }
+SCATTER_TO(sum, i64) SCATTER_TO(sum, i32) SCATTER_TO(sum, u16)
+SCATTER_TO(sumsq, i64) SCATTER_TO(sumsq, i32) SCATTER_TO(sumsq, u16)
 
 /* -- counts of the mask ---------------------------------------------------------------- */
 static inline int64_t count_range(const uint8_t *m, int64_t a, int64_t b) {
@@ -1236,8 +1258,9 @@ CUMSUM_KERNEL(f32)
  * specified where c > 0): the squared deviations from that mean (the sqdev pass, in
  * double, rounded to T); dof = c - correction in float32 (as torch computes an int64
  * count minus a Python float); the variance sqdev / dof where dof > 0, else 0, specified
- * there. scatter: the caller's cached counts and a double scratch `sums` (nout each); the
- * sum pass checks every index. */
+ * there. scatter: the caller's cached counts and a double scratch `sums` (nout each; NULL: an
+ * array on the stack, for at most SCATTER_STACK groups, else -2); the sum pass checks
+ * every index. */
 #define MOMENTS_OUT(T, c, sq, correction, i)                                             \
     do {                                                                                 \
         if (!var) {                                                                      \
@@ -1279,6 +1302,11 @@ CUMSUM_KERNEL(f32)
                                      const I *index, const int64_t *counts,              \
                                      double correction, double *sums, T *var, T *mean,   \
                                      uint8_t *specified, int64_t nout) {                 \
+        double stack_[SCATTER_STACK]; /* the sums when the caller passes none */          \
+        if (!sums) {                                                                     \
+            if (nout > SCATTER_STACK) return -2;                                         \
+            sums = stack_;                                                               \
+        }                                                                                \
         if (ms_scatter_sum_##T##_##I(v, m, n, index, 0, sums, nout)) return -1;          \
         for (int64_t g = 0; g < nout; g++)                                               \
             mean[g] = (T)sums[g] / (T)(counts[g] > 0 ? counts[g] : 1);                   \

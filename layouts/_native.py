@@ -126,7 +126,7 @@ from ._grouping import plain_eager, start
 
 _DIR = Path(__file__).parent  # where the build puts the kernels and their manifest
 _MANIFEST = "_native_kernels.json"
-_ABI = 1  # = MS_ABI in _native.c: the version of the kernels' signatures
+_ABI = 2  # = MS_ABI in _native.c: the version of the kernels' signatures
 _ISAS = ("portable", "avx2", "avx512")  # ms_built_isa() / ms_cpu_isa(): 0, 1, 2
 _FIX = ("to build them, install the package again with a C compiler (gcc or clang) on the "
         "PATH: `pip install -e .` in a source checkout, or `python setup.py build_ext "
@@ -336,6 +336,13 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
                 index: _declared(lib, f"ms_scatter_arg{name}_{suffix}_{i}",
                                  [p, p, n, p, p, t, p, p, n])
                 for index, i in _INDEX.items()}
+    for op in _SUMS:
+        _SCATTER_TO[op] = {
+            index: _declared(lib, f"ms_scatter_to_{op}_f32_{i}", [p, p, n, p, ctypes.c_float,
+                                                               p, n])
+            for index, i in _INDEX.items()}
+    lib.ms_scatter_stack.restype = ctypes.c_int
+    _SCATTER_TO["stack"] = lib.ms_scatter_stack()
     for width, unsigned in ((1, ctypes.c_uint8), (2, ctypes.c_uint16), (4, ctypes.c_uint32),
                             (8, ctypes.c_uint64)):
         _FILL[width] = _declared(lib, f"ms_fill_u{8 * width}", [p, p, n, unsigned, p])
@@ -369,10 +376,13 @@ _LSE: dict[tuple[str, torch.dtype], Any] = {}  # (kind, dtype) -> logsumexp, as 
 _SOFTMAX: dict[tuple[str, torch.dtype], ctypes._CFuncPtr] = {}  # (kind, dtype) -> softmax
 _MOMENTS: dict[tuple[str, torch.dtype], Any] = {}  # (kind, dtype) -> mean / var, as _LSE
 _CUMSUM: dict[torch.dtype, ctypes._CFuncPtr] = {}  # dtype -> running sums along lines
+# op ("sum", "sumsq") -> {index dtype: scatter of float32 values written as float32}, and
+# "stack" -> the most groups those take (ms_scatter_stack: their double sums on the stack)
+_SCATTER_TO: dict[str, Any] = {}
 _BACKWARD: dict[tuple[str, torch.dtype], Any] = {}  # (kind, dtype) -> backward, as _LSE
 #: the tables :func:`_declare` fills (a test that loads another build swaps them all)
 _TABLES = ("_KERNELS", "_COUNT_SCATTER", "_NARROW", "_FIRST", "_ARG", "_FILL", "_DEV",
-           "_LSE", "_SOFTMAX", "_MOMENTS", "_CUMSUM", "_BACKWARD")
+           "_LSE", "_SOFTMAX", "_MOMENTS", "_CUMSUM", "_BACKWARD", "_SCATTER_TO")
 
 
 def available() -> bool:
@@ -605,12 +615,17 @@ def scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.Tens
     kernels = _kernel("scatter", values, mask, op)
     if kernels is None or not _index_ok(index, values.shape[0], group=True):
         return None
-    kernel = kernels[index.dtype]
-    out = torch.empty(n, dtype=torch.float64 if op in _SUMS else values.dtype)
+    if op in _SUMS:
+        if values.dtype is torch.float32 and n <= _SCATTER_TO["stack"]:
+            kernel, out = _SCATTER_TO[op][index.dtype], values.new_empty(n)
+        else:  # double sums, rounded after (float32) or as they are (float64)
+            kernel, out = kernels[index.dtype], torch.empty(n, dtype=torch.float64)
+    else:
+        kernel, out = kernels[index.dtype], values.new_empty(n)
     if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], index.data_ptr(),
               start(op, values.dtype), out.data_ptr(), n):
         _check(-1, op, index=index, groups=n)
-    return out.to(values.dtype)
+    return out if out.dtype is values.dtype else out.to(values.dtype)
 
 
 def first(values: torch.Tensor, mask: torch.Tensor, x: torch.Tensor) -> int | None:
@@ -647,8 +662,12 @@ def first(values: torch.Tensor, mask: torch.Tensor, x: torch.Tensor) -> int | No
 # update, or read the values twice. ``benchmarks/bench_reductions.py`` times both.
 
 
-def _arg_ok(values: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> bool:
-    return _applies(values, mask) and _index_ok(positions, values.shape[0])
+def _arg_ok(values: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
+            checked: bool) -> bool:
+    """The arg kernels' checks; with ``checked``, those of the positions alone: the caller
+    has just asked :func:`arg_applies` of the same ``values`` and ``mask`` (Note [One check
+    per call])."""
+    return (checked or _applies(values, mask)) and _index_ok(positions, values.shape[0])
 
 
 def arg_applies(values: torch.Tensor, mask: torch.Tensor, op: str) -> bool:
@@ -662,19 +681,21 @@ def _arg_out(n: int, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def arg_lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.Tensor,
-              which: torch.Tensor | None, positions: torch.Tensor
+              which: torch.Tensor | None, positions: torch.Tensor, checked: bool = False
               ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Per line (as :func:`lines`), the masked extreme of ``values`` (``op`` "amax" or
     "amin") and the smallest of ``positions`` (int64, one per element) among the specified
     elements reaching it, NaN counting as the extreme, (0, 0) where none is specified (Note
-    [Native arg-extremes]); None where the native kernels do not apply.
+    [Native arg-extremes]); None where the native kernels do not apply. ``checked``: the
+    caller has just asked :func:`arg_applies` of these ``values`` and ``mask``.
 
     >>> v, m = torch.tensor([1., 3., 3., 9.]), torch.tensor([True, True, True, False])
     >>> out = arg_lines(v, m, "amax", torch.tensor([0, 4]), None, torch.tensor([0, 5, 2, 1]))
     >>> out is None or (out[0].tolist(), out[1].tolist()) == ([3.0], [2])
     True
     """
-    kernel = _ARG.get(("lines", op, values.dtype)) if _arg_ok(values, mask, positions) else None
+    kernel = _ARG.get(("lines", op, values.dtype)) \
+        if _arg_ok(values, mask, positions, checked) else None
     args = None if kernel is None else _line_args(offsets, which)
     if kernel is None or args is None:
         return None
@@ -686,12 +707,13 @@ def arg_lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.
 
 
 def arg_scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.Tensor,
-                n: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+                n: int, positions: torch.Tensor, checked: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Into ``n`` groups (as :func:`scatter`), the masked extreme of ``values`` and the
     smallest of ``positions`` among the specified elements reaching it, as
-    :func:`arg_lines`; None where the native kernels do not apply."""
-    kernels = _ARG.get(("scatter", op, values.dtype)) if _arg_ok(values, mask, positions) \
-        else None
+    :func:`arg_lines` (``checked`` too); None where the native kernels do not apply."""
+    kernels = _ARG.get(("scatter", op, values.dtype)) \
+        if _arg_ok(values, mask, positions, checked) else None
     if kernels is None or not _index_ok(index, values.shape[0], group=True):
         return None
     top, at = _arg_out(n, values)
@@ -766,8 +788,9 @@ def count_scatter(mask: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tens
 # 12 (an int32 index). The loop waits on memory, so a narrower index is faster
 # (``benchmarks/bench_scipy.py``'s column sums; unrolling and prefetching the output
 # measured no gain; the index is what pays). The groupings keep
-# one narrowed copy per index tensor and reduction (``cached``: an index written in place
-# is narrowed again, never read stale): +2 bytes per stored element (uint16, at most 65536
+# one narrowed copy per index tensor and reduction, with the grouping's other index facts
+# (``cached`` per index and version: an index written in place is narrowed again, never
+# read stale): +2 bytes per stored element (uint16, at most 65536
 # groups), else +4 (int32), O(nnz) memory while the index lives. It holds group ids, not
 # key slots: a grouping over key slots (columns) maps each slot to its group in the same
 # pass (``remap``), so the kernels write the groups directly and no selection of the
@@ -960,8 +983,8 @@ def moments(values: torch.Tensor, mask: torch.Tensor, correction: float | None,
         if not (_index_ok(index, values.shape[0], group=True) and counts is not None
                 and _index_ok(counts, n)):
             return None
-        kernel = kernel[index.dtype]
-        sums = torch.empty(n, dtype=torch.float64)
+        kernel = kernel[index.dtype]  # (sums None: the kernel's stack array)
+        sums = None if n <= _SCATTER_TO["stack"] else torch.empty(n, dtype=torch.float64)
         groups = (index.data_ptr(), counts.data_ptr())
     else:
         n = 1
@@ -970,7 +993,7 @@ def moments(values: torch.Tensor, mask: torch.Tensor, correction: float | None,
     groups += (0.0 if correction is None else float(correction),)
     tail = (None if var is None else var.data_ptr(), mean.data_ptr(), specified.data_ptr())
     if kind == "scatter":
-        groups += (sums.data_ptr(),)
+        groups += (None if sums is None else sums.data_ptr(),)
         tail += (n,)
     if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *groups, *tail):
         _check(-1, "mean" if correction is None else "var",

@@ -116,6 +116,7 @@ class CooGrouping(SparseSums):
             facts = cached(owner, ("grouping", dims, keepdim, _key(storage.shape), row_major),
                            partial(self._index_facts, row_major))
         self.__dict__.update(facts)
+        self._facts = facts  # (where the narrowed group ids join them: _group_ids)
         if not self.sparse_dims:
             self.out_coords = self.coords
 
@@ -300,8 +301,16 @@ class CooGrouping(SparseSums):
         (no owner to cache it on, a transform, no native kernels)."""
         if self._owner is None or not _kernels.eager(values):
             return None
-        return cached(self._owner, ("narrow", self.dims, _key(self.source.shape)),  # Note
-                      self._narrowed)  # [Narrow group indices]
+        # Note [Narrow group indices]: kept with the index facts they derive from (cached
+        # per owner and version, the same key but keepdim), built on first use
+        facts = self.__dict__.get("_facts")
+        if facts is None:  # (a line grouping: no scatter facts)
+            return cached(self._owner, ("narrow", self.dims, _key(self.source.shape)),
+                          self._narrowed)
+        narrowed = facts.get("_narrow_ids", _MISSING)
+        if narrowed is _MISSING:
+            narrowed = facts["_narrow_ids"] = self._narrowed()
+        return narrowed
 
     def _narrowed(self) -> torch.Tensor | None:
         """Every stored element's group id, narrowed (Note [Narrow group indices]): from
@@ -404,14 +413,15 @@ class CooGrouping(SparseSums):
                    op: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``masked_arg_extreme`` by the native kernels (Note [Native arg-extremes]): one
         line of every element for a single group, else a scatter pass over the group ids;
-        None where they do not apply."""
+        None where they do not apply. Called by :meth:`_native_arg` only, once
+        ``arg_applies`` holds (the kernels check the positions and groups alone)."""
         if self.single:
             offsets = torch.tensor([0, mask.shape[0]])
-            return _native.arg_lines(values, mask, op, offsets, None, self.positions())
+            return _native.arg_lines(values, mask, op, offsets, None, self.positions(), True)
         ids = self._group_ids(values)
         if ids is None:
             ids = self.gid  # the slot groupings build their group ids
-        return _native.arg_scatter(values, mask, op, ids, self.ngroups, self.positions())
+        return _native.arg_scatter(values, mask, op, ids, self.ngroups, self.positions(), True)
 
     # -- primitives --------------------------------------------------------------------
     def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
@@ -657,7 +667,8 @@ class CompressedGrouping(CooGrouping):
                    op: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         if not self.by_lines:
             return super()._fused_arg(values, mask, op)
-        return _native.arg_lines(values, mask, op, self.offsets, self._which, self.positions())
+        return _native.arg_lines(values, mask, op, self.offsets, self._which, self.positions(),
+                                 True)  # (_native_arg asked arg_applies)
 
     def _with_gid(self) -> None:
         if self.by_lines and self.gid is None:  # an index fact (the line of each element)
@@ -739,6 +750,9 @@ class CompressedGrouping(CooGrouping):
         if self.keepdim and len(self.out_shape) == 2 and self.source.layout is not self.coo:
             return self.source.layout.from_coo(out)
         return out
+
+
+_MISSING = object()
 
 
 def _key(shape: Sequence[int]) -> tuple[int, ...]:

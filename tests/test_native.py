@@ -168,6 +168,36 @@ def test_scatter_is_the_masked_reduction_per_group(build, n, groups, density, se
     assert torch.equal(native.count_scatter(mask, given_index, groups), counts)
 
 
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_small_scatter_sums_on_the_stack_are_the_double_output_path_bit_for_bit(
+        build, dtype, monkeypatch):
+    """Into at most ``ms_scatter_stack()`` groups, a float32 sum / sumsq scatter is written
+    as float32 by the kernel (its double sums on the stack) and the moments' scatter keeps
+    its sums there: bit for bit what a double output cast after (the path of more groups,
+    forced here by a bound of 0) gives, NaN and inf included, on both sides of the bound."""
+    bound = native._SCATTER_TO["stack"]
+    for groups in (1, 7, bound - 1, bound, bound + 1):
+        values, mask = _inputs(4 * groups + 5, dtype, 0.7, groups)
+        index = torch.randint(0, groups, values.shape,
+                              generator=torch.Generator().manual_seed(groups))
+        counts = torch.zeros(groups, dtype=torch.long).index_add_(0, index, mask.long())
+        for ids in (index, native.narrow(index, groups), index.int()):
+            got = [native.scatter(values, mask, op, ids, groups) for op in ("sum", "sumsq")]
+            got += native.moments(values, mask, 1.0, index=ids, counts=counts)
+            with monkeypatch.context() as patch:
+                patch.setitem(native._SCATTER_TO, "stack", 0)
+                want = [native.scatter(values, mask, op, ids, groups)
+                        for op in ("sum", "sumsq")]
+                want += native.moments(values, mask, 1.0, index=ids, counts=counts)
+            for g, w in zip(got, want):
+                assert _bits_equal(g, w), (groups, ids.dtype)
+        _assert_same(got[0], _reference(values, mask, "sum", index, groups))
+
+
 @pytest.mark.parametrize("groups,narrowed", [(1, torch.uint16), (2**16, torch.uint16),
                                              (2**16 + 1, torch.int32), (2**31, torch.int32),
                                              (2**31 + 1, None)])
@@ -267,8 +297,9 @@ def test_an_index_written_in_place_is_narrowed_again(layout):
         reduce(mt)
     storage = mt._storage
     owner = storage.index[1] if layout == "sparse_csr" else storage.index[0]
-    narrowed = [entry[1] for key, entry in index_facts._CACHE.items()
-                if entry[0]() is owner and key[1][0] == "narrow"]
+    narrowed = [entry[1]["_narrow_ids"] for key, entry in index_facts._CACHE.items()
+                if entry[0]() is owner and key[1][0] == "grouping"
+                and "_narrow_ids" in entry[1]]  # (kept with the grouping's index facts)
     assert [n.dtype for n in narrowed] == [torch.uint16]  # the kernels read a copy
     columns = storage.index[1] if layout == "sparse_csr" else storage.index[0][1]
     assert columns.tolist() == [0, 1, 3, 1, 3]

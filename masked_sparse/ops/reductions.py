@@ -197,15 +197,20 @@ def k_mean(g: Grouping, dtype: torch.dtype, nan: bool) -> Storage:
 def k_prod(g: Grouping, dtype: torch.dtype) -> Storage:
     v, m = source(g, dtype)
     specified = g.reduce(m, "any")
-    return g.build(zero_unspecified(g.masked_reduce(v, m, "prod"), specified), specified)
+    out = g.masked_reduce_zeroed(v, m, "prod", specified)  # (None: reduce, then fill)
+    if out is None:
+        out = zero_unspecified(g.masked_reduce(v, m, "prod"), specified)
+    return g.build(out, specified)
 
 
 def k_extreme(g: Grouping, op: str) -> Storage:
     v, m = source(g)
     specified = g.reduce(m, "any")
-    out = g.masked_reduce(v, m, op)
-    if not all_specified(specified):  # an empty group holds the op's identity (+-inf)
-        out = zero_unspecified(out, specified)
+    out = g.masked_reduce_zeroed(v, m, op, specified)  # the kernel's output, zeroed in place
+    if out is None:
+        out = g.masked_reduce(v, m, op)
+        if not all_specified(specified):  # an empty group holds the op's identity (+-inf)
+            out = zero_unspecified(out, specified)
     return g.build(out, specified)
 
 
@@ -224,6 +229,11 @@ def k_count_nonzero(g: Grouping) -> Storage:
 
 def k_norm(g: Grouping, ord: float, dtype: torch.dtype | None, out_dtype: torch.dtype) -> Storage:
     v, m = source(g, dtype)
+    if ord == 2 and not v.is_complex():  # the sums of squares zeroed, their roots in place
+        specified = g.reduce(m, "any")  # (the root of +0.0 is +0.0: the same bits)
+        out = g.masked_reduce_zeroed(v, m, "sumsq", specified)
+        if out is not None:
+            return g.build(out.sqrt_().to(out_dtype), specified)
     out, specified = group_norm(g, v, m, ord)
     return g.build(zero_unspecified(out, specified).to(out_dtype), specified)
 
