@@ -477,6 +477,9 @@ class CooGrouping(SparseSums):
         shape = self.source.shape
         vdim = self.source.values.dim()
         nsparse = len(self.coords)
+        if vdim == 1 and len(self.dims) == 1 and self.dims[0] < nsparse:
+            # one sparse dim: its coordinates as they are (what linearize returns for one)
+            return self.coords[self.dims[0]].long()
         device = self.source.values.device
         coords = []
         for d in self.dims:
