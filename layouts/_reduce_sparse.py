@@ -846,7 +846,10 @@ def masked_arg(storage: Storage, dims: tuple[int, ...], keepdim: bool, op: str,
     key = 0  # the row-major position (``linearize``'s key), of Python ints: one tensor
     for c, n in zip(coords(storage, at), storage.shape):
         key = key * n + c
-    return get_layout("strided").build((), torch.tensor(key), torch.tensor(True), ())
+    # (scalar_tensor: the 0-d tensors torch.tensor(key) and torch.tensor(True) build, without
+    # torch.tensor's parsing of a Python object)
+    return get_layout("strided").build((), torch.scalar_tensor(key, dtype=torch.long),
+                                       torch.scalar_tensor(True, dtype=torch.bool), ())
 
 
 def group_by(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> Grouping:
