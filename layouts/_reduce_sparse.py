@@ -833,9 +833,10 @@ def masked_arg(storage: Storage, dims: tuple[int, ...], keepdim: bool, op: str,
     if (with_values or keepdim or len(dims) != len(storage.shape) or values.dim() != 1
             or values.numel() == 0 or values.dtype not in _BITS or _kernels.traced(values)):
         return NotImplemented
-    values = values.detach()  # an index: nothing to differentiate
-    top = _native.reduce_all(values, mask, op)
-    at = None if top is None else _native.first(values, mask, top)
+    if values.requires_grad:
+        values = values.detach()  # an index: nothing to differentiate
+    top = _native.reduce_all(values, mask, op)  # (not None: the kernels read both, first too)
+    at = None if top is None else _native.first(values, mask, top, True)
     if at is None:  # without native kernels: torch's arg-extreme of the filled values
         filled = fill_unspecified(values, mask, identity(op, values.dtype))
         at = int(filled.argmax() if op == "amax" else filled.argmin())
