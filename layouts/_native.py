@@ -628,16 +628,19 @@ def scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.Tens
     return out if out.dtype is values.dtype else out.to(values.dtype)
 
 
-def first(values: torch.Tensor, mask: torch.Tensor, x: torch.Tensor) -> int | None:
+def first(values: torch.Tensor, mask: torch.Tensor, x: torch.Tensor,
+          checked: bool = False) -> int | None:
     """The index of the first element of ``values`` that is specified and equals the
     one-element ``x`` (with ``x`` NaN: is NaN), -1 when there is none; None where the
     native kernels do not apply. With ``x`` the masked maximum, the masked argmax.
+    ``checked``: the caller has just had a native kernel read these ``values`` and ``mask``
+    (:func:`reduce_all` found ``x``), so :func:`_applies` holds (Note [One check per call]).
 
     >>> v, m = torch.tensor([5., 7., 7.]), torch.tensor([True, False, True])
     >>> first(v, m, torch.tensor([7.])) in (None, 2)
     True
     """
-    kernel = _FIRST.get(values.dtype) if _applies(values, mask) else None
+    kernel = _FIRST.get(values.dtype) if checked or _applies(values, mask) else None
     if kernel is None:
         return None
     out = torch.empty(1, dtype=torch.long)

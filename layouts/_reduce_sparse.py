@@ -477,6 +477,9 @@ class CooGrouping(SparseSums):
         shape = self.source.shape
         vdim = self.source.values.dim()
         nsparse = len(self.coords)
+        if vdim == 1 and len(self.dims) == 1 and self.dims[0] < nsparse:
+            # one sparse dim: its coordinates as they are (what linearize returns for one)
+            return self.coords[self.dims[0]].long()
         device = self.source.values.device
         coords = []
         for d in self.dims:
@@ -830,9 +833,10 @@ def masked_arg(storage: Storage, dims: tuple[int, ...], keepdim: bool, op: str,
     if (with_values or keepdim or len(dims) != len(storage.shape) or values.dim() != 1
             or values.numel() == 0 or values.dtype not in _BITS or _kernels.traced(values)):
         return NotImplemented
-    values = values.detach()  # an index: nothing to differentiate
-    top = _native.reduce_all(values, mask, op)
-    at = None if top is None else _native.first(values, mask, top)
+    if values.requires_grad:
+        values = values.detach()  # an index: nothing to differentiate
+    top = _native.reduce_all(values, mask, op)  # (not None: the kernels read both, first too)
+    at = None if top is None else _native.first(values, mask, top, True)
     if at is None:  # without native kernels: torch's arg-extreme of the filled values
         filled = fill_unspecified(values, mask, identity(op, values.dtype))
         at = int(filled.argmax() if op == "amax" else filled.argmin())
@@ -843,7 +847,10 @@ def masked_arg(storage: Storage, dims: tuple[int, ...], keepdim: bool, op: str,
     key = 0  # the row-major position (``linearize``'s key), of Python ints: one tensor
     for c, n in zip(coords(storage, at), storage.shape):
         key = key * n + c
-    return get_layout("strided").build((), torch.tensor(key), torch.tensor(True), ())
+    # (scalar_tensor: the 0-d tensors torch.tensor(key) and torch.tensor(True) build, without
+    # torch.tensor's parsing of a Python object)
+    return get_layout("strided").build((), torch.scalar_tensor(key, dtype=torch.long),
+                                       torch.scalar_tensor(True, dtype=torch.bool), ())
 
 
 def group_by(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> Grouping:

@@ -101,6 +101,32 @@ def test_arg_extremes_take_the_native_kernels(shape, layout, monkeypatch):
         assert_masked_equal(composed.values.detach(), top, spec)
 
 
+@pytest.mark.parametrize("kind", ["max", "min"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr, torch.sparse_csc])
+def test_a_sparse_arg_extreme_over_every_dim_is_the_first_extreme(layout, dtype, kind):
+    """argmax() / argmin() of a 2-D sparse MaskedTensor (the row-major layouts' own
+    ``masked_arg``, the others' grouping): the row-major position of the first specified
+    extreme (NaN first), as the flattened dense reference gives; values that require grad
+    (with autograd on and off) give the same index, with no gradient."""
+    mt, data, mask = _operand((6, 9), dtype, layout, seed=3)
+    nan = mask & torch.isnan(data)
+    if nan.any():
+        want = int(nan.flatten().nonzero()[0, 0])
+    else:
+        fill = -math.inf if kind == "max" else math.inf
+        filled = torch.where(mask, data, fill).flatten()
+        top = filled.max() if kind == "max" else filled.min()
+        want = int((mask.flatten() & (filled == top)).nonzero()[0, 0])
+    arg = torch.argmax if kind == "max" else torch.argmin
+    leaf = mt.clone().requires_grad_()
+    for operand, grad in ((mt, True), (leaf, True), (leaf, False)):
+        with torch.set_grad_enabled(grad):
+            out = arg(operand)
+        assert out.shape == () and out.dtype == torch.long and not out.requires_grad
+        assert out.get_mask().item() and out.get_data().item() == want
+
+
 def test_an_int32_csr_gives_the_int64_results():
     """A CSR with int32 indices (positions widened, the column index read as it is)."""
     mt, data, mask = _operand((6, 9), torch.float64, torch.sparse_csr, seed=2)

@@ -232,8 +232,9 @@ def k_norm(g: Grouping, ord: float, dtype: torch.dtype | None, out_dtype: torch.
     if ord == 2 and not v.is_complex():  # the sums of squares zeroed, their roots in place
         specified = g.reduce(m, "any")  # (the root of +0.0 is +0.0: the same bits)
         out = g.masked_reduce_zeroed(v, m, "sumsq", specified)
-        if out is not None:
-            return g.build(out.sqrt_().to(out_dtype), specified)
+        if out is not None:  # (to(): a call even when the dtype is already out_dtype)
+            out = out.sqrt_()
+            return g.build(out if out.dtype is out_dtype else out.to(out_dtype), specified)
     out, specified = group_norm(g, v, m, ord)
     return g.build(zero_unspecified(out, specified).to(out_dtype), specified)
 
