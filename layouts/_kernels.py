@@ -233,13 +233,21 @@ def run(family: type[Family], g: Any, values: torch.Tensor, mask: torch.Tensor,
     return family.forward(g, values, mask, *args)
 
 
+def _direct(values: torch.Tensor) -> bool:
+    """True where a family's no-grad eager implementation can be called directly: nothing
+    traces (:func:`traced`) and no backward is to be recorded, so :func:`run` would take
+    ``family.forward`` anyway (the entry points below skip its layers: a small
+    reduction's fixed cost, ``benchmarks/profile_overhead.py --fixed``)."""
+    return not (_compiling() or _transforms_active() or _modes_active() or values.is_complex()
+                or (values.requires_grad and _grad_enabled()))
+
+
 def reduce(g: Any, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor:
     """``run(REDUCE, g, values, mask, op)[0]``, the most called family: without autograd to
     record and no tracer, the grouping's native implementation, else its torch ops, called
     here directly (no family, tuple or forward layer between: the fixed cost of a small
     reduction, ``benchmarks/profile_overhead.py --fixed``); the rest through :func:`run`."""
-    if (_compiling() or _transforms_active() or _modes_active() or values.is_complex()
-            or (values.requires_grad and _grad_enabled())):
+    if not _direct(values):
         return run(REDUCE, g, values, mask, op)[0]
     out = g._native_reduce(op, values, mask)
     return out if out is not None else g._torch_reduce(values, mask, op)
@@ -250,8 +258,7 @@ def moments(g: Any, values: torch.Tensor, mask: torch.Tensor,
     """``run(MOMENTS, g, values, mask, correction)``, as :func:`reduce`: without autograd
     to record and no tracer, the grouping's native implementation, else its torch ops,
     called here directly (a mean's or variance's fixed cost)."""
-    if (_compiling() or _transforms_active() or _modes_active() or values.is_complex()
-            or (values.requires_grad and _grad_enabled())):
+    if not _direct(values):
         return run(MOMENTS, g, values, mask, correction)
     out = g._native_moments(values, mask, correction)
     if out is None:
@@ -262,8 +269,7 @@ def moments(g: Any, values: torch.Tensor, mask: torch.Tensor,
 def arg_extreme(g: Any, values: torch.Tensor, mask: torch.Tensor, op: str) -> tuple:
     """``run(ARG, g, values, mask, op)``, as :func:`reduce`: the grouping's native
     implementation called directly when nothing is traced or recorded."""
-    if (_compiling() or _transforms_active() or _modes_active() or values.is_complex()
-            or (values.requires_grad and _grad_enabled())):
+    if not _direct(values):
         return run(ARG, g, values, mask, op)
     out = g._native_arg(values, mask, op)
     return out if out is not None else g._torch_arg(values, mask, op)
@@ -272,8 +278,7 @@ def arg_extreme(g: Any, values: torch.Tensor, mask: torch.Tensor, op: str) -> tu
 def logsumexp(g: Any, values: torch.Tensor, mask: torch.Tensor,
               specified: torch.Tensor) -> torch.Tensor:
     """``run(LOGSUMEXP, g, values, mask, specified)[0]``, as :func:`reduce`."""
-    if (_compiling() or _transforms_active() or _modes_active() or values.is_complex()
-            or (values.requires_grad and _grad_enabled())):
+    if not _direct(values):
         return run(LOGSUMEXP, g, values, mask, specified)[0]
     out = g._native_logsumexp(values, mask, specified)
     return out if out is not None else g._torch_logsumexp(values, mask, specified)
@@ -281,8 +286,7 @@ def logsumexp(g: Any, values: torch.Tensor, mask: torch.Tensor,
 
 def softmax(g: Any, values: torch.Tensor, mask: torch.Tensor, log: bool) -> torch.Tensor:
     """``run(SOFTMAX, g, values, mask, log)[0]``, as :func:`reduce`."""
-    if (_compiling() or _transforms_active() or _modes_active() or values.is_complex()
-            or (values.requires_grad and _grad_enabled())):
+    if not _direct(values):
         return run(SOFTMAX, g, values, mask, log)[0]
     out = g._native_softmax(values, mask, log)
     return out if out is not None else g._torch_softmax(values, mask, log)
@@ -293,8 +297,7 @@ def reduce_zeroed(g: Any, values: torch.Tensor, mask: torch.Tensor, op: str,
     """``Grouping.masked_reduce_zeroed``: without autograd to record and no tracer, the
     grouping's native ``op`` reduction (a fresh tensor) with 0 written in place where
     ``specified`` is False, bit for bit ``where(specified, out, 0)``; None otherwise."""
-    if (_compiling() or _transforms_active() or _modes_active() or values.is_complex()
-            or (values.requires_grad and _grad_enabled())):
+    if not _direct(values):
         return None
     out = g._native_reduce(op, values, mask)
     if out is None:
