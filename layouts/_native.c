@@ -1542,13 +1542,17 @@ EXPAND_STREAM(f32)
         after = i + 1 < nlines ? LINE_END(k_) : n;                                       \
         nv = VOP(T, set1)(a[k_]), nb = VOP(T, set1)(b[k_]);                              \
     } while (0)
-#define TIES_END_OF_LINE(T) /* line i is written: split it among its ties, move on */    \
+#define TIES_SPLIT(T) /* line i (start .. next) is written: split it among its t ties */ \
     do {                                                                                 \
         if (t > 1) {                                                                     \
             const T share = a[i] / (T)t, b_ = b[i];                                      \
             for (int64_t q = start; q < next; q++)                                       \
                 out[q] = keep_##T(share, (m[q] != 0) & (x[q] == b_), 0);                 \
         }                                                                                \
+    } while (0)
+#define TIES_END_OF_LINE(T) /* line i is written: split it among its ties, move on */    \
+    do {                                                                                 \
+        TIES_SPLIT(T);                                                                   \
         if (i + 1 < nlines) {                                                            \
             start = next, i++, next = after, av = nv, bv = nb, t = 0;                    \
             TIES_AFTER(T);                                                               \
@@ -1601,11 +1605,7 @@ EXPAND_STREAM(f32)
             t += hit;                                                                    \
             out[j] = keep_##T(a[i], hit, 0);                                             \
         }                                                                                \
-        if (t > 1) { /* the last line */                                                 \
-            const T share = a[i] / (T)t, b_ = b[i];                                      \
-            for (int64_t q = start; q < next; q++)                                       \
-                out[q] = keep_##T(share, (m[q] != 0) & (x[q] == b_), 0);                 \
-        }                                                                                \
+        TIES_SPLIT(T); /* the last line */                                               \
         if (nt) _mm_sfence(); /* the streamed stores, visible before the caller goes on */ \
         return 0;                                                                        \
     }
