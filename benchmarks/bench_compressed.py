@@ -5,7 +5,7 @@ CSR along the swapped dim, over the same numbers (the CSR matrix is the transpos
 columns are its rows), so the ratio compares the code paths, not the data. Targets: every
 ratio <= 1.5. ``from_scipy`` reads a ``csc_matrix`` as CSC and a ``csr_matrix`` of the same
 size as CSR. Sizes: a 3000 x 3000 matrix with 5% stored (reductions) and the 100000 x 20000
-scipy matrix with 2M entries of issue 14 (``from_scipy``).
+scipy matrix with 2M entries of ``bench_scipy`` (``from_scipy``).
 """
 
 from __future__ import annotations

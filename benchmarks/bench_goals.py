@@ -1,4 +1,4 @@
-"""Issue 19's goals for sparse reductions and per-op overhead, each case with its target.
+"""The goals for sparse reductions and per-op overhead, each case with its target.
 
 Operands: COO and CSR masked matrices at 1% density (``bench_core.sparse_pattern``: square,
 10000 x 10000 at 1M entries, 316 x 316 at 1000), half of the stored entries masked out.
@@ -29,7 +29,7 @@ from benchmarks.bench_core import sparse_pattern
 from benchmarks.harness import TIME, Case
 from benchmarks.raw_reductions import FULL, REDUCTIONS, groups_of, masked_reduction, raw_reduction
 
-TITLE = "Issue 19 goals: sparse reductions ÷ raw, fixed costs, get_data, to_tensor"
+TITLE = "Goals: sparse reductions ÷ raw, fixed costs, get_data, to_tensor"
 LARGE, SMALL = 10**6, 10**3
 DENSITY = 0.01
 RAW_TARGET, FULL_SUM_TARGET, FIXED_COST = 1.5, 2.0, 15e-6

@@ -2,7 +2,7 @@
 
 Sizes: COO and CSR masked matrices with nnz 1e3 .. 1e6 at 1% density (square, half of the
 stored entries masked out) times a dense ``(n, 64)`` matrix; the 200000 x 200000 COO with
-2000 entries times a 200000 x 4 dense matrix from issue 15; attention at
+2000 entries times a 200000 x 4 dense matrix (a huge, nearly empty operand); attention at
 ``(batch, heads, seq, dim) = (4, 8, 128, 64)`` and ``(4, 8, 1024, 64)`` with a causal and a
 padding mask (sequence lengths between seq/2 and seq).
 

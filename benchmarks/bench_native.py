@@ -9,8 +9,8 @@ near 1 so that a product stays finite):
 - 1M float32 and 1M float64: ``sum``, ``sumsq``, ``prod``, ``amax``, ``amin`` of
   ``where(mask, values, identity)`` against ``floor``, the unmasked torch op
   (``values.sum()``, ``(values * values).sum()``, ``values.prod()``, ``values.amax()``,
-  ``values.amin()``); targets 2x for ``sum``, 1.5x for the others (issue 19: the Python
-  route of a masked reduction costs another 20-35 us on top);
+  ``values.amin()``); targets 2x for ``sum``, 1.5x for the others (the kernels alone: the
+  Python route of a masked reduction adds its fixed cost on top);
 - the mask count (``count``) against ``mask.sum()``;
 - 2M float64 (scipy's case): ``sum`` against scipy's ``data.sum()`` of the 1.8M specified
   entries (what ``csr_matrix.sum()`` reduces).

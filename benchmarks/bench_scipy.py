@@ -1,4 +1,4 @@
-"""Sparse reductions against scipy.sparse on the same matrix (issue 19's 100000 x 20000 case).
+"""Sparse reductions against scipy.sparse on the same 100000 x 20000 matrix.
 
 The matrix: 100000 x 20000 with 2M stored entries (random positions, duplicates summed),
 1% of them explicit zeros, 90% of the stored entries specified. masked_sparse holds it as a

@@ -1,4 +1,4 @@
-"""Training with pruned weights against the dense workaround (issue 30).
+"""Training with pruned weights against the dense workaround.
 
 **Train step.** A 784-512-512-10 MLP (ReLU), each weight a MaskedTensor parameter with 90%
 or 99% of its entries masked out (a fixed random mask), biases plain: zero the gradients,

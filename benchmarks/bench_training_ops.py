@@ -1,6 +1,6 @@
 """Training ops against their dense workarounds: attention, broadcasting, embeddings, data.
 
-Issue 30's rows, each timed against the workaround a practitioner would write, in the same
+Each op is timed against the workaround a practitioner would write, in the same
 run (ratio = masked_sparse / workaround; below 1 means masked_sparse is faster):
 
 - **attention** over padded sequences (B=8, H=8, T=128, d=64, lengths T/2..T), forward

@@ -1,6 +1,6 @@
 """Reductions in a training step: ``python -m benchmarks.bench_training_reductions``.
 
-Issue 29, item 3. One thread, the kept entries of a 20000 x 100 float32 matrix, each kept
+One thread, the kept entries of a 20000 x 100 float32 matrix, each kept
 with probability 0.9 (about 1.8M), stored in CSR and in COO as a pruned weight is: only the
 kept entries, all specified, in ragged lines of about 90 (the kernels read values and mask
 either way). The input is a leaf MaskedTensor that requires grad, as a parameter is. Per

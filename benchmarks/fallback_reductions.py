@@ -1,7 +1,6 @@
 """Reductions and softmax, per layout: the harness's own cases.
 
-These stand in while ``benchmarks/bench_reductions.py`` (the reductions issue's module) is
-absent. When it is present, ``run.py`` runs it and then those of these cases whose names it
+These stand in while ``benchmarks/bench_reductions.py`` is absent. When it is present, ``run.py`` runs it and then those of these cases whose names it
 does not have (every layout at the smallest size, with the ``torch.masked`` column, and the
 CSR cases), so the suite covers every layout either way.
 

@@ -1,5 +1,5 @@
 """``python -m benchmarks.gpu --device cuda``: masked_sparse on one device against the dense
-workaround, torch's own sparse ops and the raw torch kernels (issue 33).
+workaround, torch's own sparse ops and the raw torch kernels.
 
 Sections (ratio = masked_sparse's time / the baseline's; below 1 means masked_sparse is
 faster; each time is the median of rounds, every round between two
@@ -10,7 +10,7 @@ faster; each time is the median of rounds, every round between two
   ``torch.where`` workaround, torch's sparse op where torch has one, and the fastest raw
   kernel over the specified values among ``segment_reduce`` / ``scatter_reduce`` /
   ``index_add`` (``index_reduce`` for extremes) -- printed as the winner per op, the figure
-  issue 33 item 4 decides by;
+  that chooses the kernel a device's reductions should use;
 - softmax along each dim (1M entries) against the ``-inf`` dense recipe and
   ``torch.sparse.softmax``;
 - a pruned MLP train step (784-512-512-10, 90% of each weight masked, CSR weights) against
@@ -436,7 +436,7 @@ def report(device: torch.device, tests: str | None, sections: dict[str, Any]) ->
     red = sections["reductions"]
     out += ["## Reductions", "",
             *(table(red, ("dense", "torch.sparse", "best raw")) if red else missing), "",
-            "### Raw kernels over the specified values (issue 33 item 4)", "",
+            "### Raw kernels over the specified values", "",
             *(raw_table(red) if red else missing), "",
             "Fastest per op (votes over sizes and layouts):", "", *winners(red), "",
             "## Softmax", "",

@@ -39,6 +39,7 @@ import faulthandler
 import inspect
 import math
 import os
+import platform
 import signal
 import statistics
 import sys
@@ -46,6 +47,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -419,3 +421,23 @@ def module_main(module: Any) -> None:
         run_cases(cases_of(module, args.quick), getattr(module, "TITLE", module.__name__),
                   min_run_time=0.05 if args.quick else getattr(module, "MIN_RUN_TIME", 0.3),
                   only=args.only, safe=getattr(module, "SAFE", ()))
+
+
+def environment(min_run_time: float) -> dict[str, Any]:
+    """The machine and the versions a run measured on (stamped on every report)."""
+    import numpy
+
+    return {"torch": torch.__version__, "numpy": numpy.__version__,
+            "python": platform.python_version(), "machine": platform.machine(),
+            "processor": _cpu_name(), "torch_threads": torch.get_num_threads(),
+            "min_run_time_s": min_run_time, "date": time.strftime("%Y-%m-%d")}
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"

@@ -139,7 +139,7 @@ def cprofile_groups(fn: Any, n: int = 20000) -> None:
         print(f"- {label}: {tt / total:.0%}")
 
 
-#: The per-op fixed-cost table (issue 19): ``(label, masked call, raw call on the values)``.
+#: The per-op fixed-cost table: ``(label, masked call, raw call on the values)``.
 def _fixed_cost_ops(a: ms.MaskedTensor) -> list[tuple[str, Any, Any]]:
     v = a._storage.values
     return [

@@ -7,7 +7,7 @@ measures :mod:`benchmarks.memory`; it writes the full tables to ``benchmarks/RES
 README's short section (:func:`section`: five summary lines and the chart);
 ``--readme README.md`` also writes that section between the ``BEGIN`` and ``END`` markers of
 the file; ``--plot PATH`` adds the scaling chart (:mod:`benchmarks.scaling`) from the same
-run. Cells carry issue 19's targets: ✓ met, ✗ missed.
+run. Cells carry the cases' targets (``bench_goals``, ``bench_scipy``): ✓ met, ✗ missed.
 
 >>> pivot_name("csr nnz=1e6 amax(dim=0)")
 ('csr', 'amax', 'dim=0')
@@ -197,7 +197,7 @@ def full_report(env: dict[str, Any], scipy_results: list[dict], goals: dict[str,
         f"{_stamp(env, command)} Absolute times grow with the load, ratios much less. "
         f"Medians of paired, interleaved rounds (`benchmarks/harness.py`, Note [Paired "
         f"rounds]); a ratio is masked_sparse's time ÷ the baseline's (below 1: masked_sparse "
-        f"is faster). ✓ / ✗: issue 19's target met / missed ({met} of {total} met in this "
+        f"is faster). ✓ / ✗: the case's target met / missed ({met} of {total} met in this "
         f"run). The README shows a five-line summary of these tables.", "",
         "**Against scipy.sparse** on its own reductions of one 100000 × 20000 matrix with 2M "
         "stored entries, 90% specified (`benchmarks/bench_scipy.py`; scipy gets the specified "
@@ -265,11 +265,10 @@ def run(command: str, min_run_time: float, readme_path: str | None = None,
     import scipy
     import torch
 
-    from benchmarks.run import environment
-
     sizes = sizes or {}
-    env = {**environment(min_run_time), "scipy": scipy.__version__, "numpy": numpy.__version__,
-           "load": f"{os.getloadavg()[0]:.1f}", "native": layouts.native_status()}
+    env = {**harness.environment(min_run_time), "scipy": scipy.__version__,
+           "numpy": numpy.__version__, "load": f"{os.getloadavg()[0]:.1f}",
+           "native": layouts.native_status()}
     started = time.monotonic()
     torch.set_num_threads(1)
     with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():

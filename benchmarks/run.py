@@ -5,7 +5,7 @@ and status), ``--plot PATH`` (the scaling chart, time against nnz from 1e3 to 1e
 :mod:`benchmarks.scaling`; needs matplotlib, the ``bench`` extra), ``--ratio-plot PATH``
 (a PNG bar chart of the ratios), ``--only TEXT`` (cases whose name contains TEXT),
 ``--modules a,b``, and ``--readme [README.md]``: instead of the suite, one run of the
-README preset (:mod:`benchmarks.readme`: scipy comparison, issue 19's goals, peak memory;
+README preset (:mod:`benchmarks.readme`: scipy comparison, ``bench_goals``, peak memory;
 with ``--plot``, the scaling chart too): the full tables go to ``benchmarks/RESULTS.md``,
 stamped with the machine, the date and the versions, and the README's "Performance"
 section (five summary lines and the chart) is printed and, given a path, written between
@@ -26,9 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import platform
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -67,25 +65,6 @@ def load(name: str) -> tuple[Any | None, str]:
         return importlib.import_module(f"benchmarks.{name}"), note
     except Exception as exc:  # noqa: BLE001 -- a module being written must not end the run
         return None, f"benchmarks/{name}.py could not be imported ({harness._short(exc)})"
-
-
-def environment(min_run_time: float) -> dict[str, Any]:
-    import numpy
-
-    return {"torch": torch.__version__, "numpy": numpy.__version__,
-            "python": platform.python_version(), "machine": platform.machine(),
-            "processor": _cpu_name(), "torch_threads": torch.get_num_threads(),
-            "min_run_time_s": min_run_time, "date": time.strftime("%Y-%m-%d")}
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def summary(sections: list[dict]) -> list[str]:
@@ -202,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                    args.plot, args.json, not args.no_probe)
         return 0
     min_run_time = args.min_run_time or (0.05 if args.quick else 0.3)
-    env = environment(min_run_time)
+    env = harness.environment(min_run_time)
     print(f"# masked_sparse benchmarks ({'--quick' if args.quick else 'full'})\n")
     print(f"torch {env['torch']}, numpy {env['numpy']}, Python {env['python']}, "
           f"{env['processor']}, {env['torch_threads']} thread. Medians over interleaved "

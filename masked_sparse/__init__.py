@@ -15,8 +15,8 @@ tensor([[0.0000, 1.4142],
 from torch.distributed import is_available as _dist_available
 
 from . import _collate, functional, ops, optim  # noqa: F401  (ops registers the op tables)
+from ._autograd import lift
 from ._construct import as_masked_tensor, masked_tensor
-from ._func import lift
 from ._masking import masked_invalid, masked_where
 from ._serialize import _rebuild_masked  # noqa: F401  (allow-listed for torch.load)
 from ._tensor import MaskedTensor, is_masked_tensor, layout_of

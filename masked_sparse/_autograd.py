@@ -12,6 +12,13 @@ input's mask and index tensors. Unspecified output positions contribute nothing 
 incoming gradient is read as 0), which is what makes "no gradient" differ from "zero
 gradient". This works unchanged for every layout, including user-registered ones. The
 inner graph only references plain tensors, so no reference cycle forms with the outer one.
+
+The masked gradients live here too: reading an incoming gradient at a storage
+(:func:`grad_on`, :func:`grad_values`) and building one over a storage (:func:`masked_grad`),
+with the two differentiable crossings between a MaskedTensor and plain tensors that they
+take -- ``as_masked_tensor``'s Function (plain data in) and :class:`Lift` (the values out,
+``ms.lift``). They call each other (a backward builds its gradient with ``as_masked_tensor``'s
+Function, whose own backward reads gradients): one module.
 """
 
 from __future__ import annotations
@@ -24,20 +31,18 @@ import torch
 import layouts
 from layouts import Kernel, Storage
 
-from . import _func
-from ._tensor import MaskedTensor, _wrap, requires_grad_of, unwrap_grad_tracking
+from . import _fill, _func
+from ._tensor import (
+    MaskedTensor,
+    _wrap,
+    is_wrapped_masked,
+    requires_grad_of,
+    storage_from_tensors,
+    unwrap_grad_tracking,
+)
 
 
-def _as_outputs(result: Any) -> tuple[tuple[Any, ...], bool]:
-    if isinstance(result, tuple) and not isinstance(result, Storage):
-        return result, True
-    return (result,), False
-
-
-def _wrap_outputs(outs: Sequence[Any]) -> tuple[Any, ...]:
-    return tuple(_wrap(o) if isinstance(o, Storage) else o for o in outs)
-
-
+# -- masked gradients ----------------------------------------------------------------------
 def grad_on(grad: Any, s: Storage) -> tuple[torch.Tensor, torch.Tensor]:
     """An incoming gradient's values and mask at ``s``'s stored positions (shaped like
     ``s.values``): the one reader of gradients for every backward here.
@@ -51,6 +56,216 @@ def grad_on(grad: Any, s: Storage) -> tuple[torch.Tensor, torch.Tensor]:
     if grad.layout != torch.strided:
         return s.layout.from_torch(grad, s.layout.to_torch(s, s.mask)).values, s.mask
     return s.layout.gather(s, grad).expand_as(s.values), s.mask
+
+
+def grad_values(grad: Any, s: Storage) -> torch.Tensor:
+    """An incoming gradient's values at ``s``'s stored positions, 0 where it is unspecified;
+    differentiable in ``grad`` while a backward builds a graph (Note [Double backward]).
+
+    >>> import torch, layouts
+    >>> s = layouts.get_layout("strided").from_strided(torch.zeros(3), torch.ones(3) > 0)
+    >>> from masked_sparse import masked_tensor  # its unspecified values never leak
+    >>> grad_values(masked_tensor(torch.tensor([5., 99., 7.]),
+    ...                           torch.tensor([True, False, True])), s).tolist()
+    [5.0, 0.0, 7.0]
+    """
+    if not isinstance(grad, MaskedTensor):
+        if grad.layout != torch.strided and grad.requires_grad:
+            grad = grad.to_dense()  # torch's sparse accessors would cut the graph
+        values, mask = grad_on(grad, s)
+    else:
+        g = grad._storage
+        data = values_of(grad) if torch.is_grad_enabled() else g.values
+        values, mask = layouts.read_at(g.with_values(data), s)
+    if mask is s.mask:
+        return values
+    return layouts.zero_unspecified(values, mask)
+
+
+def values_of(mt: MaskedTensor) -> torch.Tensor:
+    """``mt``'s values as a tensor autograd connects to ``mt`` (Note [Double backward])."""
+    return Lift.apply(mt)[0]
+
+
+def masked_grad(s: Storage, values: torch.Tensor) -> MaskedTensor:
+    """A gradient over ``s``'s mask and index with ``values``: differentiable in ``values``
+    while a backward builds a graph (Note [Double backward]), else a plain wrap."""
+    if torch._C._functorch.is_batchedtensor(values):
+        raise NotImplementedError(
+            "torch.func.jacrev / vmap of a vjp with respect to a MaskedTensor argument: a "
+            "batch of masked gradients has no MaskedTensor form here; take the Jacobian with "
+            "respect to the data, ms.as_masked_tensor(x, mask) inside the function")
+    if torch.is_grad_enabled() and values.requires_grad:
+        if _func.active() and not _func.builds_under_transforms(s.layout):
+            return _compressed_grad_under_func(s, values)
+        return masked_over(s.layout.to_torch(s, values), s.layout.to_torch(s, s.mask))
+    return _wrap(s.with_values(values))
+
+
+def _compressed_grad_under_func(s: Storage, values: torch.Tensor) -> MaskedTensor:
+    """:func:`masked_grad` of a compressed layout inside a ``torch.func`` transform, which
+    cannot build a torch CSR / CSC / BSR tensor over its tracked values: built in COO (a
+    torch sparse tensor it can build) and converted back, differentiably: the lifted COO
+    gradient holds values the transform tracks, so the conversion is plain torch ops on
+    them, which the transform differentiates (Note [MaskedTensors in torch.func])."""
+    coo = s.layout.to_coo(s.with_values(values))
+    mt = masked_over(coo.layout.to_torch(coo, coo.values), coo.layout.to_torch(coo, coo.mask))
+    return _wrap(layouts.convert(lift(mt)._storage, s.layout, **s.layout.options_of(s)))
+
+
+# -- as_masked_tensor's Function -----------------------------------------------------------
+class _Box:
+    """Hands a value from a Function's forward to its setup_context (not a pytree, so
+    torch.func transforms pass it through unchanged).
+
+    Note [as_masked_tensor's routes]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Eager: ``_AsMasked`` (its forward takes no ctx, the storage reaches ``setup_context`` in
+    this box). Its gradient to ``data`` is a MaskedTensor, so derivative formulas run
+    before ``data`` skip masked-out positions (PyTorch issue 4132), except for a plain leaf,
+    which gets a plain ``.grad`` of its own layout, 0 where unspecified (Note [Plain
+    gradients for plain leaves]): that is what gradcheck and optimizers take, and no
+    formula is left to run. Neither simpler rule works: a gradient always plain brings
+    PyTorch issue 4132 back, one always masked fails gradcheck. Inside a torch.func transform the Function is not used at all: the MaskedTensor is built over
+    the tracked data (Note [MaskedTensors in torch.func]).
+    """
+
+    value: Storage
+    plain_grad: bool = False  # Note [Double backward]: the gradient of data stays plain
+
+
+class _AsMasked(_func.Function):
+    @staticmethod
+    def forward(data: torch.Tensor, mask: torch.Tensor, box: _Box) -> MaskedTensor:
+        storage = storage_from_tensors(data.detach(), mask, "as_masked_tensor")
+        box.value = storage
+        return _wrap(storage)
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output: MaskedTensor) -> None:
+        # Note [Functions for torch.func] in _tensor.py: under a transform ``output`` is
+        # a functorch wrapper, so the storage comes through ``box``.
+        ctx.storage = inputs[2].value
+        ctx.to_plain_leaf = inputs[0].grad_fn is None or inputs[2].plain_grad
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        s = ctx.storage
+        if torch.compiler.is_compiling():
+            # Note [as_masked_tensor under torch.compile]: AOTAutograd fixes the type of
+            # every gradient in the graph from the forward, where ``data`` is plain, so the
+            # compiled gradient of ``data`` is a plain tensor: the masked gradient with 0
+            # at unspecified positions (what eager gives after ``.to_tensor(0)``).
+            return s.densify(_masked_values(s, grad), 0), None, None
+        if ctx.to_plain_leaf:
+            # Note [Plain gradients for plain leaves]: the gradient leaves the masked world
+            # here. A leaf's ``.grad`` must have the leaf's own type and layout (gradcheck,
+            # optimizers, torch.func), so it is the masked gradient with 0 where unspecified,
+            # over the leaf's own index. No derivative formula runs after it, so no 0 * inf
+            # can form; a non-leaf ``data`` instead gets the MaskedTensor, which keeps
+            # unspecified positions out of the formulas before the leaf (PyTorch issue 4132).
+            return s.layout.to_torch(s, _masked_values(s, grad)), None, None
+        # The gradient reaching ``data`` carries the mask, as in torch.masked.
+        if not isinstance(grad, MaskedTensor):
+            grad = masked_grad(s, grad_on(grad, s)[0])
+        return grad, None, None
+
+
+def _masked_values(s: Storage, grad: torch.Tensor) -> torch.Tensor:
+    """The incoming gradient read at ``s``'s stored positions, 0 where unspecified."""
+    values = grad_values(grad, s)  # Note [Double backward]
+    return layouts.zero_unspecified(values, s.mask)
+
+
+def as_masked(data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:
+    """``as_masked_tensor(data, mask)`` for ``data`` that requires grad, outside torch.func
+    transforms (Note [as_masked_tensor's routes])."""
+    return _AsMasked.apply(data, mask, _Box())
+
+
+def masked_over(data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:
+    """``as_masked_tensor`` for gradients built inside a backward (Note [Double backward]):
+    the gradient reaching ``data`` is plain, 0 where unspecified, as for a leaf, so torch's
+    formulas of the backward's own ops (broadcasts included) never meet a MaskedTensor."""
+    box = _Box()
+    box.plain_grad = True
+    return _AsMasked.apply(data, mask, box)
+
+
+# -- the values out: ms.lift ---------------------------------------------------------------
+class Lift(_func.Function):
+    """The values and mask of a MaskedTensor, as tensors the transform tracks: the values
+    differentiable (their gradient returns as a MaskedTensor over the input's storage)."""
+
+    @staticmethod
+    def forward(mt: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        s = mt._storage
+        return s.values.view_as(s.values), s.mask
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output: Any) -> None:
+        ctx.storage = _func.innermost(inputs[0])._storage
+        ctx.lifted_shape = output[0].shape  # per example under vmap
+        ctx.mark_non_differentiable(output[1])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor, _: Any) -> Any:
+        s = ctx.storage
+        if not s.index and s.shape != ctx.lifted_shape:
+            raise NotImplementedError(
+                "ms.lift: per-example gradients (vmap of grad / vjp) with respect to a "
+                "MaskedTensor argument have no MaskedTensor form; differentiate with respect "
+                "to the data instead, ms.as_masked_tensor(x, mask) inside the function")
+        if isinstance(grad, MaskedTensor):  # the values fed a masked op (double backward)
+            grad = grad_values(grad, s)
+        return masked_grad(s, grad)
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple, mt: Any) -> tuple[tuple, tuple]:
+        s = mt._storage
+        if s.index:  # a batch dim of the tensor is no dim of its values
+            raise NotImplementedError(
+                f"ms.lift under torch.func.vmap: a batch of {s.layout.name} MaskedTensors "
+                f"has no per-example values tensor; vmap over the strided data instead, "
+                f"ms.as_masked_tensor(x, mask).to_sparse_coo() (or to_sparse_csr(), ...) "
+                f"inside the function, or leave the argument unlifted (vmap runs the "
+                f"masked kernels on it as it is)")
+        return (s.values.view_as(s.values), s.mask), (in_dims[0], in_dims[0])
+
+
+def lift(x: Any) -> Any:
+    """A MaskedTensor argument of a ``torch.func`` transform as a MaskedTensor again.
+
+    Inside ``torch.func.grad`` / ``vjp`` / ``jacrev`` / ``vmap`` a MaskedTensor argument
+    arrives wrapped in a plain-typed tensor (torch strips tensor subclasses), which has no
+    MaskedTensor methods and would get torch's dense derivative formulas. ``lift`` returns a
+    MaskedTensor over the transform's tracked values instead (Note [MaskedTensors in
+    torch.func]); anything else is returned unchanged, so ``lift`` is harmless outside a
+    transform. The gradient that reaches the argument is a MaskedTensor with its mask.
+
+    >>> import torch, masked_sparse as ms
+    >>> mt = ms.masked_tensor(torch.tensor([1., 2., 4.]), torch.tensor([True, True, False]))
+    >>> torch.func.grad(lambda x: ms.lift(x).mean().to_tensor(0))(mt)
+    MaskedTensor(
+      [  0.5000,   0.5000,       --]
+    )
+    """
+    if not is_wrapped_masked(x):
+        return x
+    s = _func.innermost(x)._storage
+    values, mask = Lift.apply(x)
+    return _wrap(s.layout.build(s.index, values, mask, s.shape if s.index else values.shape))
+
+
+# -- differentiating a kernel on the values ------------------------------------------------
+def _as_outputs(result: Any) -> tuple[tuple[Any, ...], bool]:
+    if isinstance(result, tuple) and not isinstance(result, Storage):
+        return result, True
+    return (result,), False
+
+
+def _wrap_outputs(outs: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(_wrap(o) if isinstance(o, Storage) else o for o in outs)
 
 
 # torch's own message for a backward through a freed graph.
@@ -125,7 +340,7 @@ class _OnValues(_func.Function):
                 outs.append(o.values)
                 values, mask = grad_on(g, o)  # unspecified positions contribute nothing
                 gvals.append(layouts.zero_unspecified(values, mask)
-                             if isinstance(g, MaskedTensor) and not _all_specified(mask)
+                             if isinstance(g, MaskedTensor) and not _fill.all_specified(mask)
                              else values)
         # Keep the inner graph exactly as long as the outer one (retain_graph, gradcheck).
         keep = torch._C._autograd._get_current_graph_task_keep_graph()
@@ -150,10 +365,6 @@ class _OnValues(_func.Function):
         if not keep:
             ctx.outs = ctx.leaves = ctx.inputs = ctx.tensors = None  # free the inner graph now
         return tuple(result)
-
-
-def _all_specified(mask: torch.Tensor) -> bool:
-    return _fill.all_specified(mask)
 
 
 def _backward_with_graph(fn: Kernel, extra: tuple, inputs: Sequence[Any],
@@ -208,64 +419,6 @@ def _backward_with_graph(fn: Kernel, extra: tuple, inputs: Sequence[Any],
     return result
 
 
-def values_of(mt: MaskedTensor) -> torch.Tensor:
-    """``mt``'s values as a tensor autograd connects to ``mt`` (Note [Double backward])."""
-    return _func.Lift.apply(mt)[0]
-
-
-def grad_values(grad: Any, s: Storage) -> torch.Tensor:
-    """An incoming gradient's values at ``s``'s stored positions, 0 where it is unspecified;
-    differentiable in ``grad`` while a backward builds a graph (Note [Double backward]).
-
-    >>> import torch, layouts
-    >>> s = layouts.get_layout("strided").from_strided(torch.zeros(3), torch.ones(3) > 0)
-    >>> from masked_sparse import masked_tensor  # its unspecified values never leak
-    >>> grad_values(masked_tensor(torch.tensor([5., 99., 7.]),
-    ...                           torch.tensor([True, False, True])), s).tolist()
-    [5.0, 0.0, 7.0]
-    """
-    if not isinstance(grad, MaskedTensor):
-        if grad.layout != torch.strided and grad.requires_grad:
-            grad = grad.to_dense()  # torch's sparse accessors would cut the graph
-        values, mask = grad_on(grad, s)
-    else:
-        g = grad._storage
-        data = values_of(grad) if torch.is_grad_enabled() else g.values
-        values, mask = layouts.read_at(g.with_values(data), s)
-    if mask is s.mask:
-        return values
-    return torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
-
-
-def masked_grad(s: Storage, values: torch.Tensor) -> MaskedTensor:
-    """A gradient over ``s``'s mask and index with ``values``: differentiable in ``values``
-    while a backward builds a graph (Note [Double backward]), else a plain wrap."""
-    if torch._C._functorch.is_batchedtensor(values):
-        raise NotImplementedError(
-            "torch.func.jacrev / vmap of a vjp with respect to a MaskedTensor argument: a "
-            "batch of masked gradients has no MaskedTensor form here; take the Jacobian with "
-            "respect to the data, ms.as_masked_tensor(x, mask) inside the function")
-    if torch.is_grad_enabled() and values.requires_grad:
-        from ._construct import masked_over
-
-        if _func.active() and not _func.builds_under_transforms(s.layout):
-            return _compressed_grad_under_func(s, values)
-        return masked_over(s.layout.to_torch(s, values), s.layout.to_torch(s, s.mask))
-    return _wrap(s.with_values(values))
-
-
-def _compressed_grad_under_func(s: Storage, values: torch.Tensor) -> MaskedTensor:
-    """:func:`masked_grad` of a compressed layout inside a ``torch.func`` transform, which
-    cannot build a torch CSR / CSC / BSR tensor over its tracked values: built in COO (a
-    torch sparse tensor it can build) and converted back, differentiably."""
-    from ._construct import masked_over
-    from .ops.conversion import to_layout
-
-    coo = s.layout.to_coo(s.with_values(values))
-    mt = masked_over(coo.layout.to_torch(coo, coo.values), coo.layout.to_torch(coo, coo.mask))
-    return to_layout(_func.lift(mt), s.layout, **s.layout.options_of(s))
-
-
 def on_values(fn: Kernel, inputs: Sequence[MaskedTensor], *extra: Any) -> Any:
     """Run ``fn(storages, *extra)`` and wrap its Storage outputs as MaskedTensors.
 
@@ -286,8 +439,3 @@ def on_values(fn: Kernel, inputs: Sequence[MaskedTensor], *extra: Any) -> Any:
     if isinstance(out, tuple):
         return _wrap_outputs(out)
     return out
-
-
-# The fills live with the ops, which import this module: imported last, once (an import
-# inside each call costs about as much as the lookups it serves).
-from .ops import _fill  # noqa: E402

@@ -13,8 +13,8 @@ The transform differentiates (or batches) the kernels themselves: masked gradien
 every layout, MaskedTensor methods available, second derivatives for free.
 
 Such MaskedTensors come from ``as_masked_tensor(x, mask)`` with a tracked ``x`` (no
-autograd.Function in between), and from :func:`lift`, which turns a MaskedTensor argument
-that the transform wrapped back into a MaskedTensor.
+autograd.Function in between), and from ``ms.lift`` (``_autograd.lift``), which turns a
+MaskedTensor argument that the transform wrapped back into a MaskedTensor.
 
 Sparse layouts keep plain tensors too (index, values, mask), so the same holds for them
 once the tracked values are inside: ``as_masked_tensor(x, mask).to_sparse_csr()`` gathers
@@ -30,6 +30,9 @@ themselves before our kernel runs on their wrappers. :func:`dispatch_below` ther
 sends the call down with functorch's layers switched off, and ``__torch_dispatch__`` runs
 the kernel with the caller's dispatch state restored (:func:`restored`), so the kernel's
 ops on the tracked values meet the transform exactly as they would at the top.
+
+This module holds the plumbing that needs no MaskedTensor: the state of the transforms, the
+dispatch below them and the autograd :class:`Function` base of the core.
 """
 
 from __future__ import annotations
@@ -112,19 +115,11 @@ def under_grad_transform() -> bool:
     return False
 
 
-def _inner(t: torch.Tensor) -> torch.Tensor:
+def innermost(t: torch.Tensor) -> torch.Tensor:
+    """``t`` without the wrappers of every active ``torch.func`` transform."""
     while torch._C._functorch.is_functorch_wrapped_tensor(t):
         t = torch._C._functorch.get_unwrapped(t)
     return t
-
-
-def is_wrapped_masked(t: Any) -> bool:
-    """True for a MaskedTensor that a ``torch.func`` transform wrapped (plain-typed)."""
-    from ._tensor import MaskedTensor
-
-    return (isinstance(t, torch.Tensor) and not isinstance(t, MaskedTensor)
-            and torch._C._functorch.is_functorch_wrapped_tensor(t)
-            and isinstance(_inner(t), MaskedTensor))
 
 
 class Function(torch.autograd.Function):
@@ -160,75 +155,6 @@ class Function(torch.autograd.Function):
         # torch._C._FunctionBase's apply, as torch's own does after the binding (kept as
         # torch writes it: torch.compile traces this line)
         return super(torch.autograd.Function, cls).apply(*unwrap_dead_wrappers(args))
-
-
-class Lift(Function):
-    """The values and mask of a MaskedTensor, as tensors the transform tracks: the values
-    differentiable (their gradient returns as a MaskedTensor over the input's storage)."""
-
-    @staticmethod
-    def forward(mt: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        s = mt._storage
-        return s.values.view_as(s.values), s.mask
-
-    @staticmethod
-    def setup_context(ctx, inputs: tuple, output: Any) -> None:
-        ctx.storage = _inner(inputs[0])._storage
-        ctx.lifted_shape = output[0].shape  # per example under vmap
-        ctx.mark_non_differentiable(output[1])
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor, _: Any) -> Any:
-        from ._autograd import grad_values, masked_grad
-        from ._tensor import MaskedTensor
-
-        s = ctx.storage
-        if not s.index and s.shape != ctx.lifted_shape:
-            raise NotImplementedError(
-                "ms.lift: per-example gradients (vmap of grad / vjp) with respect to a "
-                "MaskedTensor argument have no MaskedTensor form; differentiate with respect "
-                "to the data instead, ms.as_masked_tensor(x, mask) inside the function")
-        if isinstance(grad, MaskedTensor):  # the values fed a masked op (double backward)
-            grad = grad_values(grad, s)
-        return masked_grad(s, grad)
-
-    @staticmethod
-    def vmap(info: Any, in_dims: tuple, mt: Any) -> tuple[tuple, tuple]:
-        s = mt._storage
-        if s.index:  # a batch dim of the tensor is no dim of its values
-            raise NotImplementedError(
-                f"ms.lift under torch.func.vmap: a batch of {s.layout.name} MaskedTensors "
-                f"has no per-example values tensor; vmap over the strided data instead, "
-                f"ms.as_masked_tensor(x, mask).to_sparse_coo() (or to_sparse_csr(), ...) "
-                f"inside the function, or leave the argument unlifted (vmap runs the "
-                f"masked kernels on it as it is)")
-        return (s.values.view_as(s.values), s.mask), (in_dims[0], in_dims[0])
-
-
-def lift(x: Any) -> Any:
-    """A MaskedTensor argument of a ``torch.func`` transform as a MaskedTensor again.
-
-    Inside ``torch.func.grad`` / ``vjp`` / ``jacrev`` / ``vmap`` a MaskedTensor argument
-    arrives wrapped in a plain-typed tensor (torch strips tensor subclasses), which has no
-    MaskedTensor methods and would get torch's dense derivative formulas. ``lift`` returns a
-    MaskedTensor over the transform's tracked values instead (Note [MaskedTensors in
-    torch.func]); anything else is returned unchanged, so ``lift`` is harmless outside a
-    transform. The gradient that reaches the argument is a MaskedTensor with its mask.
-
-    >>> import torch, masked_sparse as ms
-    >>> mt = ms.masked_tensor(torch.tensor([1., 2., 4.]), torch.tensor([True, True, False]))
-    >>> torch.func.grad(lambda x: ms.lift(x).mean().to_tensor(0))(mt)
-    MaskedTensor(
-      [  0.5000,   0.5000,       --]
-    )
-    """
-    if not is_wrapped_masked(x):
-        return x
-    from ._tensor import _wrap
-
-    s = _inner(x)._storage
-    values, mask = Lift.apply(x)
-    return _wrap(s.layout.build(s.index, values, mask, s.shape if s.index else values.shape))
 
 
 def builds_under_transforms(layout: Any) -> bool:

@@ -26,8 +26,8 @@ import layouts
 from layouts import Storage
 
 from ._autograd import on_values
+from ._shapes import broadcasts_to
 from ._tensor import MaskedTensor
-from .ops.pointwise import broadcasts_to
 
 __all__ = ["masked_invalid", "masked_where"]
 

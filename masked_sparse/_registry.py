@@ -3,9 +3,13 @@
 An op is either a Python-level callable (``torch.sum``, ``torch.Tensor.sum``, the ``layout``
 property getter, ...) or an exact aten overload (``aten.sum.dim_IntList``); one handler may
 serve both and tells them apart with :func:`is_aten`. ``__torch_function__`` consults the
-Python-level entries, ``__torch_dispatch__`` the aten ones. Aten ops without an entry that
-are tagged ``torch.Tag.pointwise`` fall to the generic "apply to the values" handler
-(registered here on first use, see ``ops/pointwise.resolve``).
+Python-level entries, ``__torch_dispatch__`` the aten ones. Aten ops without an entry go to
+the one :func:`fallback` (``ops/pointwise.resolve``): those tagged ``torch.Tag.pointwise``
+get the generic "apply to the values" handler, registered here on first use.
+
+The registry is the lowest layer of the core: it imports nothing of it. What the type in
+``_tensor.py`` routes to, and the few methods of the type written with the ops
+(:func:`method`), are found here at call time.
 
 Note [Two levels]
 ~~~~~~~~~~~~~~~~~
@@ -33,6 +37,14 @@ Handler = Callable[..., Any]
 FUNCTIONS: dict[Any, Handler] = {}
 #: Exact aten overloads -> handlers (read by ``__torch_dispatch__``).
 ATEN: dict[Any, Handler] = {}
+#: The aten overloads of ops differentiated above, at their Python-level callables: one
+#: reaching ``__torch_dispatch__`` with grad enabled is checked first, so that no masked
+#: gradient is lost (Note [Aten-level autograd] in _tensor.py).
+DIFFERENTIATED_ABOVE: set[Any] = set()
+#: MaskedTensor methods written with the code they call (``get_data`` with the conversions,
+#: ``__reduce_ex__`` with the serialization, ...): name -> function (:func:`method`).
+METHODS: dict[str, Callable[..., Any]] = {}
+_FALLBACK: list[Callable[[Any, tuple], Handler]] = []
 
 
 def is_aten(op: Any) -> bool:
@@ -53,28 +65,41 @@ def implements(*ops: Any) -> Callable[[Handler], Handler]:
         for op in ops:
             if not is_aten(op):
                 FUNCTIONS[op] = handler
-            elif above and not op.is_view and not op._schema.is_mutable:
-                ATEN[op] = _differentiated_above(handler)
+                continue
+            ATEN[op] = handler
+            if above and not op.is_view and not op._schema.is_mutable:
+                DIFFERENTIATED_ABOVE.add(op)
             else:  # views and in-place ops: torch's own formulas are the masked ones
-                ATEN[op] = handler
+                DIFFERENTIATED_ABOVE.discard(op)
         return handler
 
     return decorator
 
 
-def _differentiated_above(handler: Handler) -> Handler:
-    """``handler`` for an aten overload that eager code meets in ``__torch_function__``, where
-    the masked autograd is recorded: arriving at the aten level with grad enabled, it first
-    checks that no masked gradient would be lost (Note [Aten-level autograd] in _tensor.py)."""
+def fallback(resolver: Callable[[Any, tuple], Handler]) -> Callable[[Any, tuple], Handler]:
+    """Register ``resolver(op, args)``, which gives the handler of an aten overload without
+    an entry (or raises): there is one, ``ops/pointwise.resolve``."""
+    _FALLBACK[:] = [resolver]
+    return resolver
 
-    def aten_handler(op: Any, *args: Any, **kwargs: Any) -> Any:
-        if torch.is_grad_enabled():
-            from ._tensor import check_aten_autograd
 
-            check_aten_autograd(op, args)
-        return handler(op, *args, **kwargs)
+def resolve(op: Any, args: tuple) -> Handler:
+    """The handler of an aten overload without an entry in :data:`ATEN` (:func:`fallback`)."""
+    return _FALLBACK[0](op, args)
 
-    return aten_handler
+
+def method(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register the function that MaskedTensor's method ``name`` calls (:data:`METHODS`).
+
+    >>> @method("get_data")   # doctest: +SKIP
+    ... def get_data(mt): ...
+    """
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        METHODS[name] = fn
+        return fn
+
+    return decorator
 
 
 def op_name(op: Any) -> str:

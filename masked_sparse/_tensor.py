@@ -37,10 +37,13 @@ from ._repr import storage_repr
 
 
 def _run(handler: Any, func: Any, args: tuple, kwargs: dict | None) -> Any:
-    """``handler(func, *args, **kwargs)``; where torch lacks a kernel on the operands'
-    device, :func:`._device.missing_kernel`'s ``NotImplementedError`` instead of torch's
-    message."""
+    """``handler(func, *args, **kwargs)`` for an aten overload, after
+    :func:`check_aten_autograd` where the op is differentiated above; where torch lacks a
+    kernel on the operands' device, :func:`._device.missing_kernel`'s
+    ``NotImplementedError`` instead of torch's message."""
     try:
+        if func in _DIFFERENTIATED_ABOVE and torch.is_grad_enabled():
+            check_aten_autograd(func, args)
         return handler(func, *args, **(kwargs or {}))
     except (NotImplementedError, RuntimeError) as exc:
         lacking = missing_kernel(func, args, exc)
@@ -64,15 +67,13 @@ class MaskedTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, data: torch.Tensor, mask: torch.Tensor, requires_grad: bool = False):
-        from ._construct import storage_from_tensors, warn_if_requires_grad
-
         warn_if_requires_grad(data)
         return _wrap(storage_from_tensors(data, mask, "MaskedTensor"), requires_grad)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
 
-    # -- the public accessors ------------------------------------------------------------
+    # -- the public accessors (written with the conversions: ``ops/conversion.py``) -------
     def get_data(self) -> torch.Tensor:
         """The data, in the same layout; masked-out entries hold arbitrary values.
 
@@ -86,11 +87,11 @@ class MaskedTensor(torch.Tensor):
         >>> mt.get_data()
         tensor([1., 2.])
         """
-        return _conversion.get_data(self)
+        return _METHODS["get_data"](self)
 
     def get_mask(self) -> torch.Tensor:
         """The bool mask (True = specified), in the same layout and with the same indices."""
-        return _conversion.get_mask(self)
+        return _METHODS["get_mask"](self)
 
     def to_tensor(self, value: Any) -> torch.Tensor:
         """A plain tensor with masked-out positions filled with ``value``.
@@ -98,7 +99,7 @@ class MaskedTensor(torch.Tensor):
         For sparse layouts and ``value == 0`` the result stays sparse with the same
         indices; any other fill value can only be expressed densely.
         """
-        return _conversion.to_tensor(self, value)
+        return _METHODS["to_tensor"](self, value)
 
     def validate(self, full: bool = False) -> MaskedTensor:
         """Check the storage's invariants: O(1) by default, all of them with ``full=True``.
@@ -168,26 +169,20 @@ class MaskedTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         if torch._C._get_tracing_state() is not None:
             _refuse_jit_trace(func)
-        handler = _registry.ATEN.get(func)
+        handler = _ATEN.get(func)
         if handler is None:
-            from .ops.pointwise import resolve
-
-            handler = resolve(func, args)
+            handler = _registry.resolve(func, args)
         if _func.SAVED.stack:  # Note [MaskedTensors in torch.func]
             with _func.restored():
                 return _run(handler, func, args, kwargs)
         return _run(handler, func, args, kwargs)
 
-    # -- torch.compile / serialization ---------------------------------------------------
+    # -- torch.compile / serialization (``_serialize.py``) ---------------------------------
     def __reduce_ex__(self, proto: int) -> tuple:  # pickle, torch.save (weights_only=True)
-        from ._serialize import reduce_masked
-
-        return reduce_masked(self, proto)
+        return _METHODS["__reduce_ex__"](self, proto)
 
     def __deepcopy__(self, memo: dict) -> MaskedTensor:
-        from ._serialize import deepcopy_masked
-
-        return deepcopy_masked(self, memo)
+        return _METHODS["__deepcopy__"](self, memo)
 
     def __tensor_flatten__(self) -> tuple[list[str], tuple[str, int]]:
         n = self._nindex
@@ -239,7 +234,10 @@ _tracing_state = torch._C._get_tracing_state
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
 _exporting = torch.compiler.is_exporting
 _compiling = torch.compiler.is_compiling
-_HANDLERS = _registry.FUNCTIONS  # (the one dict ``implements`` fills)
+_HANDLERS = _registry.FUNCTIONS  # (the dicts ``implements`` fills)
+_ATEN = _registry.ATEN
+_DIFFERENTIATED_ABOVE = _registry.DIFFERENTIATED_ABOVE
+_METHODS = _registry.METHODS
 _NO_KWARGS: dict = {}  # (never written: ``**`` copies it)
 
 
@@ -311,7 +309,7 @@ def check_aten_autograd(func: Any, args: tuple) -> None:
                f"compile or torch.export.export(module, (mt,)) to export, or call the torch.* "
                f"function")
     # The TorchScript interpreter re-raises a RuntimeError without our message: say it here.
-    warnings.warn(message, UserWarning, stacklevel=3)
+    warnings.warn(message, UserWarning, stacklevel=2)
     raise NotImplementedError(message)
 
 
@@ -334,6 +332,52 @@ _wrap_outside_graph = torch.compiler.disable(_wrap, recursive=True)
 _make_wrapper_subclass = torch.Tensor._make_wrapper_subclass  # (bound once: every op wraps)
 
 
+def storage_from_tensors(data: torch.Tensor, mask: torch.Tensor, op: str) -> Storage:
+    """Check user ``data`` and ``mask`` and build the storage of their layout.
+
+    For sparse input the mask's pattern is authoritative: data stored elsewhere is dropped
+    and mask positions where data stores nothing read as 0.
+    """
+    if isinstance(data, MaskedTensor) or not isinstance(data, torch.Tensor):
+        raise TypeError(f"{op}: data must be a plain torch.Tensor, got {type(data).__name__}; "
+                        f"use mt.get_data() to unwrap a MaskedTensor")
+    if isinstance(mask, MaskedTensor) or not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{op}: mask must be a plain bool torch.Tensor, got "
+                        f"{type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{op}: mask must have dtype torch.bool, got {mask.dtype}; "
+                        f"pass mask.bool() or (mask != 0)")
+    if data.layout != mask.layout:
+        raise TypeError(f"{op}: data ({data.layout}) and mask ({mask.layout}) must have the "
+                        f"same layout; convert one of them, e.g. mask.to_sparse_coo() or "
+                        f"data.to_dense()")
+    if data.shape != mask.shape:
+        raise ValueError(f"{op}: data {tuple(data.shape)} and mask {tuple(mask.shape)} must "
+                         f"have the same shape")
+    if data.device != mask.device:
+        raise ValueError(f"{op}: data is on {data.device} but mask is on {mask.device}; "
+                         f"move them to one device")
+    if data.is_meta and data.layout != torch.strided:
+        raise NotImplementedError(
+            f"{op}: a {data.layout} MaskedTensor on the meta device is not supported: building "
+            f"its storage reads its indices (checks, coalescing), which meta tensors do not "
+            f"have; infer shapes with a strided meta MaskedTensor")
+    if not torch.compiler.is_compiling():  # O(nnz) index checks (data-dependent: eager only)
+        layouts.check_sparse_input(op, data=data, mask=mask)
+    layout = layouts.get_layout(data.layout)
+    storage = layout.from_torch(data, mask)
+    layout.validate(storage)
+    return storage
+
+
+def warn_if_requires_grad(data: object) -> None:
+    """``torch.masked``'s warning for a new MaskedTensor built from data that requires grad."""
+    if isinstance(data, torch.Tensor) and data.requires_grad:
+        warnings.warn("It is not recommended to create a MaskedTensor with a tensor that "
+                      "requires_grad. To avoid this, you can use data.detach().clone()",
+                      UserWarning, stacklevel=3)
+
+
 _STORAGE_ATTRS = frozenset({"_storage", "_cached", "_layout", "_shape", "_values", "_mask",
                             "_nindex", "_data_of"})  # _data_of: Note [The data tensor is
 #                                                    built once] in ops/conversion.py
@@ -343,6 +387,13 @@ def is_storage_attr(name: str) -> bool:
     """True for the attributes that hold the storage (Note [Storage attributes]): they are
     not user state (pickling and deepcopy rebuild them from the storage)."""
     return name in _STORAGE_ATTRS or (name.startswith("_index") and name[6:].isdigit())
+
+
+def is_wrapped_masked(t: Any) -> bool:
+    """True for a MaskedTensor that a ``torch.func`` transform wrapped (plain-typed)."""
+    return (isinstance(t, torch.Tensor) and not isinstance(t, MaskedTensor)
+            and torch._C._functorch.is_functorch_wrapped_tensor(t)
+            and isinstance(_func.innermost(t), MaskedTensor))
 
 
 def unwrap_grad_tracking(t: Any) -> Any:
@@ -415,8 +466,3 @@ def _source_digest() -> str:
             digest.update(path.read_bytes())
     return digest.hexdigest()
 
-
-# The accessors above are implemented with the other conversions (``ops/conversion.py``),
-# which imports this module: it is imported last, once (an import inside each accessor
-# would cost about a microsecond per call).
-from .ops import conversion as _conversion  # noqa: E402

@@ -47,10 +47,12 @@ import torch
 import layouts
 
 from . import _func
-from ._construct import as_masked_tensor, masked_over
+from ._autograd import lift, masked_over
+from ._construct import as_masked_tensor
+from ._shapes import broadcasts_to
 from ._tensor import MaskedTensor
 from .ops import reductions_args as A
-from .ops.reductions import group_norm, run, source, zero_unspecified
+from .ops.reductions import group_norm, run, source
 
 __all__ = ["amax", "amin", "argmax", "argmin", "cumprod", "cumsum", "log_softmax", "logsumexp",
            "mean", "median", "norm", "normalize", "prod", "softmax", "softmin", "std", "sum",
@@ -64,7 +66,7 @@ def _masked(input: Any, mask: Any, op: str, dtype: torch.dtype | None = None, *,
     """``input`` with ``mask`` as a MaskedTensor (cast to ``dtype``), differentiable; with
     ``plain``, a float strided input with elements and no mask stays plain (Note [Strided
     input without a mask]): the caller wraps its op's result with :func:`_specified`."""
-    input = _func.lift(input)  # a MaskedTensor argument of a torch.func transform
+    input = lift(input)  # a MaskedTensor argument of a torch.func transform
     if isinstance(input, MaskedTensor):
         if mask is not None:
             raise TypeError(f"masked_sparse.functional.{op}: input is a MaskedTensor, which "
@@ -129,7 +131,7 @@ def _expand_sparse(mask: torch.Tensor, shape: torch.Size, op: str) -> torch.Tens
     >>> _expand_sparse(m, torch.Size([2, 3]), "sum").to_dense().tolist()
     [[True, True, True], [False, False, False]]
     """
-    if not _broadcasts(tuple(mask.shape), tuple(shape)):
+    if not broadcasts_to(tuple(mask.shape), tuple(shape)):
         raise ValueError(f"masked_sparse.functional.{op}: mask of shape {tuple(mask.shape)} "
                          f"does not broadcast to the input's shape {tuple(shape)}")
     coo = mask.to_sparse_coo().coalesce()
@@ -145,11 +147,6 @@ def _expand_sparse(mask: torch.Tensor, shape: torch.Size, op: str) -> torch.Tens
             idx[d] = torch.arange(n, device=idx.device).repeat(k)
     ones = torch.ones(idx.shape[1], dtype=torch.bool, device=idx.device)
     return torch.sparse_coo_tensor(idx, ones, shape).coalesce()
-
-
-def _broadcasts(small: tuple[int, ...], shape: tuple[int, ...]) -> bool:
-    return len(small) <= len(shape) and all(
-        a in (1, b) for a, b in zip(small[::-1], shape[::-1]))
 
 
 def _stored_at(mask: torch.Tensor, layout: torch.layout) -> torch.Tensor:
@@ -310,7 +307,7 @@ def _k_normalize(g: layouts.Grouping, ord: float, eps: float,
     v, m = source(g, dtype)
     norms, _ = group_norm(g, v, m, ord)
     out = v / g.expand(torch.clamp_min(norms, eps))
-    return g.restore(zero_unspecified(out, m))
+    return g.restore(layouts.zero_unspecified(out, m))
 
 
 def normalize(input: torch.Tensor, ord: float, dim: int, *, eps: float = 1e-12,
@@ -382,9 +379,8 @@ def logaddexp(input: torch.Tensor, other: torch.Tensor, *, dtype: torch.dtype | 
                 f"masked_sparse.functional.logaddexp: strided operands only (as torch.masked), "
                 f"got a {x.layout} one; pass .to_dense()")
     dtype = dtype or a.dtype
-    low = torch.full((), -math.inf, dtype=a.dtype)
-    fa = torch.where(a.get_mask(), a.get_data(), low)
-    fb = torch.where(b.get_mask(), b.get_data(), low.to(b.dtype))
+    fa = layouts.fill_unspecified(a.get_data(), a.get_mask(), -math.inf)
+    fb = layouts.fill_unspecified(b.get_data(), b.get_mask(), -math.inf)
     out = torch.logaddexp(fa, fb).to(dtype)
     mask = (a.get_mask() | b.get_mask()).expand(out.shape)
     return as_masked_tensor(out, mask)

@@ -1,6 +1,6 @@
 """torch.autograd.gradcheck through ``as_masked_tensor`` with a plain leaf.
 
-Note [Plain gradients for plain leaves] (``_construct.py``): the gradient that reaches a
+Note [Plain gradients for plain leaves] (``_autograd.py``): the gradient that reaches a
 plain leaf passed straight to ``as_masked_tensor`` is a plain tensor of the leaf's layout,
 0 at unspecified positions, so torch's own checkers run unchanged. The reference is
 gradcheck's finite differences on the same function, plus a dense ``torch.where`` model.

@@ -33,7 +33,7 @@ import layouts._grouping as grouping
 import layouts._native as native
 import layouts._reduce_sparse as reduce_sparse
 import masked_sparse as ms
-import masked_sparse.ops._fill as fill
+import masked_sparse._fill as fill
 import masked_sparse.ops.pointwise as pointwise
 import masked_sparse.ops.reductions_args as A
 from tests.conftest import (

@@ -4,12 +4,13 @@
 ``conversion`` (get_data, to_tensor, layouts), ``where``, ``reductions``, ``softmax``,
 ``shape`` / ``indexing`` / ``joining`` (ops that move elements), ``exits``, ``foreach``
 (``torch._foreach_*`` lists), ``scans`` and ``order`` (cumulative ops, sorting), ``linalg``
-(matrix products and two-operand ``einsum``).
+(matrix products) and ``einsum`` (two-operand contractions as matrix products).
 """
 
 from . import (  # noqa: F401
     basic,
     conversion,
+    einsum,
     embedding,
     exits,
     foreach,

@@ -16,8 +16,8 @@ from layouts import Storage
 from .. import _func
 from .._autograd import grad_values, masked_grad, on_values
 from .._memory import check_fits
-from .._registry import implements
-from .._tensor import MaskedTensor, requires_grad_of, unwrap_grad_tracking
+from .._registry import implements, method
+from .._tensor import MaskedTensor, is_wrapped_masked, requires_grad_of, unwrap_grad_tracking
 
 
 class _GetData(_func.Function):
@@ -43,6 +43,7 @@ class _GetData(_func.Function):
         return masked_grad(s, grad_values(grad, s))
 
 
+@method("get_data")
 def get_data(mt: MaskedTensor) -> torch.Tensor:
     """The data of ``mt`` in its layout (see :meth:`MaskedTensor.get_data`).
 
@@ -129,6 +130,7 @@ class _GetMask(_func.Function):
         return get_mask(mt), in_dims[0]
 
 
+@method("get_mask")
 def get_mask(mt: MaskedTensor) -> torch.Tensor:
     """The bool mask of ``mt`` in its layout (see :meth:`MaskedTensor.get_mask`).
 
@@ -174,7 +176,7 @@ def _sparse_under_dynamo(mt: Any) -> bool:
 
 def _checked(t: Any, op: str) -> torch.Tensor:
     """``t`` if it is a MaskedTensor or a torch.func-wrapped one, else a TypeError."""
-    if not (isinstance(t, MaskedTensor) or _func.is_wrapped_masked(t)):
+    if not (isinstance(t, MaskedTensor) or is_wrapped_masked(t)):
         raise TypeError(f"ms.{op}: expected a MaskedTensor, got {type(t).__name__}")
     return t
 
@@ -229,6 +231,7 @@ class _ToTensor(_func.Function):
         return masked_grad(s, grad_values(grad, s)), None
 
 
+@method("to_tensor")
 def to_tensor(mt: MaskedTensor, value: Any) -> torch.Tensor:
     """``mt`` with masked-out positions filled with ``value`` (:meth:`MaskedTensor.to_tensor`).
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from .._registry import implements
 from .linalg import matmul
 
 
@@ -83,7 +84,8 @@ def _arrange(x: torch.Tensor, spec: str, order: str) -> torch.Tensor:
     return x.permute([spec.index(c) for c in order])
 
 
-def einsum(equation: str, *operands: Any) -> Any:
+@implements(torch.einsum)
+def einsum(op: Any, equation: str, *operands: Any) -> Any:
     """``torch.einsum`` for two operands, at least one of them masked (module docstring)."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])

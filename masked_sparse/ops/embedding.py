@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+import layouts
 from layouts import Storage
 
 from .._autograd import on_values
@@ -87,9 +88,8 @@ def _embed(storages: list[Any], opts: dict[str, Any]) -> Storage:
         if opts["max_norm"] is None and not opts["scale_grad_by_freq"] and not opts["sparse"]:
             # One gather over every position; an unspecified id reads row 0 and is zeroed
             # with its gradient (no renorm, no count, no sparse gradient entry to mislead).
-            ids = torch.where(s.mask, s.values, torch.zeros((), dtype=s.values.dtype))
-            rows = F.embedding(ids, weight, **opts)
-            rows = torch.where(mask, rows, torch.zeros((), dtype=rows.dtype))
+            ids = layouts.zero_unspecified(s.values, s.mask)
+            rows = layouts.zero_unspecified(F.embedding(ids, weight, **opts), mask)
         else:
             rows = weight.new_zeros(*s.values.shape, dim)
             rows = rows.index_put((s.mask,), F.embedding(torch.masked_select(s.values, s.mask),

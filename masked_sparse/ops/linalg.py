@@ -54,9 +54,9 @@ import layouts
 from layouts import Storage
 
 from .._autograd import _backward_with_graph, grad_on, on_values
+from .._fill import all_specified, compact, is_zero_filled, zero_fill
 from .._registry import implements
 from .._tensor import MaskedTensor, _wrap, requires_grad_of
-from ._fill import all_specified, compact, is_zero_filled, zero_fill
 
 Operand = Storage | torch.Tensor
 _STRIDED = layouts.get_layout(torch.strided)
@@ -479,10 +479,3 @@ def _folds(bias: Any, input: torch.Tensor, weight: torch.Tensor) -> bool:
     return (type(bias) in (torch.Tensor, torch.nn.Parameter) and bias.layout == torch.strided
             and weight.dim() == 2 and bias.dim() == 1 and bias.shape[0] == weight.shape[0]
             and bias.dtype == weight.dtype == input.dtype and input.dim() >= 1)
-
-
-@implements(torch.einsum)
-def einsum(op: Any, equation: str, *operands: Any) -> Any:
-    from .einsum import einsum as _einsum
-
-    return _einsum(equation, *operands)

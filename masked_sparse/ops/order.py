@@ -38,13 +38,13 @@ from typing import Any
 import torch
 
 import layouts
-from layouts import Grouping, Storage
+from layouts import Grouping, Storage, zero_unspecified
 
 from .._autograd import on_values
 from .._registry import implements, is_aten, op_name
 from .._tensor import MaskedTensor, _wrap
 from . import reductions_args as A
-from .reductions import run, zero_unspecified
+from .reductions import run
 from .reductions_args import bind
 
 

@@ -19,7 +19,8 @@ import torch
 import layouts
 from layouts import Storage
 
-from .._registry import Handler, implements, op_name, way_out
+from .._registry import Handler, fallback, implements, op_name, way_out
+from .._shapes import broadcasts_to
 from .._tensor import MaskedTensor, _wrap
 from . import backward_masks
 
@@ -190,21 +191,6 @@ def _try_layout(coo: Storage, like: Storage) -> Storage:
         return coo
 
 
-def broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
-    """True when ``shape`` broadcasts to ``target`` exactly (the result has ``target``).
-
-    The same answer as ``torch.broadcast_shapes(shape, target) == target``, which runs a
-    Python reference implementation on every call; this compares the dims directly (it is
-    on every binary op's route: ``python -m benchmarks.profile_overhead``).
-
-    >>> broadcasts_to((3, 1), (2, 3, 4)), broadcasts_to((2, 4), (3, 4))
-    (True, False)
-    """
-    if len(shape) > len(target):
-        return False
-    return all(s == 1 or s == t for s, t in zip(reversed(shape), reversed(target)))
-
-
 def read_plain(func: Any, storage: Storage, t: torch.Tensor) -> torch.Tensor:
     """A plain tensor operand broadcast to the masked operand and read at its positions."""
     if t.dim() == 0:
@@ -243,7 +229,7 @@ def _fast_path(func: Any, args: tuple) -> Any:
     "wrapped number" tensor torch makes of it), or with a MaskedTensor sharing its index and
     mask objects (any result of an op on it). For those ``apply_to_values`` would align
     nothing and read nothing, so this path runs the op on the values directly: same
-    result, a few microseconds less per op (benchmarks/profile_overhead.py).
+    result, less fixed cost per op (``python -m benchmarks.profile_overhead``).
     """
     if len(args) > 2 or type(args[0]) is not MaskedTensor:
         return None
@@ -379,6 +365,7 @@ def pointwise_(op: Any, *args: Any, **kwargs: Any) -> Any:
     return apply_to_values(op, args, kwargs, True)
 
 
+@fallback
 def resolve(func: Any, args: tuple) -> Handler:
     """The handler for an op without a table entry: the generic pointwise one, if tagged so."""
     if _is_pointwise(func) and not _writes_out(func):

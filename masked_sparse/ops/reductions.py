@@ -49,13 +49,13 @@ from typing import Any
 import torch
 
 import layouts
-from layouts import Grouping, Kernel, Storage, zero_unspecified
+from layouts import Grouping, Kernel, Storage, fill_unspecified, zero_unspecified
 
 from .._autograd import on_values
+from .._fill import all_specified
 from .._registry import implements, is_aten, op_name
 from .._tensor import MaskedTensor, _wrap, dtype_of, ndim_of, requires_grad_of
 from . import reductions_args as A
-from ._fill import all_specified
 
 aten = torch.ops.aten
 
@@ -149,14 +149,6 @@ def _full(value: Any, like: torch.Tensor) -> torch.Tensor:
     return torch.full((), value, dtype=like.dtype, device=like.device)
 
 
-def fill(values: torch.Tensor, mask: torch.Tensor, value: Any) -> torch.Tensor:
-    """``values`` where specified, ``value`` elsewhere (dtype kept)."""
-    return layouts.fill_unspecified(values, mask, value)
-
-
-identity = layouts.identity
-
-
 def source(g: Grouping, dtype: torch.dtype | None = None,
            nan: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The grouping's values (cast to ``dtype``) and mask (NaN excluded with ``nan``)."""
@@ -218,7 +210,7 @@ def k_all_any(g: Grouping, op: str, dtype: torch.dtype) -> Storage:
     v, m = source(g)
     truth = v if v.dtype == torch.bool else v != 0
     specified = g.reduce(m, "any")
-    out = g.reduce(torch.where(m, truth, op == "all"), op)
+    out = g.reduce(fill_unspecified(truth, m, op == "all"), op)
     return g.build((out & specified).to(dtype), specified)
 
 
@@ -245,11 +237,11 @@ def group_norm(g: Grouping, v: torch.Tensor, m: torch.Tensor,
     specified = g.reduce(m, "any")
     if ord == 2 and not v.is_complex():  # the sum of squares fused with the fill
         return safe_root(g.masked_reduce(v, m, "sumsq"), 2), specified
-    a = fill(v, m, 0).abs()
+    a = fill_unspecified(v, m, 0).abs()
     if ord == math.inf:
         out = g.reduce(a, "amax")
     elif ord == -math.inf:
-        out = g.reduce(fill(a, m, math.inf), "amin")
+        out = g.reduce(fill_unspecified(a, m, math.inf), "amin")
     elif ord == 0:
         out = g.reduce(m & (a != 0), "sum").to(a.dtype)
     elif ord == 1:
@@ -259,7 +251,7 @@ def group_norm(g: Grouping, v: torch.Tensor, m: torch.Tensor,
     else:
         powered = a.pow(ord)
         if ord < 0:
-            powered = fill(powered, m, 0)
+            powered = fill_unspecified(powered, m, 0)
         out = safe_root(g.reduce(powered, "sum"), ord)
     return out, specified
 
@@ -285,8 +277,8 @@ def _complex_logsumexp(g: Grouping, v: torch.Tensor, m: torch.Tensor,
     before ``exp`` and added back after ``log``; unspecified elements add nothing."""
     top = g.masked_reduce(v.real, m, "amax")
     top = torch.where(torch.isinf(top) | ~specified, _full(0, top), top)
-    filled = fill(v, m, 0)  # Note [Fill before transform]
-    terms = fill((filled - g.expand(top)).exp(), m, 0)
+    filled = fill_unspecified(v, m, 0)  # Note [Fill before transform]
+    terms = fill_unspecified((filled - g.expand(top)).exp(), m, 0)
     return zero_unspecified(g.reduce(terms, "sum").log() + top, specified)
 
 

@@ -28,8 +28,8 @@ class _Binder:
 
     Note [Binding once per signature]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-    ``inspect.Signature.bind`` costs several microseconds per call -- as much as the whole
-    reduction kernel on a small tensor. The names, their order and the defaults of a
+    ``inspect.Signature.bind`` costs as much per call as the whole reduction kernel on a
+    small tensor. The names, their order and the defaults of a
     signature never change, so they are read once; a call binds with a few dict operations.
     A call the fast path does not settle (too many positional arguments, an unknown or
     repeated keyword, a missing required argument) goes to ``inspect`` itself, so every

@@ -37,13 +37,12 @@ from typing import Any
 import torch
 
 import layouts
-from layouts import Storage
+from layouts import Storage, fill_unspecified, identity, zero_unspecified
 
 from .._autograd import on_values
 from .._registry import implements, is_aten, op_name
 from .._tensor import _wrap
 from . import reductions_args as A
-from .reductions import fill, identity, zero_unspecified
 from .reductions_args import bind
 
 
@@ -65,8 +64,8 @@ def k_scan(storages: list[Storage], op: str, dim: int, dtype: torch.dtype | None
         out, idx = v, (torch.zeros(v.shape, dtype=torch.long, device=v.device)
                        if op in ("cummax", "cummin") else None)
     else:
-        out, idx = layouts.lines_along(s, dim).scan(fill(v, s.mask, _identity(op, v.dtype)),
-                                                    op)
+        filled = fill_unspecified(v, s.mask, _identity(op, v.dtype))
+        out, idx = layouts.lines_along(s, dim).scan(filled, op)
     result = s.with_values(zero_unspecified(out, s.mask))
     if idx is None:
         return result

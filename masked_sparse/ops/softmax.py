@@ -28,9 +28,9 @@ import torch.nn.functional as F
 
 from layouts import Grouping, Storage
 
+from .._fill import mark_zero_filled, zero_fill
 from .._registry import implements, op_name
 from . import reductions_args as A
-from ._fill import mark_zero_filled, zero_fill
 from .reductions import accumulate, run, source
 
 

@@ -158,7 +158,7 @@ class _Where(_func.Function):
                 grads.append(None)
                 continue
             # Note [Gradient of where]: positions not chosen get no gradient (masked out).
-            values = torch.where(pick, gv, 0).to(ctx.dtypes[i])
+            values = layouts.zero_unspecified(gv, pick).to(ctx.dtypes[i])
             mask = pick & gmask & own_mask
             base = ctx.targets[i] if ctx.targets[i] is not None else out
             grads.append(_wrap(base.with_values(values, mask)))

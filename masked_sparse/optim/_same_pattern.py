@@ -46,8 +46,8 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .._fill import is_zero_filled, zero_fill
 from .._tensor import MaskedTensor
-from ..ops._fill import is_zero_filled, zero_fill
 
 
 class _IdTags:

@@ -1,4 +1,14 @@
-"""Filling unspecified values with 0, fast and exact: ``zero_fill(values, mask)``.
+"""The core's zero fill, ``zero_fill(values, mask)``: exact, fast and differentiable; and
+what the core remembers about fills (a result already filled, a mask with nothing to fill).
+
+``zero_fill`` is the layouts' exact fill (``layouts.zero_unspecified``) with three things
+the core needs around it: a mask that broadcasts to the values (an attention mask shared by
+heads: Note [Zero fill by bits]); the fast fill under autograd too (``_ZeroFill``: the
+differentiable route of the layouts' fill is ``torch.where``, which takes a slow path on
+CPU for its bool condition in the forward and again in its backward, where this Function
+fills by the fast exact route both ways); and the tag of a filled result, so that a product
+after a softmax does not fill it again (Note [Known zero fill]). Kernels, whose results are
+not tagged, call ``layouts.zero_unspecified`` / ``layouts.fill_unspecified`` directly.
 
 >>> import torch
 >>> zero_fill(torch.tensor([1.0, float("nan")]), torch.tensor([True, False]))
@@ -12,7 +22,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 import layouts
 
-from .pointwise import broadcasts_to
+from ._shapes import broadcasts_to
 
 _ZERO_FILLED: WeakIdKeyDictionary = WeakIdKeyDictionary()  # Note [Known zero fill]
 _ALL_SPECIFIED: WeakIdKeyDictionary = WeakIdKeyDictionary()  # mask -> (version, answer)
@@ -56,8 +66,7 @@ class _ZeroFill(torch.autograd.Function):
     def backward(ctx, grad):  # type: ignore[override]
         (mask,) = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph: stay differentiable (Note [Double backward])
-            zero = torch.zeros((), dtype=grad.dtype, device=grad.device)
-            return torch.where(mask, grad, zero), None
+            return layouts.zero_unspecified(grad, mask), None
         return mark_zero_filled(_bitwise_zero_fill(grad, mask), mask), None
 
 
@@ -69,15 +78,13 @@ def zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     ~~~~~~~~~~~~~~~~~~~~~~~~
     ``values * mask`` keeps NaN and inf under the mask; ``torch.where`` is exact but takes a
     slow path on CPU for its bool condition. A full-size mask takes the layouts' exact fill
-    (``layouts.fill_unspecified``: one native pass on CPU, else ``where``;
-    ``python -m benchmarks.bench_core`` and ``bench_goals`` time ``to_tensor(0)``, which
-    runs this fill). A mask
+    (``layouts.fill_unspecified``: one native pass on CPU, else ``where``). A mask
     broadcast over some dims (stride 0, e.g. an attention mask expanded over heads) is read
     once per stored element: the float's *bits*, viewed as an integer of the same width, are
     multiplied by the compacted 0/1 mask, which is exact (the bits survive or become +0.0).
-    Other dtypes (integers, complex), and a mask that ``values`` would have to broadcast
-    to, use ``torch.where``; so does compiled code, where Inductor fuses the ``where`` into
-    the kernel that computes ``values``.
+    Other dtypes (integers, complex), a mask that ``values`` would have to broadcast to,
+    compiled code (where Inductor fuses the ``where`` into the kernel that computes
+    ``values``) and ``torch.func`` transforms take the layouts' fill as it is.
     """
     if (not _fills_by_bits(values.dtype) or mask.dtype != torch.bool
             or torch.compiler.is_compiling()
