@@ -1,8 +1,9 @@
 """Reductions and softmax, per layout: the harness's own cases.
 
-These stand in while ``benchmarks/bench_reductions.py`` is absent. When it is present, ``run.py`` runs it and then those of these cases whose names it
-does not have (every layout at the smallest size, with the ``torch.masked`` column, and the
-CSR cases), so the suite covers every layout either way.
+These stand in while ``benchmarks/bench_reductions.py`` is absent. When it is present,
+``run.py`` runs it and then those of these cases whose names it does not have (every layout
+at the smallest size, with the ``torch.masked`` column, and the CSR cases), so the suite
+covers every layout either way.
 
 Cases: full ``sum()``, ``sum(dim=1)``, ``amax(dim=1)``, ``mean(dim=0)`` and
 ``softmax(dim=1)`` on strided 1000² / 4000² (50% masked) and COO / CSR with nnz 1e3 / 1e6

@@ -126,8 +126,9 @@ class _Box:
     which gets a plain ``.grad`` of its own layout, 0 where unspecified (Note [Plain
     gradients for plain leaves]): that is what gradcheck and optimizers take, and no
     formula is left to run. Neither simpler rule works: a gradient always plain brings
-    PyTorch issue 4132 back, one always masked fails gradcheck. Inside a torch.func transform the Function is not used at all: the MaskedTensor is built over
-    the tracked data (Note [MaskedTensors in torch.func]).
+    PyTorch issue 4132 back, one always masked fails gradcheck. Inside a torch.func
+    transform the Function is not used at all: the MaskedTensor is built over the tracked
+    data (Note [MaskedTensors in torch.func]).
     """
 
     value: Storage

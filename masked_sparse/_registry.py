@@ -8,8 +8,9 @@ the one :func:`fallback` (``ops/pointwise.resolve``): those tagged ``torch.Tag.p
 get the generic "apply to the values" handler, registered here on first use.
 
 The registry is the lowest layer of the core: it imports nothing of it. What the type in
-``_tensor.py`` routes to, and the few methods of the type written with the ops
-(:func:`method`), are found here at call time.
+``_tensor.py`` routes to, the few methods of the type written with the ops (:func:`method`)
+and the type's check of aten-level calls (:func:`aten_autograd_check`) are registered here
+by the layers above and found at call time.
 
 Note [Two levels]
 ~~~~~~~~~~~~~~~~~
@@ -37,14 +38,11 @@ Handler = Callable[..., Any]
 FUNCTIONS: dict[Any, Handler] = {}
 #: Exact aten overloads -> handlers (read by ``__torch_dispatch__``).
 ATEN: dict[Any, Handler] = {}
-#: The aten overloads of ops differentiated above, at their Python-level callables: one
-#: reaching ``__torch_dispatch__`` with grad enabled is checked first, so that no masked
-#: gradient is lost (Note [Aten-level autograd] in _tensor.py).
-DIFFERENTIATED_ABOVE: set[Any] = set()
 #: MaskedTensor methods written with the code they call (``get_data`` with the conversions,
 #: ``__reduce_ex__`` with the serialization, ...): name -> function (:func:`method`).
 METHODS: dict[str, Callable[..., Any]] = {}
 _FALLBACK: list[Callable[[Any, tuple], Handler]] = []
+_ABOVE_CHECK: list[Callable[[Any, tuple], None]] = []
 
 
 def is_aten(op: Any) -> bool:
@@ -65,15 +63,34 @@ def implements(*ops: Any) -> Callable[[Handler], Handler]:
         for op in ops:
             if not is_aten(op):
                 FUNCTIONS[op] = handler
-                continue
-            ATEN[op] = handler
-            if above and not op.is_view and not op._schema.is_mutable:
-                DIFFERENTIATED_ABOVE.add(op)
+            elif above and not op.is_view and not op._schema.is_mutable:
+                ATEN[op] = _differentiated_above(handler)
             else:  # views and in-place ops: torch's own formulas are the masked ones
-                DIFFERENTIATED_ABOVE.discard(op)
+                ATEN[op] = handler
         return handler
 
     return decorator
+
+
+def _differentiated_above(handler: Handler) -> Handler:
+    """``handler`` for an aten overload that eager code meets in ``__torch_function__``, where
+    the masked autograd is recorded: arriving at the aten level with grad enabled, it first
+    runs the :func:`aten_autograd_check` (Note [Aten-level autograd] in _tensor.py), which
+    refuses a call that would lose the masked gradient."""
+
+    def aten_handler(op: Any, *args: Any, **kwargs: Any) -> Any:
+        if torch.is_grad_enabled():
+            _ABOVE_CHECK[0](op, args)
+        return handler(op, *args, **kwargs)
+
+    return aten_handler
+
+
+def aten_autograd_check(check: Callable[[Any, tuple], None]) -> Callable[[Any, tuple], None]:
+    """Register ``check(op, args)``, run before the aten handler of an op differentiated
+    above while grad is enabled: there is one, ``_tensor.check_aten_autograd``."""
+    _ABOVE_CHECK[:] = [check]
+    return check
 
 
 def fallback(resolver: Callable[[Any, tuple], Handler]) -> Callable[[Any, tuple], Handler]:

@@ -37,13 +37,10 @@ from ._repr import storage_repr
 
 
 def _run(handler: Any, func: Any, args: tuple, kwargs: dict | None) -> Any:
-    """``handler(func, *args, **kwargs)`` for an aten overload, after
-    :func:`check_aten_autograd` where the op is differentiated above; where torch lacks a
-    kernel on the operands' device, :func:`._device.missing_kernel`'s
-    ``NotImplementedError`` instead of torch's message."""
+    """``handler(func, *args, **kwargs)``; where torch lacks a kernel on the operands'
+    device, :func:`._device.missing_kernel`'s ``NotImplementedError`` instead of torch's
+    message."""
     try:
-        if func in _DIFFERENTIATED_ABOVE and torch.is_grad_enabled():
-            check_aten_autograd(func, args)
         return handler(func, *args, **(kwargs or {}))
     except (NotImplementedError, RuntimeError) as exc:
         lacking = missing_kernel(func, args, exc)
@@ -236,7 +233,6 @@ _exporting = torch.compiler.is_exporting
 _compiling = torch.compiler.is_compiling
 _HANDLERS = _registry.FUNCTIONS  # (the dicts ``implements`` fills)
 _ATEN = _registry.ATEN
-_DIFFERENTIATED_ABOVE = _registry.DIFFERENTIATED_ABOVE
 _METHODS = _registry.METHODS
 _NO_KWARGS: dict = {}  # (never written: ``**`` copies it)
 
@@ -277,6 +273,7 @@ def _refuse_jit_trace(func: Any) -> None:
         f"torch.export.export(module, (mt,)) to export, which trace through the data and mask")
 
 
+@_registry.aten_autograd_check
 def check_aten_autograd(func: Any, args: tuple) -> None:
     """Note [Aten-level autograd]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -309,7 +306,7 @@ def check_aten_autograd(func: Any, args: tuple) -> None:
                f"compile or torch.export.export(module, (mt,)) to export, or call the torch.* "
                f"function")
     # The TorchScript interpreter re-raises a RuntimeError without our message: say it here.
-    warnings.warn(message, UserWarning, stacklevel=2)
+    warnings.warn(message, UserWarning, stacklevel=3)
     raise NotImplementedError(message)
 
 
