@@ -38,9 +38,6 @@ Handler = Callable[..., Any]
 FUNCTIONS: dict[Any, Handler] = {}
 #: Exact aten overloads -> handlers (read by ``__torch_dispatch__``).
 ATEN: dict[Any, Handler] = {}
-#: MaskedTensor methods written with the code they call (``get_data`` with the conversions,
-#: ``__reduce_ex__`` with the serialization, ...): name -> function (:func:`method`).
-METHODS: dict[str, Callable[..., Any]] = {}
 _FALLBACK: list[Callable[[Any, tuple], Handler]] = []
 _ABOVE_CHECK: list[Callable[[Any, tuple], None]] = []
 
@@ -105,15 +102,22 @@ def resolve(op: Any, args: tuple) -> Handler:
     return _FALLBACK[0](op, args)
 
 
+class METHODS:
+    """The MaskedTensor methods written with the code they call (``get_data`` with the
+    conversions, ``reduce_ex`` with the serialization, ...), registered with :func:`method`
+    as attributes of this class: the type calls ``METHODS.get_data(self)``, an attribute
+    read that costs what a module's does (a dict lookup per call would cost more)."""
+
+
 def method(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register the function that MaskedTensor's method ``name`` calls (:data:`METHODS`).
+    """Register the function that MaskedTensor's method ``name`` calls (:class:`METHODS`).
 
     >>> @method("get_data")   # doctest: +SKIP
     ... def get_data(mt): ...
     """
 
     def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
-        METHODS[name] = fn
+        setattr(METHODS, name, fn)
         return fn
 
     return decorator

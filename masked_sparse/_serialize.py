@@ -57,7 +57,7 @@ def _extra_state(mt: MaskedTensor) -> dict[str, Any]:
     return {k: v for k, v in mt.__dict__.items() if not is_storage_attr(k)}
 
 
-@method("__reduce_ex__")
+@method("reduce_ex")
 def reduce_masked(mt: MaskedTensor, proto: int) -> tuple[Any, tuple[Any, ...]]:
     """``MaskedTensor.__reduce_ex__``: rebuild from plain tensors (see the module note)."""
     s = mt._storage
@@ -66,7 +66,7 @@ def reduce_masked(mt: MaskedTensor, proto: int) -> tuple[Any, tuple[Any, ...]]:
                              mt.requires_grad, _extra_state(mt))
 
 
-@method("__deepcopy__")
+@method("deepcopy")
 def deepcopy_masked(mt: MaskedTensor, memo: dict[int, Any]) -> MaskedTensor:
     """``MaskedTensor.__deepcopy__``: copies of every tensor, index sharing kept via ``memo``."""
     if id(mt) in memo:

@@ -84,11 +84,11 @@ class MaskedTensor(torch.Tensor):
         >>> mt.get_data()
         tensor([1., 2.])
         """
-        return _METHODS["get_data"](self)
+        return _METHODS.get_data(self)
 
     def get_mask(self) -> torch.Tensor:
         """The bool mask (True = specified), in the same layout and with the same indices."""
-        return _METHODS["get_mask"](self)
+        return _METHODS.get_mask(self)
 
     def to_tensor(self, value: Any) -> torch.Tensor:
         """A plain tensor with masked-out positions filled with ``value``.
@@ -96,7 +96,7 @@ class MaskedTensor(torch.Tensor):
         For sparse layouts and ``value == 0`` the result stays sparse with the same
         indices; any other fill value can only be expressed densely.
         """
-        return _METHODS["to_tensor"](self, value)
+        return _METHODS.to_tensor(self, value)
 
     def validate(self, full: bool = False) -> MaskedTensor:
         """Check the storage's invariants: O(1) by default, all of them with ``full=True``.
@@ -176,10 +176,10 @@ class MaskedTensor(torch.Tensor):
 
     # -- torch.compile / serialization (``_serialize.py``) ---------------------------------
     def __reduce_ex__(self, proto: int) -> tuple:  # pickle, torch.save (weights_only=True)
-        return _METHODS["__reduce_ex__"](self, proto)
+        return _METHODS.reduce_ex(self, proto)
 
     def __deepcopy__(self, memo: dict) -> MaskedTensor:
-        return _METHODS["__deepcopy__"](self, memo)
+        return _METHODS.deepcopy(self, memo)
 
     def __tensor_flatten__(self) -> tuple[list[str], tuple[str, int]]:
         n = self._nindex
