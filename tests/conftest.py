@@ -36,6 +36,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 
 LAYOUTS = [torch.strided, torch.sparse_coo, torch.sparse_csr]
 LAYOUT_IDS = ["strided", "coo", "csr"]
+#: Every built-in layout: LAYOUTS and the two added through the registry (CSC, BSR).
+ALL_LAYOUTS = [*LAYOUTS, torch.sparse_csc, torch.sparse_bsr]
+ALL_LAYOUT_IDS = [*LAYOUT_IDS, "csc", "bsr"]
 FLOAT_DTYPES = [torch.float32, torch.float64]
 
 
@@ -186,6 +189,21 @@ def make_masked(shape, layout=torch.strided, dtype=torch.float32, density=0.6, s
     zero = torch.zeros((), dtype=dtype, device=device)
     sparse_data = _to_layout(torch.where(stored, data, zero), stored, layout)
     return ms.masked_tensor(sparse_data, sparse_mask), data, mask
+
+
+def make_masked_in(shape, layout, seed=0, dtype=torch.float32, **kw):
+    """:func:`make_masked` in any built-in layout: CSC and BSR (1x1 blocks) are converted from
+    the CSR one, so they store the same entries."""
+    if layout in (torch.sparse_csc, torch.sparse_bsr):
+        mt, data, mask = make_masked(shape, torch.sparse_csr, seed=seed, dtype=dtype, **kw)
+        out = mt.to_sparse_csc() if layout == torch.sparse_csc else mt.to_sparse_bsr((1, 1))
+        return out, data, mask
+    return make_masked(shape, layout, seed=seed, dtype=dtype, **kw)
+
+
+def where0(data: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``data`` where ``mask``, else 0: the dense reference of ``mt.to_tensor(0)``."""
+    return torch.where(mask, data, torch.zeros((), dtype=data.dtype, device=data.device))
 
 
 def _to_layout(dense: torch.Tensor, stored: torch.Tensor, layout) -> torch.Tensor:

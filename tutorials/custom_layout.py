@@ -312,7 +312,7 @@ print("agrees with the dense reference")
 
 # %% [markdown]
 # For real coverage, run the project's generic layout suite on your layout. It is one
-# test class, `LayoutSuite` in `tests/test_layout_suite.py`, that only needs a `layout`
+# test class, `LayoutSuite` in `tests/layouts/test_layout_suite.py`, that only needs a `layout`
 # fixture; it checks construction, invariants, round trips with every registered layout,
 # unary and binary ops, `to_tensor` / `get_data`, reductions, autograd and printing
 # against dense references. In a test file of your own:
@@ -332,7 +332,7 @@ print("agrees with the dense reference")
 #         layouts.unregister_layout(ROWS)
 # ```
 #
-# `tests/test_toy_layout.py` in this repository does exactly that.
+# `tests/layouts/test_toy_layout.py` in this repository does exactly that.
 #
 # When you are done experimenting, unregister the layout; tensors that already use it
 # keep working.

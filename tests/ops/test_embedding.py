@@ -1,4 +1,4 @@
-"""``F.embedding`` / ``F.embedding_bag`` with a MaskedTensor of ids (issue 30, item 5), on
+"""``F.embedding`` / ``F.embedding_bag`` with a MaskedTensor of ids, on
 every layout, against torch's own ops on the flat specified ids: ``F.embedding_bag(flat_ids,
 weight, offsets)`` and ``F.embedding`` of the specified ids, values and gradients."""
 

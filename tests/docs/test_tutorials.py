@@ -24,7 +24,7 @@ from conftest import DEVICE, cpu_only
 
 pytestmark = pytest.mark.device_generic
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TUTORIALS = sorted((ROOT / "tutorials").glob("*.py"))
 NAN = float("nan")
 #: Tutorials that need the CPU (``--device`` runs the others there through conftest's
@@ -269,7 +269,7 @@ def _adagrad_reference():
 def test_adagrad(runs):
     out = output(runs, "adagrad")
     param, state = _adagrad_reference()
-    # The numbers, derived by hand above (a sanity check of the reference itself).
+    # The expected numbers, derived by hand above (a sanity check of the reference itself).
     np.testing.assert_allclose(param, [[0, 1, 1.9027, 3], [3.9015, 5, 5.9010, 7]], atol=1e-4)
     std_mask = np.zeros((2, 4), dtype=bool)
     std_mask[[0, 1, 1], [2, 0, 2]] = True

@@ -280,9 +280,10 @@ def test_an_index_written_in_place_is_narrowed_again(layout):
     """The narrowed group index (and every other fact of the index) is cached per index
     tensor and version: after an element moves to an empty column in place, the column
     reductions read the index as it is now."""
+    from conftest import _to_layout, assert_masked_equal, dense_of
+
     import layouts._index as index_facts
     import masked_sparse as ms
-    from tests.conftest import _to_layout, assert_masked_equal, dense_of
 
     data = torch.tensor([[1.0, 2.0, 0.0, 4.0], [0.0, 8.0, 0.0, 0.0], [0.0, 0.0, 0.0, 3.0]])
     stored = data != 0
@@ -706,8 +707,9 @@ def test_a_nan_anywhere_in_a_long_run_wins_only_where_specified(build, n, dtype)
 def test_an_index_built_in_inference_mode_reduces_outside_it():
     """An inference tensor has no version counter: its index facts (the narrowed copy
     among them) are computed and cached all the same, in inference mode and out of it."""
+    from conftest import assert_masked_equal, dense_of, make_masked
+
     import masked_sparse as ms
-    from tests.conftest import assert_masked_equal, dense_of, make_masked
 
     with torch.inference_mode():
         mt, data, mask = make_masked((50, 40), torch.sparse_csr, torch.float64, seed=3)

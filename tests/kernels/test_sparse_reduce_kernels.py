@@ -28,13 +28,13 @@ import math
 
 import pytest
 import torch
+from conftest import _to_layout, assert_masked_equal, check_invariants, dense_of
 
 import layouts
 import layouts._grouping as grouping
 import layouts._native as native
 import masked_sparse as ms
 from masked_sparse.ops._fill import is_zero_filled
-from tests.conftest import _to_layout, assert_masked_equal, check_invariants, dense_of
 
 INF, NAN = math.inf, math.nan
 DTYPES = [torch.float32, torch.float64, torch.int32]

@@ -331,7 +331,7 @@ def test_gradient_keeps_input_mask_and_layout(name, layout):
 
 
 def test_view_sum_backward_on_transposed_non_contiguous():
-    """The issue's case: ``view`` -> ``sum`` -> ``backward`` on a transposed masked tensor."""
+    """``view`` -> ``sum`` -> ``backward`` on a transposed (non-contiguous) masked tensor."""
     data = torch.arange(12.0).view(3, 4)
     mask = data.remainder(3) > 0
     x = ms.masked_tensor(data, mask, requires_grad=True)

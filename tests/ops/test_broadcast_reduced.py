@@ -1,4 +1,4 @@
-"""A reduced operand broadcast back onto its full-shape source (issue 30, item 4).
+"""A reduced operand broadcast back onto its full-shape source.
 
 ``mt / mt.sum(1, keepdim=True)``, ``mt - mt.mean(0, keepdim=True)``, ... read the reduced
 operand by the row or column coordinate the full operand already stores (``layouts.

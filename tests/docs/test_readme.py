@@ -5,7 +5,7 @@ from __future__ import annotations
 import pathlib
 import re
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_readme_snippets_run(capsys):

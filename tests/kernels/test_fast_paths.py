@@ -28,6 +28,14 @@ import math
 
 import pytest
 import torch
+from conftest import (
+    LAYOUT_IDS,
+    LAYOUTS,
+    assert_masked_equal,
+    check_invariants,
+    dense_of,
+    make_masked,
+)
 
 import layouts._grouping as grouping
 import layouts._native as native
@@ -36,14 +44,6 @@ import masked_sparse as ms
 import masked_sparse.ops._fill as fill
 import masked_sparse.ops.pointwise as pointwise
 import masked_sparse.ops.reductions_args as A
-from tests.conftest import (
-    LAYOUT_IDS,
-    LAYOUTS,
-    assert_masked_equal,
-    check_invariants,
-    dense_of,
-    make_masked,
-)
 
 CALLS = {
     "sqrt": lambda a, b: torch.sqrt(a),

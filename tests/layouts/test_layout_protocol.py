@@ -20,7 +20,7 @@ import masked_sparse as ms
 from layouts import registry
 from masked_sparse.optim import functional
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "masked_sparse"
 COO = layouts.get_layout("sparse_coo")
 
@@ -204,3 +204,19 @@ def test_adagrad_class_on_csc_and_bsr_gradients_matches_strided():
     torch.testing.assert_close(results["sparse_csc"], results["strided"])
     torch.testing.assert_close(results["sparse_bsr"], results["strided"])
     assert not torch.equal(results["strided"], torch.ones(4, 6))
+
+
+def test_the_core_compares_no_layout_name():
+    import ast
+    import pathlib
+
+    names = {"strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr"}
+    root = pathlib.Path(ms.__file__).parent
+    found = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(
+                    isinstance(c, ast.Constant) and c.value in names
+                    for c in (node.left, *node.comparators)):
+                found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, found

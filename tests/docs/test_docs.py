@@ -1,4 +1,4 @@
-"""The code examples of the guides in ``docs/`` run (as ``tests/test_readme.py`` runs the
+"""The code examples of the guides in ``docs/`` run (as ``tests/docs/test_readme.py`` runs the
 README's): every ```` ```python ```` block of a page, in order, in one namespace per page that
 starts with ``import torch`` and ``import masked_sparse as ms``. A block written as a
 doctest (``>>>`` lines) is run as one and must print what it shows. Blocks fenced ```` ```py ````
@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
 PAGES = sorted(p.name for p in DOCS.glob("*.md"))
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE

@@ -18,7 +18,7 @@ coverage as the built-in ones from its own test file::
             yield lay
             layouts.unregister_layout(lay)
 
-(``tests/test_toy_layout.py`` does exactly that.) Inputs are built as COO masked tensors
+(``tests/layouts/test_toy_layout.py`` does exactly that.) Inputs are built as COO masked tensors
 with stored-but-masked entries (``conftest.make_masked``) and converted to the layout
 under test, so every layout sees the authoritative-mask case.
 """

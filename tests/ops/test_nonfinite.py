@@ -137,7 +137,7 @@ def test_softmax_agrees_on_nonfinite(name, dim):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_issue_row_softmax(layout):
+def test_softmax_of_a_row_with_inf_and_minus_inf_is_nan_as_torch(layout):
     x = torch.tensor([[INF, 2.0, -INF]])
     out = torch.softmax(_masked(layout, x, torch.ones(1, 3, dtype=torch.bool)), 1)
     assert torch.isnan(_dense(out)[0]).all()  # as torch.softmax: [nan, nan, nan]

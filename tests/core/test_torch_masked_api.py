@@ -14,7 +14,15 @@ import numpy as np
 import pytest
 import torch
 import torch.masked
-from conftest import make_masked
+from conftest import (
+    ALL_LAYOUT_IDS,
+    ALL_LAYOUTS,
+    LAYOUT_IDS,
+    LAYOUTS,
+    assert_masked_equal,
+    make_masked,
+    make_masked_in,
+)
 
 import masked_sparse as ms
 import masked_sparse.functional as MF
@@ -95,7 +103,7 @@ def test_functional_sparse_input_agrees_with_strided(name, layout):
         except NotImplementedError:
             if name not in ("cumsum", "cumprod"):
                 raise
-            pytest.skip("sparse scans need the core's scan kernels (issue 15)")
+            pytest.skip("sparse scans need the core's scan kernels")
         assert out.layout != torch.strided or out.dim() == 0 or name in ("argmax", "argmin")
         got = out.to_dense()
         assert torch.equal(got.get_mask(), dense.get_mask())
@@ -292,3 +300,143 @@ def test_torch_load_without_import_readme_fix(tmp_path):
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.split()[0] == "torch.sparse_csr"
     assert float(ok.stdout.split()[1]) == pytest.approx(float(mt.sum().to_tensor(0)))
+
+
+# -- torch.masked's sample inputs (broadcast sparse masks, 0-d inputs), parity and decisions
+
+
+@pytest.mark.parametrize("shapes", [((3, 2, 1, 2), (3, 2, 1, 1)), ((3, 4), (4,)),
+                                    ((2, 3, 4), (3, 1))], ids=["trailing", "row", "middle"])
+@pytest.mark.parametrize("op", ["sum", "amax", "mean", "prod", "logsumexp"])
+def test_sparse_coo_input_with_a_broadcastable_sparse_coo_mask(shapes, op):
+    shape, mshape = shapes
+    g = torch.Generator().manual_seed(0)
+    data = torch.randn(shape, generator=g, dtype=torch.float64)
+    data[torch.rand(shape, generator=g) < 0.3] = 0  # not stored
+    mask = torch.rand(mshape, generator=g) < 0.6
+    inp, sparse_mask = data.to_sparse_coo(), mask.to_sparse_coo()
+    dim = len(shape) - 1
+    got = getattr(MF, op)(inp, dim, mask=sparse_mask)
+    assert got.layout == torch.sparse_coo
+    # torch.masked: the mask's pattern is authoritative, an unstored input element reads 0
+    full = mask.expand(shape)
+    fill = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "amax": -torch.inf, "logsumexp": -torch.inf}
+    x = torch.where(full, data, fill[op])
+    ref = {"sum": x.sum(dim), "amax": x.amax(dim), "prod": x.prod(dim),
+           "logsumexp": x.logsumexp(dim),
+           "mean": x.sum(dim) / full.sum(dim).clamp(min=1)}[op]
+    specified = full.any(dim)
+    assert_masked_equal(got.to_dense(), torch.where(specified, ref, 0.0), specified)
+    if op in ("sum", "amax", "prod"):  # torch.masked's sparse COO reductions
+        theirs = getattr(torch.masked, op)(inp, dim, mask=sparse_mask).to_dense()
+        torch.testing.assert_close(got.to_tensor(0).to_dense(),
+                                   torch.where(specified, theirs, 0.0))
+
+
+def test_broadcast_sparse_mask_that_does_not_broadcast_names_the_op():
+    with pytest.raises(ValueError, match="functional.sum: mask of shape"):
+        MF.sum(torch.ones(3, 4).to_sparse_coo(), 1,
+               mask=torch.ones(3, 1, 2, dtype=torch.bool).to_sparse_coo())
+
+
+@pytest.mark.parametrize("dim", [(0, 2), (), (1,), [0, 1, 2], None])
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_functional_prod_takes_a_tuple_of_dims_or_empty(dim, keepdim, layout):
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(2, 3, 4, generator=g, dtype=torch.float64) + 0.5
+    mask = torch.rand(2, 3, 4, generator=g) < 0.6
+    if layout == torch.strided:
+        got = MF.prod(x, dim, keepdim=keepdim, mask=mask)
+    else:
+        got = MF.prod(ms.to_layout(ms.masked_tensor(x, mask), "sparse_coo"), dim,
+                      keepdim=keepdim)
+    dims = (0, 1, 2) if dim is None or len(dim) == 0 else tuple(dim)
+    ref = torch.where(mask, x, 1.0)
+    spec = mask
+    for d in sorted(dims, reverse=True):
+        ref, spec = ref.prod(d, keepdim=keepdim), spec.any(d, keepdim=keepdim)
+    if dim is None and not keepdim or dim is not None:
+        theirs = torch.masked.prod(x, dim, keepdim=keepdim, mask=mask) if dim is not None \
+            else torch.masked.prod(x, mask=mask)
+        assert theirs.shape == got.shape
+    assert_masked_equal(got.to_dense(), torch.where(spec, ref, 0.0), spec)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS[:2] + ["csr"])
+@pytest.mark.parametrize("specified", [True, False])
+@pytest.mark.parametrize("op", ["median", "nanmedian"])
+def test_median_of_a_0d_masked_input(layout, specified, op):
+    x, m = torch.tensor(3.0), torch.tensor(specified)
+    mt = ms.masked_tensor(x, m)
+    if layout == torch.sparse_coo:
+        mt = ms.masked_tensor(x.to_sparse_coo(), m.to_sparse_coo())
+    elif layout == torch.sparse_csr:
+        pytest.skip("CSR has no 0-d form")
+    for out in (getattr(torch, op)(mt), getattr(torch, op)(mt, 0).values,
+                getattr(torch, op)(mt, 0, keepdim=True).values):
+        assert_masked_equal(out.to_dense(), x, m)
+    assert_masked_equal(MF.median(x, 0, mask=m), torch.masked.median(x, 0, mask=m), m)
+
+
+@pytest.mark.parametrize("specified", [True, False])
+@pytest.mark.parametrize("op", ["cumsum", "cumprod", "logcumsumexp", "cummax"])
+def test_scans_of_a_0d_sparse_coo_input(specified, op):
+    x, m = torch.tensor(3.0), torch.tensor(specified)
+    mt = ms.masked_tensor(x.to_sparse_coo(), m.to_sparse_coo())
+    out = getattr(torch, op)(mt, 0)
+    values = out.values if op == "cummax" else out
+    assert values.layout == torch.sparse_coo
+    assert_masked_equal(values.to_dense(), getattr(torch, op)(x, 0)
+                        if op != "cummax" else x, m)
+    if op in ("cumsum", "cumprod"):
+        got = getattr(MF, op)(x.to_sparse_coo(), 0, mask=m.to_sparse_coo())
+        assert_masked_equal(got.to_dense(), x, m)
+
+
+@pytest.mark.parametrize("masks", ["both", "input_only", "broadcast", "none"])
+def test_functional_logaddexp_matches_torch_masked(masks):
+    g = torch.Generator().manual_seed(2)
+    a = torch.randn(3, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    ma, mb = torch.rand(3, 4, generator=g) < 0.5, torch.rand(3, 4, generator=g) < 0.5
+    kw = {"both": {"input_mask": ma, "other_mask": mb}, "input_only": {"input_mask": ma},
+          "broadcast": {"input_mask": ma[0], "other_mask": mb[:, :1]}, "none": {}}[masks]
+    got = MF.logaddexp(a, b, **kw)
+    theirs = torch.masked.logaddexp(a, b, **kw)
+    fa = kw.get("input_mask", torch.ones((), dtype=torch.bool)).expand(3, 4)
+    fb = kw.get("other_mask", torch.ones((), dtype=torch.bool)).expand(3, 4)
+    ref = torch.logaddexp(torch.where(fa, a, -torch.inf), torch.where(fb, b, -torch.inf))
+    assert_masked_equal(got, ref.detach(), fa | fb)
+    torch.testing.assert_close(torch.where(fa | fb, theirs, 0.0), got.to_tensor(0))
+    got.to_tensor(0).sum().backward()
+    ref_grad = torch.where(fa, torch.exp(a - ref), 0.0).detach()
+    torch.testing.assert_close(a.grad, torch.where(fa | fb, ref_grad, 0.0))
+    with pytest.raises(NotImplementedError, match="logaddexp: strided operands only"):
+        MF.logaddexp(a.detach().to_sparse_coo(), b)
+
+
+
+@pytest.mark.parametrize("layout", ALL_LAYOUTS, ids=ALL_LAYOUT_IDS)
+def test_is_sparse_is_true_for_every_sparse_layout_as_torch_masked(layout):
+    mt, data, mask = make_masked_in((3, 4), layout)
+    assert mt.is_sparse == (layout != torch.strided)
+    if layout in (torch.strided, torch.sparse_coo, torch.sparse_csr):  # torch.masked's layouts
+        with pytest.warns(UserWarning):
+            ref = torch.masked.masked_tensor(mt.get_data(), mt.get_mask())
+        assert mt.is_sparse == ref.is_sparse
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("op", ["argmax", "argmin"])
+def test_argmax_returns_int64_indices_unlike_torch_masked(layout, op):
+    # A decision (README, "How it differs from torch.masked"): indices stay int64, as
+    # torch.argmax; torch.masked returns them in the input's float dtype.
+    mt, data, mask = make_masked((3, 5), layout, dtype=torch.float64, seed=6)
+    got = getattr(torch, op)(mt, 1)
+    fill = -torch.inf if op == "argmax" else torch.inf
+    ref = getattr(torch, op)(torch.where(mask, data, fill), 1)
+    assert got.dtype == torch.int64
+    assert_masked_equal(got.to_dense(), ref, mask.any(1))
+    theirs = getattr(torch.masked, op)(data, 1, mask=mask)
+    assert theirs.dtype == torch.float64  # torch.masked's choice, which we do not follow

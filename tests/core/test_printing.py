@@ -1,6 +1,6 @@
 """Printing: torch's summaries (threshold / edgeitems / precision / sci_mode honoured, ``--``
 kept), torch's choice of number format, and sparse summaries with the first stored entries.
-Small tensors keep torch.masked's exact text (tests/test_core.py checks that)."""
+Small tensors keep torch.masked's exact text (tests/core/test_core.py checks that)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,12 @@ import re
 
 import pytest
 import torch
-from conftest import make_masked
+from conftest import (
+    ALL_LAYOUT_IDS,
+    ALL_LAYOUTS,
+    make_masked,
+    make_masked_in,
+)
 
 import masked_sparse as ms
 
@@ -113,3 +118,12 @@ def layout_name(layout):
 def test_small_sparse_prints_as_strided():
     mt, data, mask = make_masked((20, 30), torch.sparse_csr, seed=4)
     assert repr(mt) == repr(ms.masked_tensor(data, mask))
+
+
+@pytest.mark.parametrize("layout", ALL_LAYOUTS[1:], ids=ALL_LAYOUT_IDS[1:])
+def test_sparse_summary_lists_stored_entries_of_every_layout(layout):
+    mt, data, mask = make_masked_in((40, 40), layout, density=0.05, stored_masked=0.0)
+    text = repr(mt)  # 1600 elements: over the threshold, a summary of the stored entries
+    coo = data.where(mask, 0).to_sparse_coo()
+    first = tuple(coo.indices()[:, 0].tolist())
+    assert f"stored={int(mask.sum())}" in text and f"{first}:" in text

@@ -119,8 +119,9 @@ def test_valid_inputs_still_build():
     assert float(ms.masked_tensor(uncoalesced, _mask_of(uncoalesced)).sum().to_tensor(0)) == 6
 
 
-def test_issue_reproduction_does_not_abort():
-    # The issue's sequence, in a fresh process: it used to end in "double free or corruption".
+def test_coo_with_a_negative_index_raises_instead_of_aborting():
+    # In a fresh process: an invalid COO index must raise, not end in "double free or
+    # corruption".
     code = (
         "import torch, masked_sparse as ms\n"
         "i = torch.tensor([[0, -1], [0, 1]])\n"

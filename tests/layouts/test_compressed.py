@@ -151,7 +151,7 @@ def test_a_copy_of_each_layout_is_a_working_layout(name):
         layouts.unregister_layout(copy)
 
 
-# -- issue 19's reduction paths: every grouping strategy against the strided reference -----
+# -- reduction paths: every grouping strategy against the strided reference --------------
 def _wide(shape, seed):
     """A sparse COO masked tensor with ±inf, NaN, empty and all-masked rows."""
     g = torch.Generator().manual_seed(seed)

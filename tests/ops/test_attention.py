@@ -1,4 +1,4 @@
-"""Masked attention over padded sequences (issue 30, item 3), against SDPA with a boolean
+"""Masked attention over padded sequences, against SDPA with a boolean
 ``attn_mask`` and the dense ``-inf`` recipe: values where a query attends to something,
 gradients of q, k, v, no NaN anywhere for fully masked (padding) queries, eager and under
 ``torch.compile(fullgraph=True)``."""

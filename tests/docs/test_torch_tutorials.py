@@ -1,18 +1,19 @@
-"""The code of the reference MaskedTensor tutorials (/work/shared/seeds/), run on
-masked_sparse.
+"""The code of PyTorch's own MaskedTensor tutorials (overview, sparsity, advanced semantics,
+Adagrad, NaN gradients), run on masked_sparse.
 
-Each test transcribes the code cells of one seed by hand, with only the import changed
+Each test transcribes the code cells of one tutorial by hand, with only the import changed
 (``from masked_sparse import masked_tensor, as_masked_tensor``; the old ``mt.mask()`` /
 ``mt.data()`` are ``get_mask()`` / ``get_data()``); pip/colab cells are skipped. Lines marked
-``# check`` are ours: they compare the objects the seed prints with values computed
+``# check`` are ours: they compare the objects the tutorial prints with values computed
 independently here (numpy.ma, torch.where on the dense data, hand-written formulas), and
-with the numbers the seed itself shows where it shows them.
+with the numbers the tutorial itself shows where it shows them.
 
-- seed 000: overview (semantics, numpy.ma, reductions, indexing, autograd, Adagrad, nanmean)
-- seed 001: "sparse" semantics for Adagrad (COO gradient, masked std)
-- seed 002: overview of torch.masked (NaN gradients, safe softmax, nan* ops)
-- seed 003: Adagrad with masked gradients, older version with printed outputs
-- seed 004: distinguishing 0 and NaN gradients (issues 10729, 52248, 67180, 4132)
+- overview: semantics, numpy.ma, reductions, indexing, autograd, Adagrad, nanmean
+- sparsity: "sparse" semantics for Adagrad (COO gradient, masked std)
+- advanced semantics: an overview of torch.masked (NaN gradients, safe softmax, nan* ops)
+- Adagrad: Adagrad with masked gradients, an older version with printed outputs
+- NaN gradients: distinguishing 0 and NaN gradients (PyTorch issues 10729, 52248, 67180,
+  4132)
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from masked_sparse import as_masked_tensor, masked_tensor
 
 @pytest.fixture(autouse=True)
 def _own_rng():
-    """The seeds draw from torch's global generator: keep other tests' streams intact."""
+    """The tutorials draw from torch's global generator: keep other tests' streams intact."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         yield
@@ -66,24 +67,25 @@ def adagrad_reference(steps):  # check helper: lazy Adagrad written out by hand
         torch.tensor(std, dtype=torch.float32)
 
 
-# The numbers the seeds print (000's final cell and 003's conclusion run the step twice).
-SEED_PARAM_1 = [[0.0, 1.0, 1.9027, 3.0], [3.9015, 5.0, 5.9010, 7.0]]
-SEED_PARAM_2 = [[0.0, 1.0, 1.8329, 3.0], [3.8314, 5.0, 5.8306, 7.0]]
-SEED_STATE_1 = [[0.5, 0.5, 9.5, 0.5], [16.5, 0.5, 25.5, 0.5]]
-SEED_STD_1 = [3.0822, 4.0620, 5.0498]
+# The numbers the tutorials print (the overview's final cell and the Adagrad tutorial's
+# conclusion run the step twice).
+PRINTED_PARAM_1 = [[0.0, 1.0, 1.9027, 3.0], [3.9015, 5.0, 5.9010, 7.0]]
+PRINTED_PARAM_2 = [[0.0, 1.0, 1.8329, 3.0], [3.8314, 5.0, 5.8306, 7.0]]
+PRINTED_STATE_1 = [[0.5, 0.5, 9.5, 0.5], [16.5, 0.5, 25.5, 0.5]]
+PRINTED_STD_1 = [3.0822, 4.0620, 5.0498]
 
 
-def test_reference_formula_gives_the_seed_numbers():  # check
+def test_reference_formula_gives_the_printed_numbers():  # check
     p1, s1, std1 = adagrad_reference(1)
     p2, _, _ = adagrad_reference(2)
-    torch.testing.assert_close(p1, torch.tensor(SEED_PARAM_1), atol=1e-4, rtol=0)
-    torch.testing.assert_close(p2, torch.tensor(SEED_PARAM_2), atol=1e-4, rtol=0)
-    torch.testing.assert_close(s1, torch.tensor(SEED_STATE_1))
-    torch.testing.assert_close(std1, torch.tensor(SEED_STD_1), atol=1e-4, rtol=0)
+    torch.testing.assert_close(p1, torch.tensor(PRINTED_PARAM_1), atol=1e-4, rtol=0)
+    torch.testing.assert_close(p2, torch.tensor(PRINTED_PARAM_2), atol=1e-4, rtol=0)
+    torch.testing.assert_close(s1, torch.tensor(PRINTED_STATE_1))
+    torch.testing.assert_close(std1, torch.tensor(PRINTED_STD_1), atol=1e-4, rtol=0)
 
 
-# -- seed 000: overview --------------------------------------------------------------------
-def test_seed000_basic_semantics():
+# -- overview ------------------------------------------------------------------------------
+def test_overview_basic_semantics():
     # First example of addition
     data = torch.arange(5.)
     mask = torch.tensor([True, True, False, True, False])
@@ -119,7 +121,7 @@ def test_seed000_basic_semantics():
     assert not m2t.get_mask().any()  # check
 
 
-def test_seed000_reductions_and_numpy_comparison():
+def test_overview_reductions_and_numpy_comparison():
     data = torch.randn(8, 3).mul(10).int().float()
     mask = torch.randint(2, (8, 3), dtype=torch.bool)
     print(data)
@@ -159,7 +161,7 @@ def test_seed000_reductions_and_numpy_comparison():
     assert_masked(a.sum(0) + b.sum(0), separate, torch.ones(5, dtype=torch.bool))
 
 
-def test_seed000_printing_and_indexing():
+def test_overview_printing_and_indexing():
     data = torch.randn(4, 5, 3).mul(5).float()
     mask = torch.randint(2, (4, 5, 3), dtype=torch.bool)
     m = masked_tensor(data, mask)
@@ -174,7 +176,7 @@ def test_seed000_printing_and_indexing():
     assert_masked(m[m.get_mask()], data[mask], torch.ones(int(mask.sum()), dtype=torch.bool))
 
 
-def test_seed000_autograd():
+def test_overview_autograd():
     torch.manual_seed(22)
     # Sum needs custom autograd, since the mask of the input should be maintained
     data = torch.randn(2, 2, 3).mul(5).float()
@@ -216,7 +218,7 @@ def test_seed000_autograd():
     assert_masked(y.grad, torch.tensor([3.0, 0.0]), torch.tensor([True, False]))  # check
 
 
-def test_seed000_views_and_contiguity():
+def test_overview_views_and_contiguity():
     t = torch.arange(4).reshape(1, 2, 2).float()
     mask = (t > 0).bool().clone()
     t = t.clone()
@@ -240,7 +242,7 @@ def test_seed000_views_and_contiguity():
     mt.sum().backward()
 
 
-def test_seed000_adagrad():
+def test_overview_adagrad():
     def _make_sparse(grad, grad_indices, values):
         size = grad.size()  # noqa: F841
         if grad_indices.numel() == 0 or values.numel() == 0:
@@ -332,7 +334,7 @@ def test_seed000_adagrad():
     torch.testing.assert_close(param2, p2)
 
 
-def test_seed000_nanmean():
+def test_overview_nanmean():
     y = torch.arange(32).float()
     x = y * y.fmod(4)
     x = x.masked_fill(x == 0, float('nan'))
@@ -352,8 +354,8 @@ def test_seed000_nanmean():
     assert not torch.mean(masked_tensor(x, ~torch.isnan(x))).get_mask()  # check
 
 
-# -- seed 001: "sparse" semantics for Adagrad ------------------------------------------------
-def test_seed001_adagrad_sparse():
+# -- sparsity: "sparse" semantics for Adagrad ----------------------------------------------
+def test_sparsity_adagrad_sparse():
     # Disable prototype warnings and such
     with warnings.catch_warnings():
         warnings.filterwarnings(action='ignore', category=UserWarning)
@@ -410,8 +412,8 @@ def test_seed001_adagrad_sparse():
     assert "3.0822" in str(std2) and "4.0620" in str(std2) and "5.0498" in str(std2)
 
 
-# -- seed 002: torch.masked overview (NaN gradients, safe softmax, nan* ops) -----------------
-def test_seed002_indexing():
+# -- advanced semantics: torch.masked overview (NaN gradients, safe softmax, nan* ops) -----
+def test_advanced_semantics_indexing():
     data = torch.arange(24).reshape(2, 3, 4)
     mask = data % 2 == 0
     print("data:\n", data)
@@ -424,7 +426,7 @@ def test_seed002_indexing():
     assert_masked(mt[:, :, 2:4], data[:, :, 2:4].float(), mask[:, :, 2:4])  # check
 
 
-def test_seed002_where_and_division():
+def test_advanced_semantics_where_and_division():
     # issue 10729, current result
     x = torch.tensor([-10., -5, 0, 5, 10, 50, 60, 70, 80, 90, 100], requires_grad=True,
                      dtype=torch.float)
@@ -482,7 +484,7 @@ def test_seed002_where_and_division():
     assert_masked(x.grad, torch.tensor([0.0, 1.0]), mask)  # check
 
 
-def test_seed002_nansum_softmax_nan_ops():
+def test_advanced_semantics_nansum_softmax_nan_ops():
     # issue 67180, current result
     a = torch.tensor([1., 2., float('nan')])
     b = torch.tensor(1.0, requires_grad=True)
@@ -534,7 +536,7 @@ def test_seed002_nansum_softmax_nan_ops():
                   torch.tensor(True), atol=1e-4)
     assert_masked(torch.argmin(masked_tensor(y, y != 0)), torch.tensor(int(ref.argmin())),
                   torch.tensor(True))
-    assert int(ref.argmin()) == 1  # the seed's text: index 1
+    assert int(ref.argmin()) == 1  # the tutorial's text: index 1
 
     x = torch.empty(16).fill_(float('nan'))
     print("x:\n", x)
@@ -543,10 +545,11 @@ def test_seed002_nansum_softmax_nan_ops():
     assert not torch.mean(masked_tensor(x, ~torch.isnan(x))).get_mask()  # check
 
 
-# -- seed 003: Adagrad with masked gradients (older version, printed outputs) ----------------
-def test_seed003_adagrad():
-    # Lines lost in this seed's extraction (the _make_sparse body, the masked_grad and std2
-    # constructions) are filled in from seeds 000/001; ``.data()`` is ``get_data()``.
+# -- Adagrad with masked gradients (older version, printed outputs) ------------------------
+def test_adagrad_with_masked_gradients():
+    # Lines missing from this tutorial's text (the _make_sparse body, the masked_grad and
+    # std2 constructions) are filled in from the overview and sparsity tutorials;
+    # ``.data()`` is ``get_data()``.
     def _make_sparse(grad, grad_indices, values):
         size = grad.size()  # noqa: F841
         if grad_indices.numel() == 0 or values.numel() == 0:
@@ -579,7 +582,7 @@ def test_seed003_adagrad():
     std = state_sum.sparse_mask(grad)
     print("state_sum:\n", state_sum)
     print("std:\n", std.to_dense())
-    torch.testing.assert_close(std.to_dense(), torch.tensor(SEED_STATE_1)  # check
+    torch.testing.assert_close(std.to_dense(), torch.tensor(PRINTED_STATE_1)  # check
                                * (grad.to_dense() != 0))
 
     # We currently dodge all these concerns using the private method values.
@@ -638,8 +641,8 @@ def test_seed003_adagrad():
     torch.testing.assert_close(param2, p2)
 
 
-# -- seed 004: distinguishing 0 and NaN gradients --------------------------------------------
-def test_seed004_nan_grad():
+# -- NaN gradients: distinguishing 0 and NaN gradients -------------------------------------
+def test_nan_gradients():
     # PyTorch Issue 10729 - torch.where
     x = torch.tensor([-10., -5, 0, 5, 10, 50, 60, 70, 80, 90, 100], requires_grad=True)
     y = torch.where(x < 0, torch.exp(x), torch.ones_like(x))

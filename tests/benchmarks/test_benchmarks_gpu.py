@@ -1,4 +1,4 @@
-"""Smoke test of ``python -m benchmarks.gpu`` (the device benchmark of issue 33): it runs on
+"""Smoke test of ``python -m benchmarks.gpu`` (the device benchmark): it runs on
 the CPU with tiny operands, writes every section of its report, and its raw kernels and
 baselines compute what the masked op computes (no timing is asserted)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -7,7 +7,7 @@ empty and fully masked groups: the same bits, the exps within a few ULP of torch
 +0.0 wherever unspecified. Out-of-range indices raise instead of reading or writing
 memory; inputs the kernels do not take give None (the torch-op backward runs). The
 gradients these kernels give in a training step are compared with the torch-op backward in
-``tests/test_one_route.py``.
+``tests/kernels/test_one_route.py``.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_native import INDEX_DTYPES, _inputs, build  # noqa: F401 (the fixture)
 
 import layouts._native as native
-from tests.test_native import INDEX_DTYPES, _inputs, build  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.skipif(not native.available(),
                                 reason=f"native kernels: {native.status()}")
