@@ -65,16 +65,24 @@ def test_test_code_builds_on_the_device_and_the_library_keeps_its_default():
         drawn = torch.rand(3, generator=g)  # a CPU generator still works; same numbers
         assert drawn.device.type == "meta"
         assert torch.zeros(2, device="cpu").device.type == "cpu"
+        leaf = torch.randn(3, requires_grad=True)  # drawn on the CPU, a leaf on the device
+        assert leaf.device.type == "meta" and leaf.is_leaf and leaf.requires_grad
         library = {"__name__": "layouts.some_module", "torch": torch}
         exec("made = torch.zeros(2)", library)
         assert library["made"].device.type == "cpu"
+    with OnDevice(torch.device("meta")), OnDevice(torch.device("meta")):
+        # A test's own OnDevice within --device's: the outer one sees the library too.
+        exec("made = torch.zeros(2)", library)
+        assert library["made"].device.type == "cpu"
+        assert torch.zeros(2).device.type == "meta"
 
 
 def test_make_masked_builds_on_the_device_asked_for(device):
     mt, data, mask = make_masked((3, 4), device="meta")
     assert _devices(mt) == {"meta"} and data.device.type == mask.device.type == "meta"
     coo, data, mask = make_masked((3, 4), torch.sparse_coo, seed=1)  # the device under test
-    assert device == DEVICE and _devices(coo) == {device.type} and data.device == device
+    assert device == DEVICE and _devices(coo) == {device.type}
+    assert data.device == torch.empty(0, device=device).device  # cuda and cuda:0 alike
     # The same seed gives the same numbers wherever the tensor is built.
     cpu = make_masked((3, 4), device="cpu")[1]
     assert torch.equal(cpu, make_masked((3, 4), device="cpu")[1])
@@ -143,7 +151,7 @@ def test_a_kernel_torch_lacks_on_the_device_names_the_op_the_device_and_the_way_
 def test_other_errors_and_cpu_errors_pass_through_unchanged():
     from masked_sparse._device import missing_kernel
 
-    meta, cpu = torch.empty(0, device="meta"), torch.empty(0)
+    meta, cpu = torch.empty(0, device="meta"), torch.empty(0, device="cpu")
     lacking = NotImplementedError("Could not run 'aten::x' with arguments from the 'SparseCPU'")
     assert missing_kernel(torch.sum, (cpu,), lacking) is None  # the CPU has every op
     assert missing_kernel(torch.sum, (meta,), ValueError("sum: bad dim 3")) is None

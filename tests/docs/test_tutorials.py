@@ -398,7 +398,7 @@ def _attention_reference():
     gradient of ``sum(out * weights)`` with respect to q written out by hand."""
     torch.manual_seed(0)
     B, H, T, D = 2, 2, 5, 4
-    q, k, v, w = (torch.randn(B, H, T, D).double().numpy() for _ in range(4))
+    q, k, v, w = (torch.randn(B, H, T, D).double().cpu().numpy() for _ in range(4))
     lengths = [5, 3]
     out = np.full((B, H, T, D), np.nan)
     grad_q = np.zeros((B, H, T, D))

@@ -55,7 +55,7 @@ def _gather(storage: Storage, dense: torch.Tensor) -> torch.Tensor:
 
 def _to_coo(storage: Storage) -> Storage:
     (rows,) = storage.index
-    inner = torch.ones(storage.shape[1:], dtype=torch.bool).nonzero().t()  # row-major
+    inner = storage.mask.new_ones(storage.shape[1:]).nonzero().t()  # row-major, same device
     n, m = rows.numel(), inner.shape[1]
     indices = torch.cat([rows.repeat_interleave(m)[None], inner.repeat(1, n)])
     coo = layouts.get_layout("sparse_coo")
@@ -69,7 +69,7 @@ def _from_coo(coo: Storage) -> Storage:
     shape = (rows.numel(),) + tuple(coo.shape[1:])
     at = (which,) + tuple(indices[1:])
     values = coo.values.new_zeros(shape).index_put(at, coo.values)
-    mask = torch.zeros(shape, dtype=torch.bool).index_put(at, coo.mask)
+    mask = coo.mask.new_zeros(shape).index_put(at, coo.mask)
     return ROWS.build((rows,), values, mask, coo.shape)
 
 

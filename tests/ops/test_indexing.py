@@ -5,10 +5,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import LAYOUT_IDS, LAYOUTS, assert_masked_equal, check_invariants, make_masked
+from conftest import (
+    ALL_LAYOUT_IDS,
+    ALL_LAYOUTS,
+    LAYOUT_IDS,
+    LAYOUTS,
+    assert_masked_equal,
+    check_invariants,
+    make_masked,
+    make_masked_in,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 from test_shape import check_result, expected_layout
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import masked_sparse as ms
 from masked_sparse import masked_tensor
@@ -109,8 +119,12 @@ def test_getitem_errors(layout):
         mt[4]
     with pytest.raises(IndexError):
         mt[0, 0, 0]
-    with pytest.raises(IndexError):
-        mt[_I([0, 7])]
+    if layout != torch.strided or data.device.type == "cpu":
+        # An index tensor out of range: the sparse layouts check it; the strided layout runs
+        # torch's index kernel, which raises on the CPU and asserts on the device (as for a
+        # plain tensor: a host check would sync).
+        with pytest.raises(IndexError):
+            mt[_I([0, 7])]
     with pytest.raises(TypeError, match="plain tensor"):
         mt[mt > 0]
     with pytest.raises(TypeError, match="plain tensor"):
@@ -119,6 +133,75 @@ def test_getitem_errors(layout):
         data[masked_tensor(_I([0]), _I([True]))]
     with pytest.raises(TypeError, match="bool"):
         mt.masked_select(torch.ones(4, 6))
+
+
+# -- Python int indices out of range: IndexError on the host, before any kernel --------------
+class RecordAten(TorchDispatchMode):
+    """The aten ops that run while it is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+#: index -> (the int out of range, the dim it indexes) on a (4, 6) tensor
+BAD_INT_INDICES = {
+    "int": (4, (4, 0)), "neg_int": (-5, (-5, 0)), "tuple_second": ((1, 7), (7, 1)),
+    "tuple_first": ((9, 2), (9, 0)), "tuple_neg": ((0, -7), (-7, 1)),
+    "ellipsis_last": ((..., 6), (6, 1)), "ellipsis_first": ((5, ...), (5, 0)),
+    "none_then_int": ((None, 1, -7), (-7, 1)), "int_none_int": ((2, None, 6), (6, 1)),
+    "slice_then_int": ((slice(1, 3), 8), (8, 1)), "tensor_then_int": ((_I([0, 1]), 6), (6, 1)),
+    "none_ellipsis_int": ((None, ..., 12), (12, 1)),
+}
+
+
+@pytest.mark.parametrize("layout", ALL_LAYOUTS, ids=ALL_LAYOUT_IDS)
+@pytest.mark.parametrize("name", list(BAD_INT_INDICES))
+def test_int_index_out_of_range_raises_before_any_kernel(layout, name):
+    mt, data, mask = make_masked_in((4, 6), layout)
+    idx, (bad, dim) = BAD_INT_INDICES[name]
+    size = data.shape[dim]
+    with pytest.raises(IndexError):
+        data[idx]  # torch raises too (its reference)
+    record = RecordAten()
+    with record, pytest.raises(IndexError, match=rf"^index {bad} is out of bounds for "
+                                                 rf"dimension {dim} with size {size}$"):
+        mt[idx]
+    assert record.ops == []
+
+
+@pytest.mark.parametrize("layout", ALL_LAYOUTS, ids=ALL_LAYOUT_IDS)
+def test_int_index_out_of_range_message_is_torchs(layout):
+    mt, data, _ = make_masked_in((4, 6), layout)
+    for idx in (4, -5, (1, 7), (0, -7), (..., 6), (5, ...)):
+        with pytest.raises(IndexError) as theirs:
+            data[idx]
+        with pytest.raises(IndexError) as ours:
+            mt[idx]
+        assert str(ours.value) == str(theirs.value), idx
+
+
+@pytest.mark.parametrize("idx", [(1, 7), 4, (..., -7), (None, 9)], ids=str)
+def test_setitem_int_index_out_of_range_raises_before_any_kernel(idx):
+    mt, data, _ = make_masked((4, 6))
+    before = data.clone()
+    record = RecordAten()
+    with record, pytest.raises(IndexError, match="is out of bounds for dimension"):
+        mt[idx] = 0.0
+    assert record.ops == []
+    assert torch.equal(mt.get_data(), before)
+
+
+@pytest.mark.parametrize("layout", ALL_LAYOUTS[:4], ids=ALL_LAYOUT_IDS[:4])  # BSR: no select
+def test_int_indices_in_range_still_index(layout):
+    mt, data, mask = make_masked_in((4, 6), layout)
+    for idx in ((3, -6), (-4, 5), (..., -1), (None, 3, 0)):
+        out = mt[idx]
+        assert_masked_equal(out.to_dense() if out.dim() else out, data[idx], mask[idx])
 
 
 def test_expected_layout_rule():

@@ -123,7 +123,9 @@ def test_matches_torch_on_dense(config):
     ref, ref_state = run(ref_cls, kwargs, grads)
     assert_close(mine, ref)
     for key, value in ref_state.items():
-        assert_close(state[key], value)
+        # ms.optim keeps the step counter on the CPU, as torch.optim does by default;
+        # ``--device`` (OnDevice) moves the one torch.optim builds there: compare its value.
+        assert_close(state[key], value, check_device=key != "step")
 
 
 @config_params

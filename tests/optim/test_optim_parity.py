@@ -75,10 +75,12 @@ def assert_same_run(params, opt, ref_params, ref_opt) -> None:
 @pytest.mark.parametrize("switch", [{}, {"foreach": False}, {"foreach": True}, {"fused": True}],
                          ids=["default", "loop", "foreach", "fused"])
 @pytest.mark.parametrize("config", list(DENSE_CONFIGS))
-def test_dense_gradients_equal_torch_bitwise(config, switch):
+def test_dense_gradients_equal_torch_bitwise(config, switch, device):
     cls, ref_cls, kwargs = DENSE_CONFIGS[config]
     if "lr-tensor" in config and switch.get("foreach"):
         pytest.skip("torch refuses a Tensor lr with foreach=True")
+    if switch.get("fused") and ref_cls is torch.optim.Adagrad and device.type != "cpu":
+        pytest.skip(f"torch.optim.Adagrad has a fused kernel on the cpu only, not on {device}")
     mine = run_dense(cls, {**kwargs, **switch})
     ref = run_dense(ref_cls, {**kwargs, **switch})
     assert_same_run(*mine, *ref)
