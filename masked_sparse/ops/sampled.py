@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 import layouts
 from layouts import Storage
@@ -110,6 +111,26 @@ def sampled_addmm(op: Any, input: Any, mat1: Any, mat2: Any, *, beta: Any = 1.0,
     return on_values(_kernel, [input, mat1, mat2], alpha, beta)
 
 
+_MASKS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # mask -> (version, storage)
+
+
+def _mask_storage(name: str, mask: torch.Tensor) -> Storage:
+    """The storage of a bool mask (checked), the same one while the mask object lives
+    unchanged: its index tensors are then the same objects from call to call, so the
+    patterns of Note [Sampled product] are computed once (torch's accessors of a sparse
+    tensor's indices return new tensor objects at every call)."""
+    entry = _MASKS.get(mask)
+    if entry is not None and entry[0] == mask._version:
+        return entry[1]
+    if not torch.compiler.is_compiling():
+        layouts.check_sparse_input(name, data=mask, mask=mask)
+    s = layouts.get_layout(mask.layout).from_torch(mask, mask)
+    if not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled()
+            or mask.is_inference()):
+        _MASKS[mask] = (mask._version, s)
+    return s
+
+
 def sampled_matmul(mat1: torch.Tensor, mat2: torch.Tensor, mask: torch.Tensor, *,
                    alpha: float = 1.0) -> MaskedTensor:
     """``alpha * (mat1 @ mat2)`` at the True positions of a bool ``mask``, as a MaskedTensor
@@ -150,10 +171,7 @@ def sampled_matmul(mat1: torch.Tensor, mat2: torch.Tensor, mask: torch.Tensor, *
     if mask.dtype != torch.bool:
         raise TypeError(f"{name}(): mask must have dtype torch.bool, got {mask.dtype}; pass "
                         f"mask != 0")
-    if not torch.compiler.is_compiling():
-        layouts.check_sparse_input(name, data=mask, mask=mask)
-    layout = layouts.get_layout(mask.layout)
-    s = layout.from_torch(mask, mask)
+    s = _mask_storage(name, mask)
     check_operands(name, s, mat1, mat2)
     base = _wrap(s.with_values(s.values.to(mat1.dtype)))  # not read: beta = 0
     return on_values(_kernel, [base, mat1, mat2], alpha, 0)
