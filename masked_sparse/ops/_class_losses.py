@@ -55,7 +55,7 @@ def _grouped(x: Any) -> Any:
     """A storage whose layout groups its own values (a layout without a ``group`` builder
     is reduced through its COO form: its elements are read in that form too)."""
     if isinstance(x, Storage) and x.index and x.layout.group is None:
-        return layouts.convert(x, "sparse_coo")
+        return x.layout.to_coo(x)
     return x
 
 

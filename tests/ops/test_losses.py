@@ -494,3 +494,22 @@ def test_the_way_out_of_an_aggregating_op_suggests_no_fill():
     assert aggregates(F.kl_div) and not aggregates(aten.trace.default)
     assert "to_tensor" not in way_out(lambda lay: False, fill=False)
     assert "to_tensor(value)" in way_out(lambda lay: False)  # elementwise: a fill is exact
+
+
+def test_plain_sparse_operand_error_fixes_run():
+    x, y, _, mask, tmask = _class_operands(torch.float64, seed=7)
+    y = torch.where(y < 0, 0, y)
+    logits = ms.masked_tensor(x, mask)
+    sparse_y = y.to_sparse_coo()
+    with pytest.raises(NotImplementedError, match=r"pass target\.to_dense\(\), or wrap it with "
+                                                  r"ms\.masked_tensor\(target, mask\)"):
+        F.cross_entropy(logits, sparse_y)
+    dense = F.cross_entropy(logits, sparse_y.to_dense())  # the first fix
+    torch.testing.assert_close(dense.item(), F.cross_entropy(logits, y).item())
+    wrapped = F.cross_entropy(logits, ms.masked_tensor(sparse_y, tmask.to_sparse_coo()))
+    ref, _ = _index_reference(x, y, mask, tmask, None, 0.0, "mean")
+    torch.testing.assert_close(wrapped.item(), ref.item())
+    with pytest.raises(NotImplementedError, match=r"wrap it with masked_tensor\(t, mask\) or "
+                                                  r"pass t\.to_dense\(\)"):
+        F.mse_loss(logits, x.to_sparse_csr())
+    torch.testing.assert_close(F.mse_loss(logits, x.to_sparse_csr().to_dense()).item(), 0.0)
