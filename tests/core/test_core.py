@@ -349,9 +349,10 @@ def test_shape_mismatch():
         ms.masked_tensor(torch.zeros(3), torch.ones(4, dtype=torch.bool))
 
 
-def test_layout_mismatch():
-    with pytest.raises(TypeError, match="same layout.*to_sparse_coo"):
-        ms.masked_tensor(torch.zeros(2, 2).to_sparse(), torch.ones(2, 2, dtype=torch.bool))
+def test_layout_mismatch_takes_the_masks_layout():
+    # Note [The mask's layout wins]: sparse data read at a strided mask's positions
+    mt = ms.masked_tensor(torch.eye(2).to_sparse(), torch.ones(2, 2, dtype=torch.bool))
+    assert mt.layout == torch.strided and torch.equal(mt.to_tensor(-1), torch.eye(2))
 
 
 def test_non_tensor_input():
