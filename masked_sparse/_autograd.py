@@ -27,11 +27,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.autograd.function import once_differentiable
 
 import layouts
 from layouts import Kernel, Storage
 
 from . import _fill, _func
+from ._mixed_layouts import data_storage, read_at_mask
 from ._tensor import (
     MaskedTensor,
     _wrap,
@@ -113,7 +115,7 @@ def _compressed_grad_under_func(s: Storage, values: torch.Tensor) -> MaskedTenso
     return _wrap(layouts.convert(lift(mt)._storage, s.layout, **s.layout.options_of(s)))
 
 
-# -- as_masked_tensor's Function -----------------------------------------------------------
+# -- as_masked_tensor's Functions ----------------------------------------------------------
 class _Box:
     """Hands a value from a Function's forward to its setup_context (not a pytree, so
     torch.func transforms pass it through unchanged).
@@ -191,6 +193,39 @@ def masked_over(data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:
     box = _Box()
     box.plain_grad = True
     return _AsMasked.apply(data, mask, box)
+
+
+class _ReadAtMask(torch.autograd.Function):
+    """:func:`read_at_mask` with the plain gradient of the data (Note [The mask's layout
+    wins]): the incoming gradient at the mask's specified positions, 0 elsewhere, put back
+    in the data's layout."""
+
+    @staticmethod
+    def forward(ctx, data: torch.Tensor, mask: torch.Tensor) -> Any:  # type: ignore[override]
+        storage = read_at_mask(data.detach(), mask)
+        ctx.storage = storage
+        ctx.data_storage = None if data.layout == torch.strided else data_storage(data.detach())
+        return _wrap(storage)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Any) -> Any:  # type: ignore[override]
+        s = ctx.storage
+        values, mask = grad_on(grad, s)
+        values = layouts.zero_unspecified(values, mask & s.mask)
+        d = ctx.data_storage
+        if d is None:  # dense data: the gradient scattered at the mask's positions
+            return s.densify(values, 0), None
+        at_data, _ = layouts.read_at(s.with_values(values), d)
+        return d.layout.to_torch(d, at_data), None
+
+
+def as_masked_across_layouts(data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:
+    """``as_masked_tensor`` of data and mask of different layouts (checked): a MaskedTensor
+    of the mask's layout (Note [The mask's layout wins] in _mixed_layouts.py)."""
+    if torch.is_grad_enabled() and data.requires_grad:
+        return _ReadAtMask.apply(data, mask)
+    return _wrap(read_at_mask(data, mask))
 
 
 # -- the values out: ms.lift ---------------------------------------------------------------

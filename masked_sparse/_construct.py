@@ -1,8 +1,9 @@
 """Building MaskedTensors from user tensors: ``masked_tensor`` and ``as_masked_tensor``.
 
 The checks of the user's tensors are the type's own (``_tensor.storage_from_tensors``, which
-``MaskedTensor(data, mask)`` runs too); the differentiable route of ``as_masked_tensor`` is
-an autograd Function of ``_autograd.py`` (Note [as_masked_tensor's routes]).
+``MaskedTensor(data, mask)`` runs too); the differentiable routes of ``as_masked_tensor`` are
+autograd Functions of ``_autograd.py`` (Note [as_masked_tensor's routes]; data and mask of
+different layouts: Note [The mask's layout wins]).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import _func
-from ._autograd import as_masked
+from ._autograd import as_masked, as_masked_across_layouts
 from ._tensor import MaskedTensor, _wrap, storage_from_tensors, warn_if_requires_grad
 
 
@@ -57,6 +58,11 @@ def as_masked_tensor(data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:
         if data.layout != torch.strided:
             raise NotImplementedError(_func.sparse_refusal("as_masked_tensor", str(data.layout)))
         return _wrap(storage_from_tensors(data, mask, "as_masked_tensor"))
+    if (isinstance(data, torch.Tensor) and isinstance(mask, torch.Tensor)
+            and data.layout != mask.layout and not isinstance(data, MaskedTensor)):
+        # Note [The mask's layout wins]
+        storage_from_tensors(data.detach(), mask, "as_masked_tensor")  # the checks
+        return as_masked_across_layouts(data, mask)
     if torch.is_grad_enabled() and isinstance(data, torch.Tensor) and data.requires_grad:
         return as_masked(data, mask)
     return _wrap(storage_from_tensors(data, mask, "as_masked_tensor"))

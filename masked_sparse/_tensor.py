@@ -33,6 +33,7 @@ from layouts import Storage
 
 from . import _func, _registry
 from ._device import missing_kernel
+from ._mixed_layouts import storage_at_mask
 from ._repr import storage_repr
 
 
@@ -344,16 +345,14 @@ def storage_from_tensors(data: torch.Tensor, mask: torch.Tensor, op: str) -> Sto
     if mask.dtype != torch.bool:
         raise TypeError(f"{op}: mask must have dtype torch.bool, got {mask.dtype}; "
                         f"pass mask.bool() or (mask != 0)")
-    if data.layout != mask.layout:
-        raise TypeError(f"{op}: data ({data.layout}) and mask ({mask.layout}) must have the "
-                        f"same layout; convert one of them, e.g. mask.to_sparse_coo() or "
-                        f"data.to_dense()")
     if data.shape != mask.shape:
         raise ValueError(f"{op}: data {tuple(data.shape)} and mask {tuple(mask.shape)} must "
                          f"have the same shape")
     if data.device != mask.device:
         raise ValueError(f"{op}: data is on {data.device} but mask is on {mask.device}; "
                          f"move them to one device")
+    if data.layout != mask.layout:  # Note [The mask's layout wins]
+        return storage_at_mask(op, data, mask)
     if data.is_meta and data.layout != torch.strided:
         raise NotImplementedError(
             f"{op}: a {data.layout} MaskedTensor on the meta device is not supported: building "

@@ -4,10 +4,13 @@
 ``conversion`` (get_data, to_tensor, layouts), ``where``, ``reductions``, ``softmax``,
 ``shape`` / ``indexing`` / ``joining`` (ops that move elements), ``exits``, ``foreach``
 (``torch._foreach_*`` lists), ``scans`` and ``order`` (cumulative ops, sorting), ``linalg``
-(matrix products) and ``einsum`` (two-operand contractions as matrix products).
+(matrix products), ``einsum`` (two-operand contractions as matrix products), ``sampled``
+(the sampled product ``torch.sparse.sampled_addmm``), ``losses`` and ``_class_losses``
+(``torch.nn.functional``'s losses; those over a class dim).
 """
 
 from . import (  # noqa: F401
+    _class_losses,
     basic,
     conversion,
     einsum,
@@ -17,9 +20,11 @@ from . import (  # noqa: F401
     indexing,
     joining,
     linalg,
+    losses,
     order,
     pointwise,
     reductions,
+    sampled,
     scans,
     shape,
     softmax,
