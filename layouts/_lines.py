@@ -175,17 +175,18 @@ class SparseLines(Lines):
     blocks hold < 2 nnz slots, at one torch call per bucket. Short rows also sort faster
     than one long array (n log(width) instead of n log(nnz)).
 
-    ``cumsum`` on CPU runs the native running sum per line (``_kernels.cumsum_lines``:
-    torch.cumsum's bits, with or without autograd; its backward, the reverse running sum
-    along the same lines, is the same kernel on the flipped lines); while torch.compile
-    traces, the custom op ``masked_sparse::cumsum_lines`` on ``offsets`` (the same kernel;
-    along a CSR's rows the layout's own pointers, so the graph needs no size that depends
-    on the data). Elsewhere, ``cumsum`` of float32 (or narrower) values runs the torch ops
-    of ``_kernels.segmented_cumsum`` (in float64, no padding, no line reading another:
-    Note [Segmented running sum]); of integers, one running sum in int64 with the sum of
-    the previous line subtracted at each line's first value (exact: modular arithmetic).
-    float64 and complex values pad (torch.cumsum's own bits per line: a float64 running
-    total would carry the earlier lines' rounding into a line).
+    ``cumsum`` of real floating values is the cumsum family (``layouts.kernels.cumsum``,
+    Note [The cumsum family]) over the line pointers ``offsets``: on CPU the native running
+    sum per line (torch.cumsum's bits, with or without autograd; its backward, the reverse
+    running sum along the same lines, is the same kernel on the flipped lines), elsewhere
+    the segmented scan of torch ops (Note [Segmented running sum]: no padding, no line
+    reading another, no host sync); while torch.compile traces, the op
+    ``masked_sparse::cumsum_lines`` (along a CSR's rows the layout's own pointers, so the
+    graph needs no size that depends on the data). A 2-D matrix's lines come from
+    pointers kept per index tensor (Note [Lines from pointers]). ``cumsum`` of integers is
+    one running sum in int64 with the sum of the previous line subtracted at each line's
+    first value (exact: modular arithmetic); complex values pad (torch.cumsum's own bits
+    per line).
     """
 
     def __init__(self, original: Storage, coo: Any, dim: int,

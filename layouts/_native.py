@@ -17,17 +17,17 @@ mask applied by bit logic (no branch to mispredict), for
 and op ``sum``, ``sumsq`` (the sum of squares), ``prod``, ``amax``, ``amin`` on float32 and
 float64 values, plus mask counts, and ``sqdev`` (:func:`deviations_all` & co.): per group the sum
 of the squared deviations of the specified elements from a center per group, the second
-pass of a variance (``Grouping.masked_sqdev``) in one pass instead of five torch ops
+pass of a variance (``kernels.moments.masked_sqdev``) in one pass instead of five torch ops
 (expand the means, subtract, fill, square, sum); and
 ``sumexp`` (:func:`deviations_all` & co.), the same with ``exp`` for the square: the second pass
-of a logsumexp (``Grouping.masked_sumexp``) instead of expand, subtract, fill, exp, sum,
+of a logsumexp (``kernels.logsumexp.masked_sumexp``) instead of expand, subtract, fill, exp, sum,
 with the C file's own exp (Note [Native exp]: no libm call, so that the loops vectorize;
 within 1 ULP of ``torch.exp`` in float64). Whole operations in one call save the torch ops
 between their passes: a logsumexp (:func:`logsumexp_all` & co.: the max pass, the sumexp
-pass and the log, ``Grouping.masked_logsumexp``), a variance (:func:`moments`: count, sum,
-mean, squared deviations, ``Grouping.masked_var``; a mean alone, ``masked_mean``, stops
+pass and the log, the logsumexp family), a variance (:func:`moments`: count, sum,
+mean, squared deviations: the moments family's ``masked_var``; a mean alone stops
 after the mean; the sqdev pass serves the composed route where the one call does not
-apply), and a softmax along the stored lines (:func:`softmax`: ``Grouping.softmax``; its
+apply), and a softmax along the stored lines (:func:`softmax`: the softmax family; its
 output holds the zeros already, so the caller keeps it instead of filling a copy: one
 output-sized allocation less) or across them (columns), over the group ids.
 ``benchmarks/bench_native.py`` times the kernels against the raw torch ops and the composed
@@ -931,7 +931,7 @@ def deviations_lines(f: str, values: torch.Tensor, mask: torch.Tensor, center: t
 def logsumexp_all(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
     """The masked logsumexp of every element in one call, shape ``(1,)``: the log of the
     sum of ``exp`` of the specified elements, 0 where none is (the caller's result mask
-    says which); step for step the composed path (``Grouping.masked_logsumexp``), the exp
+    says which); step for step the composed path (the logsumexp family's torch ops), the exp
     of Note [Native exp]. None where the native kernels do not apply.
 
     >>> v, m = torch.tensor([1., float("nan"), 3.]), torch.tensor([True, False, True])
@@ -1001,7 +1001,7 @@ def moments(values: torch.Tensor, mask: torch.Tensor, correction: float | None,
     one per group) per group (as :func:`scatter`). Returns the variance (0 where ``count -
     correction <= 0``; None without a correction), the mean (0 where nothing is specified)
     and where the result is specified; step for step the composed paths
-    (``Grouping.masked_mean`` / ``masked_var``). None where the native kernels do not apply.
+    (the moments family's torch ops). None where the native kernels do not apply.
 
     >>> v, m = torch.tensor([1., float("nan"), 3.]), torch.tensor([True, False, True])
     >>> out = moments(v, m, 1.0)
@@ -1048,7 +1048,7 @@ def softmax(values: torch.Tensor, mask: torch.Tensor, log: bool,
     """The masked softmax (``log``: log_softmax) of every element in one call, 0 where
     unspecified: over one group of every element; with ``offsets`` per line (as
     :func:`lines`; the lines must hold every element); with ``index`` per group of ``n``
-    (as :func:`scatter`). Step for step the composed path (``Grouping.softmax``), the exp
+    (as :func:`scatter`). Step for step the composed path (the softmax family's), the exp
     of Note [Native exp]. None where the native kernels do not apply.
 
     >>> v, m = torch.tensor([1., float("nan"), 3.]), torch.tensor([True, False, True])
@@ -1143,9 +1143,9 @@ def backward(op: str, mask: torch.Tensor, a: torch.Tensor, b: torch.Tensor | Non
     - ``"ties"``: ``a / t`` where ``x == b``, ``t`` the group's count of specified such
       elements, else 0 (amax / amin: split among the ties).
 
-    Step for step the torch-op backwards of ``_kernels.py`` (the exps within an ULP of
-    torch's). None where the kernels do not apply (other dtypes, devices, shapes, no
-    library); ``what`` is the op an error names.
+    Step for step the torch-op backwards of the kernel families (``layouts/kernels/``; the
+    exps within an ULP of torch's). None where the kernels do not apply (other dtypes,
+    devices, shapes, no library); ``what`` is the op an error names.
 
     >>> m = torch.tensor([True, False, True])
     >>> out = backward("expand", m, torch.tensor([2., 5.]), index=torch.tensor([0, 1, 1]), n=2)

@@ -178,7 +178,7 @@ def test_gradients_equal_the_dense_reference(implementation, layout, op, dim):
 
 @pytest.mark.parametrize("layout", ["coo", "csr"])
 @pytest.mark.parametrize("op", ["sum0", "sum1", "var1", "mean0"])
-def test_large_float32_sums_are_exact_with_grad(implementation, layout, op):
+def test_large_float32_sums_are_the_same_with_grad(implementation, layout, op):
     """3000 x 400 float32 values near 3000: with and without autograd the same value, bit
     for bit; with the native kernels (sums in double) the float64 reference rounded once,
     with the torch ops (float32 accumulation, as torch's own sums) within the rounding of
@@ -375,7 +375,7 @@ def test_a_family_backward_without_the_engine_is_the_engines(implementation, mon
 @pytest.mark.parametrize("op", ["amax", "amin", "prod", "sumsq"])
 @pytest.mark.parametrize("dim", [0, 1, None])
 def test_a_reduction_zeroes_its_empty_groups_in_the_kernel_output(layout, dtype, op, dim):
-    """``Grouping.masked_reduce_zeroed`` (the kernel's output zeroed in place where a group
+    """``kernels.masked_reduce_zeroed`` (the kernel's output zeroed in place where a group
     holds no specified element) is bit for bit ``where(specified, masked_reduce, 0)``, with
     NaN and inf specified or not, fully masked and empty lines; amax, amin, prod store it,
     the 2-norm its roots."""
