@@ -52,6 +52,18 @@ table]), written from ``python -m benchmarks.gpu``'s measurements. Nothing there
 values to torch's sparse-tensor reductions, and nothing round-trips through float64:
 sums accumulate as torch's own do.
 
+**No host sync on the device path.** Off the native kernels no family reads device data
+on the host or sizes an output by it (no ``.item()``, ``nonzero``, ``unique``,
+``masked_select``, ``bincount``, ``repeat_interleave`` without ``output_size``; a
+``segment_reduce`` takes ``unsafe=True``: its offsets are index facts, checked when built).
+Only a grouping's *first* reduction over an index tensor may sync, to build the index facts
+that size its result (the number of non-empty lines or groups: ``nonzero`` / ``unique`` of
+the index); they are cached per index tensor, so every later call -- forward, backward,
+any family -- runs without one (``tests/kernels/test_no_host_sync.py`` checks every family x
+layout x dim, with and without autograd; under ``--device cuda`` with
+``torch.cuda.set_sync_debug_mode("error")``). Host reads that remain are keyed to the CPU
+(the native kernels' own checks, a single group's ``specified.item()``).
+
 **The route of one call: ``torch.sum(csr_mt, 1)``.**
 
 1. ``masked_sparse/_tensor.py``: ``MaskedTensor.__torch_function__`` looks ``torch.sum``

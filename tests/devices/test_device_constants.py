@@ -106,3 +106,17 @@ def test_the_check_can_fail():
     with pytest.raises(AssertionError, match="two devices"):
         with one_device():
             torch.zeros(3, device=META) + torch.ones(3).sum()  # a 0-d CPU tensor
+
+
+@pytest.mark.parametrize("layout", ["strided", "sparse_coo"])
+def test_positions_of_no_dim_follow_the_values(layout):
+    """A reduction over no dim (a 0-d input's median, argmax) reads every element at
+    position 0: that 0 is built on the values' device (on CUDA a CPU one was indexed by a
+    CUDA index: ``median`` along a dim raised)."""
+    lay = layouts.get_layout(layout)
+    values = torch.empty(1 if layout == "sparse_coo" else (), device=META)
+    mask = torch.ones(values.shape, dtype=torch.bool, device=META)
+    index = (torch.zeros(0, 1, dtype=torch.long, device=META),) if layout == "sparse_coo" \
+        else ()
+    g = layouts.group_by(lay.build(index, values, mask, ()), (), False)
+    assert g.positions().device == META
