@@ -41,6 +41,7 @@ from ._native import NativeKernelsWarning
 from ._native import disabled as native_disabled
 from ._native import status as native_status
 from ._reduce_sparse import group_by
+from ._sampled import sampled_mm
 from ._size import storage_nbytes
 from ._validate import check_sparse_input
 from .convert import (
@@ -84,6 +85,7 @@ __all__ = [
     "kernels",
     "read_at",
     "read_broadcast",
+    "sampled_mm",
     "group_by",
     "lines_along",
     "linearize",
