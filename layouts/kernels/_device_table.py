@@ -21,8 +21,8 @@ so does everything under a torch.func transform (``segment_reduce`` has no batch
 Where the rows come from:
 
 - ``cuda``: ``python -m benchmarks.gpu --device cuda`` (its "Raw kernels over the
-  specified values" table; NVIDIA H200, torch 2.11 + CUDA 13.0, 1M and 10M stored entries:
-  ``/work/shared/gpu/RESULTS-cuda-h200.md`` for this table). Along the stored lines
+  specified values" table, one run on an NVIDIA H200, torch 2.11 + CUDA 13.0, 1M and 10M
+  stored entries: sum, mean and amax per dim, CSR and COO). Along the stored lines
   ``index_add`` won sums at 1M entries and ``segment_reduce`` at 10M, by far more: the
   switch is placed between the two sizes. Across them the column order's
   ``segment_reduce`` won every op at both sizes. ``prod`` was not measured: it follows
