@@ -28,17 +28,16 @@ Note [Duplicate rows without a host sync]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 An uncoalesced COO gradient (``nn.Embedding(sparse=True)``'s) may name a row several
 times; the step must see their sum. ``coalesce()`` would compact the rows, an output size
-only the data knows (a host sync on CUDA). Instead the ``n`` rows are sorted (stably), each
-is numbered by its run of equal rows (a ``cumsum`` of the run starts), the values are summed
-per run with ``index_add_`` into an ``(n, width)`` buffer (filled with ``-0.0``, the exact
-additive identity) and read back at every row of the run (:func:`summed_rows`). Every
-duplicate then carries the same sum and gathers the same state, so the step computes the
-same bits for it, and ``index_copy_`` writes identical values however often a row appears.
-A linear step (SGD without momentum or weight decay) needs no sums: it adds the rows with
-``index_add_`` as they come (:meth:`Entries.descend_`). On the CPU the sums run in the rows'
-order, as ``coalesce()`` runs them; CUDA's ``index_add_`` adds duplicates in any order. The
-CPU, where an output size the data decides costs no sync, calls ``coalesce()`` instead: the
-same sums, and the step then runs over the distinct rows only.
+only the data knows (a host sync on CUDA). Instead the ``n`` rows are sorted (by
+``coalesce()``'s own sort), each is numbered by its run of equal rows (a ``cumsum`` of the
+run starts), the values are summed per run with ``index_add_`` into an ``(n, width)``
+buffer (filled with ``-0.0``, the exact additive identity) and read back at every row of the
+run (:func:`summed_rows`). Every duplicate then carries the same sum and gathers the same
+state, so the step computes the same bits for it, and ``index_copy_`` writes identical values
+however often a row appears. On the CPU the sums are ``coalesce()``'s, bit for bit; CUDA's
+``index_add_`` adds duplicates in any order. The CPU, where an output size the data decides
+costs no sync, calls ``coalesce()`` itself: the same sums, and the step then runs over the
+distinct rows only.
 """
 
 from __future__ import annotations
@@ -65,9 +64,9 @@ class Entries:
     ``rows`` (int64, ``(n,)``) are rows of ``target.view(-1, width)`` and ``grad`` is
     ``(n, width)`` -- ``(n,)`` when ``width`` is 1: single elements of the flat target --;
     or ``rows`` is None and ``grad`` has the target's shape. ``keep`` (bool, broadcastable
-    to ``grad``) marks the elements that take part, None for all. ``summed`` says a row that
-    repeats carries the same (summed) values at each repeat, so a step may read and write
-    it; unsummed repeats are parts of one gradient, only to be added (:meth:`descend_`).
+    to ``grad``) marks the elements that take part, None for all. A row may repeat only
+    with the same values at each repeat (:func:`summed_rows`): a step computes the same
+    bits for each, and the write back writes them.
 
     >>> t = torch.zeros(4, 2)
     >>> e = Entries(torch.tensor([3, 1]), 2, torch.ones(2, 2), None)
@@ -75,17 +74,17 @@ class Entries:
     [0.0, 2.0, 0.0, 2.0]
     """
 
-    __slots__ = ("grad", "keep", "rows", "summed", "width")
+    __slots__ = ("grad", "keep", "rows", "width")
 
     def __init__(self, rows: torch.Tensor | None, width: int, grad: torch.Tensor,
-                 keep: torch.Tensor | None, summed: bool = True) -> None:
-        self.rows, self.width, self.grad, self.keep, self.summed = rows, width, grad, keep, summed
+                 keep: torch.Tensor | None) -> None:
+        self.rows, self.width, self.grad, self.keep = rows, width, grad, keep
 
     def restricted(self, mask: torch.Tensor) -> Entries:
         """These entries where ``mask`` (a bool tensor shaped like the target) is True."""
         at = self.read(mask)
         keep = at if self.keep is None else self.keep & at
-        return Entries(self.rows, self.width, self.grad, keep, self.summed)
+        return Entries(self.rows, self.width, self.grad, keep)
 
     def _rows_of(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` as the rows the entries index: flat for single elements (``index_select``
@@ -125,24 +124,6 @@ class Entries:
         if work is not t:
             t.copy_(work)
 
-    def descend_(self, t: torch.Tensor, values: torch.Tensor, lr: Any) -> None:
-        """``t -= lr * values`` at the entries where ``keep`` holds (``values`` shaped like
-        ``grad``, ``lr >= 0``): ``values * -lr`` added with ``index_add_``, so repeated rows
-        add up. Elsewhere ``t`` gains ``+0.0 * -lr = -0.0``, which leaves every value's
-        bits."""
-        values = values.to(t.dtype)
-        if self.keep is not None:
-            values = torch.where(self.keep, values, torch.zeros((), dtype=t.dtype,
-                                                                device=t.device))
-        values = values * -lr
-        if self.rows is None:
-            t.add_(values)
-            return
-        work = t if t.is_contiguous() else t.contiguous()
-        self._rows_of(work).index_add_(0, self.rows, values)
-        if work is not t:
-            t.copy_(work)
-
 
 def summed_rows(rows: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rows, values)`` sorted by row, each row carrying the sum of all its values (Note
@@ -155,7 +136,7 @@ def summed_rows(rows: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor,
     n = rows.numel()
     if n < 2:
         return rows, values
-    rows, order = torch.sort(rows, stable=True)
+    rows, order = torch.sort(rows)  # coalesce()'s sort: on the CPU, its sums bit for bit
     starts = torch.ones(n, dtype=torch.bool, device=rows.device)
     torch.ne(rows[1:], rows[:-1], out=starts[1:])
     run = torch.cumsum(starts, 0).sub_(1)
@@ -164,7 +145,7 @@ def summed_rows(rows: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor,
     return rows, sums.index_select(0, run)
 
 
-def _coo_entries(grad: torch.Tensor, sum_duplicates: bool) -> Entries:
+def _coo_entries(grad: torch.Tensor, sum_duplicates: bool = True) -> Entries:
     """A torch COO gradient (hybrid or not, coalesced or not) as rows of its shape. Its
     duplicates are summed by ``coalesce()`` on the CPU (fewer rows for the step), by
     :func:`summed_rows` elsewhere (Note [Duplicate rows without a host sync])."""
@@ -174,11 +155,9 @@ def _coo_entries(grad: torch.Tensor, sum_duplicates: bool) -> Entries:
     rows = linearize(grad._indices(), tuple(grad.shape[:k]))
     width = math.prod(grad.shape[k:])
     values = grad._values().reshape((-1, width) if width != 1 else (-1,))
-    summed = grad.is_coalesced()
-    if sum_duplicates and not summed:
+    if sum_duplicates and not grad.is_coalesced():
         rows, values = summed_rows(rows, values)
-        summed = True
-    return Entries(rows, width, values, None, summed)
+    return Entries(rows, width, values, None)
 
 
 def _masked_entries(s: Storage) -> Entries:
@@ -213,22 +192,21 @@ def grad_entries(grad: Any, shape: torch.Size, where: str,
     return _masked_entries(grad._storage)
 
 
-def entries_for(param: torch.Tensor, grad: Any, where: str,
-                sum_duplicates: bool = True) -> tuple[torch.Tensor, Entries]:
+def entries_for(param: torch.Tensor, grad: Any, where: str) -> tuple[torch.Tensor, Entries]:
     """``(target, entries)``: the plain tensor to update for ``param`` and the entries of it
     where ``grad`` is specified (for a MaskedTensor parameter, and the parameter too).
 
     >>> import masked_sparse as ms
     >>> g = torch.sparse_coo_tensor([[2, 0, 2]], [1., 5., 3.], (4,))
     >>> target, e = entries_for(torch.zeros(4), g, "example")
-    >>> e.rows.tolist(), e.grad.flatten().tolist()
-    ([0, 2, 2], [5.0, 4.0, 4.0])
+    >>> e.rows.tolist(), e.grad.flatten().tolist()   # on the CPU: coalesced
+    ([0, 2], [5.0, 4.0])
     """
     if not isinstance(param, MaskedTensor):
-        return param, grad_entries(grad, param.shape, where, sum_duplicates)
+        return param, grad_entries(grad, param.shape, where)
     ps = param._storage
     if not ps.index and ps.values.shape == ps.shape:  # every position stored
-        e = grad_entries(grad, ps.shape, where, sum_duplicates)
+        e = grad_entries(grad, ps.shape, where)
         return ps.values, e.restricted(ps.mask)
     values, keep = _read_at_pattern(ps, grad, where)
     keep = ps.mask if keep is None else ps.mask & keep

@@ -65,12 +65,12 @@ the drop-in for ``torch.optim.SparseAdam``.
 
 Note [SGD without state]
 ~~~~~~~~~~~~~~~~~~~~~~~~
-SGD with neither momentum nor weight decay is linear in the gradient: a lazy step adds
-``-lr * grad`` at the specified entries with ``index_add_`` (``Entries.descend_``), in O(nnz),
-without summing duplicates first -- they are added one by one, as ``torch.optim.SGD`` adds
-a sparse gradient into its parameter. On the CPU a torch COO gradient of a plain parameter
-is added by torch's own ``param.add_(grad, alpha=-lr)``, ``torch.optim.SGD``'s very step
-(its CPU kernel is faster than ``index_add_`` with an ``alpha``).
+SGD with neither momentum nor weight decay on a torch sparse COO gradient of a plain CPU
+parameter is ``param.add_(grad, alpha=-lr)``: torch's own lazy step (only the stored
+entries move), ``torch.optim.SGD``'s very numbers, in O(nnz) and without coalescing --
+duplicates are added one by one. Elsewhere it is the lazy step of every other case (Note
+[Lazy steps on gathered entries]): ``torch.optim.sgd.sgd`` adds the gathered gradient to the
+gathered entries, the same numbers.
 """
 
 from __future__ import annotations
@@ -275,15 +275,13 @@ def sgd(params: list[torch.Tensor], d_p_list: list[torch.Tensor],
     full, rest, values = _same_pattern.full_pairs(params, d_p_list, rest)
     full, held = _ready(params, full, [momentum_buffer_list] if momentum else [])
     rest = sorted(rest + held)
-    linear = momentum == 0 and weight_decay == 0
-    for i in rest if linear else ():  # Note [SGD without state]
-        param, grad = params[i], d_p_list[i]
-        if _is_plain_coo_pair(param, grad) and _scatter.on_cpu(grad):
-            param.add_(grad, alpha=lr if maximize else -lr)
-            continue
-        target, e = entries_for(param, grad, "sgd", sum_duplicates=False)
-        e.descend_(target, -e.grad if maximize else e.grad, lr)
-    lazy = _Lazy(params, d_p_list, [] if linear else rest, "sgd")
+    if momentum == 0 and weight_decay == 0:  # Note [SGD without state]
+        added = [i for i in rest if _is_plain_coo_pair(params[i], d_p_list[i])
+                 and _scatter.on_cpu(d_p_list[i])]
+        for i in added:
+            params[i].add_(d_p_list[i], alpha=lr if maximize else -lr)
+        rest = [i for i in rest if i not in added]
+    lazy = _Lazy(params, d_p_list, rest, "sgd")
     for run in _runs(dense, lazy, full, weight_decay != 0):
         d, with_lazy, f, fold = run
         ps, gs, (buffers,), _ = _torch_lists(run, params, d_p_list, lazy, values,
