@@ -121,7 +121,7 @@ class _PairVerdicts:
     >>> a, b, table = torch.ones(2), torch.ones(2), _PairVerdicts()
     >>> table.set(a, b, True); table.get(a, b)
     True
-    >>> b.add_(1); table.get(a, b) is None   # b was written: no verdict
+    >>> _ = b.add_(1); table.get(a, b) is None   # b was written: no verdict
     True
     """
 
