@@ -65,7 +65,7 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from layouts import Storage
+from layouts import SAME_WIDTH_INT, Storage
 
 from .._tensor import MaskedTensor
 from ..ops._fill import is_zero_filled, zero_fill
@@ -131,7 +131,7 @@ class _PairVerdicts:
 
     def get(self, a: torch.Tensor, b: torch.Tensor) -> bool | None:
         entry = self._table.get((id(a), id(b)))
-        if entry is None or _untracked(a) or _untracked(b):
+        if entry is None:  # (an entry is never made for an inference tensor: see set)
             return None
         ref_a, ref_b, version_a, version_b, verdict = entry
         if (ref_a() is a and ref_b() is b and version_a == a._version
@@ -157,9 +157,26 @@ class _PairVerdicts:
 
 
 _TAGS = _IdTags()  # state -> (mask or None for "0 everywhere", mask version, version)
+_BITS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # mask -> (version, {dtype: bits})
 _EQUAL = _PairVerdicts()  # (index or mask, index or mask) -> torch.equal
 _COVERS = _PairVerdicts()  # (param mask, grad mask) -> grad mask True wherever param mask is
 _FACTORS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # mask -> (version, value, factor)
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``torch.equal(a, b)`` for two tensors of one shape and dtype, read as 8-byte words
+    where their memory allows (``torch.equal`` compares element by element: several times
+    slower on a bool mask). Two bool tensors with other bytes than 0 and 1 may compare
+    unequal while their values are equal: the caller then takes the lazy path, which is
+    exact either way."""
+    size = a.element_size()
+    if not (a.is_contiguous() and b.is_contiguous() and a.numel() * size >= 8
+            and (a.storage_offset() * size) % 8 == 0 and (b.storage_offset() * size) % 8 == 0):
+        return torch.equal(a, b)
+    x, y = a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)
+    n = x.numel() // 8 * 8
+    return (torch.equal(x[:n].view(torch.int64), y[:n].view(torch.int64))
+            and torch.equal(x[n:], y[n:]))
 
 
 def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -173,7 +190,7 @@ def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     if verdict is None:
         if not _scatter.on_cpu(a):
             return False
-        verdict = torch.equal(a, b)
+        verdict = _same_bytes(a, b)
         _EQUAL.set(a, b, verdict)
     return verdict
 
@@ -200,7 +217,8 @@ def covers(mask: torch.Tensor, grad_mask: torch.Tensor) -> bool:
     if verdict is None:
         if not _scatter.on_cpu(mask):
             return False
-        verdict = ((mask.shape == grad_mask.shape and torch.equal(mask, grad_mask))
+        verdict = ((mask.shape == grad_mask.shape and mask.dtype == grad_mask.dtype
+                    and _same_bytes(mask, grad_mask))
                    or not bool(mask.logical_and(grad_mask.logical_not()).any()))
         _COVERS.set(mask, grad_mask, verdict)
     return verdict
@@ -261,7 +279,31 @@ def filled_grad(param: MaskedTensor, values: torch.Tensor, *, negate: bool = Fal
         g = g.add(target, alpha=weight_decay)
     elif is_zero_filled(g, mask):
         return g
-    return zero_fill(g, mask)
+    bits = _fill_bits(mask, g)
+    if bits is None:
+        return zero_fill(g, mask)
+    return torch.bitwise_and(g.view(bits.dtype), bits).view(g.dtype)
+
+
+def _fill_bits(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor | None:
+    """On the CPU, where ``torch.where`` on a bool condition takes a slow path: the mask as
+    an integer of ``like``'s width, all bits set where the mask is True and 0 elsewhere, so
+    that a bitwise ``and`` with ``like``'s bits is the exact zero fill at the speed of an
+    ``add`` (the masked parameter's mask is the same object step after step: kept per mask
+    object and version, like the decay factor). None where that does not apply."""
+    if (not _scatter.on_cpu(like) or like.dtype not in SAME_WIDTH_INT
+            or like.shape != mask.shape or not like.is_contiguous() or _untracked(mask)):
+        return None
+    entry = _BITS.get(mask)
+    if entry is None or entry[0] != mask._version:
+        entry = (mask._version, {})
+        _BITS[mask] = entry
+    bits = entry[1].get(like.dtype)
+    if bits is None:
+        int_dtype = SAME_WIDTH_INT[like.dtype]
+        bits = torch.zeros(mask.shape, dtype=int_dtype, device=mask.device).masked_fill_(mask, -1)
+        entry[1][like.dtype] = bits
+    return bits
 
 
 def zero_outside(state: torch.Tensor | None, mask: torch.Tensor) -> bool:
