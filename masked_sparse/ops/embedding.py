@@ -47,7 +47,6 @@ from layouts import Storage
 from .._autograd import on_values
 from .._registry import implements
 from .._tensor import MaskedTensor
-from ._fill import all_specified
 
 
 def _check(ids: Any, weight: Any, op: str) -> None:
@@ -126,32 +125,22 @@ def compacts_on_host(t: torch.Tensor) -> bool:
     return t.device.type == "cpu"
 
 
-def _bag_ids(s: Storage) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor,
+def _bag_ids(s: Storage) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                   torch.Tensor | None]:
     """``(ids, keep, counts, where)`` of ``(B, L)`` ids: the stored ids in row-major order,
-    which of them are specified (None: all, known on the CPU), the number of specified
-    ids per bag, and each stored id's position in the ``(B, L)`` grid (None: every position
-    is stored, in order)."""
-    bags = s.shape[0]
+    which of them are specified, the number of specified ids per bag, and each stored id's
+    position in the ``(B, L)`` grid (None: every position is stored, in order)."""
     if not s.index:
         mask = s.mask.expand(s.shape)
-        ids = s.values.expand(s.shape).reshape(-1)
         # (a byte sum: torch's bool sum takes a slower path on CPU)
         counts = (mask.view(torch.uint8) if mask.is_contiguous() else mask.to(torch.uint8)
                   ).sum(1, dtype=torch.int64)
-        keep = None if all_specified(mask) else mask.reshape(-1)
-        return ids, keep, counts, None
+        return s.values.expand(s.shape).reshape(-1), mask.reshape(-1), counts, None
     coo = s.layout.to_coo(s)  # coalesced: row-major order
-    index, ids, keep = coo.index[0], coo.values, coo.mask
-    rows = index[0]
-    if all_specified(keep):
-        keep = None
-        counts = torch.zeros(bags, dtype=torch.int64, device=rows.device).index_add_(
-            0, rows, torch.ones_like(rows))
-    else:
-        counts = torch.zeros(bags, dtype=torch.int64, device=rows.device).index_add_(
-            0, rows, keep.to(torch.int64))
-    return ids, keep, counts, index
+    index, keep = coo.index[0], coo.mask
+    counts = torch.zeros(s.shape[0], dtype=torch.int64, device=index.device).index_add_(
+        0, index[0], keep.to(torch.int64))
+    return coo.values, keep, counts, index
 
 
 def _trash_bags(ids: torch.Tensor, keep: torch.Tensor, offsets: torch.Tensor,
@@ -200,11 +189,12 @@ def _embedding_bag(op: Any, input: Any, weight: Any, offsets: Any = None,
     if per_sample_weights is not None:  # read at the stored ids, in their order
         per_sample_weights = (per_sample_weights.reshape(-1) if where is None
                               else per_sample_weights[where[0], where[1]])
-    trash = keep is not None and not scale_grad_by_freq and not compacts_on_host(ids)
+    trash = (not scale_grad_by_freq and not compacts_on_host(ids) and bags > 0
+             and ids.numel() > 0)
     if trash:  # Note [Bags without a host sync]
         ids, starts, per_sample_weights = _trash_bags(ids, keep, starts, per_sample_weights,
                                                       weight.shape[0])
-    elif keep is not None:
+    elif bags and int(starts[-1] + counts[-1]) != ids.numel():  # some ids are unspecified
         ids = torch.masked_select(ids, keep)
         if per_sample_weights is not None:
             per_sample_weights = torch.masked_select(per_sample_weights, keep)
