@@ -1,4 +1,4 @@
-"""Masked access to dense optimizer state: the three helpers every optimizer here uses.
+"""Masked access to dense optimizer state: three public helpers, and the positions they share.
 
 - :func:`as_masked_grad` turns any gradient form (dense tensor, torch sparse tensor of a
   registered layout -- uncoalesced COO included --, MaskedTensor) into one MaskedTensor,
@@ -8,8 +8,11 @@
 - :func:`add_at_` adds the specified entries of a MaskedTensor into a dense tensor, in
   place, leaving every other entry untouched.
 
-So an optimizer step is a few masked ops between one read and one write per state tensor:
-O(nnz) for a sparse gradient, in any layout, with no per-layout code.
+With them an optimizer is a few masked ops between one read and one write per state tensor:
+O(nnz) for a sparse gradient, in any layout, with no per-layout code (``tutorials/adagrad.py``
+writes Adagrad so). The built-in optimizers hand the gathered entries to torch's own steps
+instead (Note [Lazy steps on gathered entries] in ``_entries.py``), on the positions kept
+here.
 
 Note [Flat positions]
 ~~~~~~~~~~~~~~~~~~~~~
