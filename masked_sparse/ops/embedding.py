@@ -127,15 +127,18 @@ def compacts_on_host(t: torch.Tensor) -> bool:
 
 def _bag_ids(s: Storage) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                   torch.Tensor | None]:
-    """``(ids, keep, counts, where)`` of ``(B, L)`` ids: the stored ids in row-major order,
-    which of them are specified, the number of specified ids per bag, and each stored id's
-    position in the ``(B, L)`` grid (None: every position is stored, in order)."""
+    """``(ids, keep, counts, where)`` of ``(B, L)`` ids: the stored ids in row-major order
+    (for a dense layout, the ``(B, L)`` ids themselves), which of them are specified, the
+    number of specified ids per bag, and each stored id's position in the ``(B, L)`` grid
+    (None: every position is stored, in order)."""
     if not s.index:
-        mask = s.mask.expand(s.shape)
+        ids, mask = s.values, s.mask
+        if mask.shape != s.shape or ids.shape != s.shape:  # broadcast views
+            ids, mask = ids.expand(s.shape), mask.expand(s.shape)
         # (a byte sum: torch's bool sum takes a slower path on CPU)
         counts = (mask.view(torch.uint8) if mask.is_contiguous() else mask.to(torch.uint8)
                   ).sum(1, dtype=torch.int64)
-        return s.values.expand(s.shape).reshape(-1), mask.reshape(-1), counts, None
+        return ids, mask, counts, None
     coo = s.layout.to_coo(s)  # coalesced: row-major order
     index, keep = coo.index[0], coo.mask
     counts = torch.zeros(s.shape[0], dtype=torch.int64, device=index.device).index_add_(
@@ -148,6 +151,8 @@ def _trash_bags(ids: torch.Tensor, keep: torch.Tensor, offsets: torch.Tensor,
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Every id, the specified ones first, and ``2B`` offsets: the ``B`` real bags, then
     ``B`` bags of the unspecified ids (Note [Bags without a host sync]). No host sync."""
+    ids, keep = ids.reshape(-1), keep.reshape(-1)
+    weights = weights.reshape(-1) if weights is not None else None
     n, bags = ids.numel(), offsets.numel()
     specified = torch.cumsum(keep, 0)
     total = specified[-1:]
@@ -184,17 +189,15 @@ def _embedding_bag(op: Any, input: Any, weight: Any, offsets: Any = None,
                          f"the ids' shape {tuple(s.shape)} (read at the specified ids)")
     ids, keep, counts, where = _bag_ids(s)
     bags = s.shape[0]
-    starts = torch.zeros(bags, dtype=torch.int64, device=ids.device)
-    torch.cumsum(counts[:-1], 0, out=starts[1:])
-    if per_sample_weights is not None:  # read at the stored ids, in their order
-        per_sample_weights = (per_sample_weights.reshape(-1) if where is None
-                              else per_sample_weights[where[0], where[1]])
+    starts = torch.cumsum(counts, 0).sub_(counts)
+    if per_sample_weights is not None and where is not None:  # read at the stored ids
+        per_sample_weights = per_sample_weights[where[0], where[1]]
     trash = (not scale_grad_by_freq and not compacts_on_host(ids) and bags > 0
              and ids.numel() > 0)
     if trash:  # Note [Bags without a host sync]
         ids, starts, per_sample_weights = _trash_bags(ids, keep, starts, per_sample_weights,
                                                       weight.shape[0])
-    elif bags and int(starts[-1] + counts[-1]) != ids.numel():  # some ids are unspecified
+    elif where is None or int(counts.sum()) != ids.numel():  # (some) unspecified ids
         ids = torch.masked_select(ids, keep)
         if per_sample_weights is not None:
             per_sample_weights = torch.masked_select(per_sample_weights, keep)
