@@ -105,6 +105,9 @@ def _is_plain_coo_pair(param: torch.Tensor, grad: object) -> bool:
 
 
 def _at(items: list[Any], positions: list[int]) -> list[Any]:
+    """``items`` at ``positions`` (ascending), a new list."""
+    if len(positions) == len(items):  # all of them (the usual dense group)
+        return list(items)
     return [items[i] for i in positions]
 
 
