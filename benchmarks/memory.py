@@ -70,7 +70,7 @@ OPS: dict[str, Callable[[Any, Any, torch.Tensor], Any]] = {
                                             else a.to_sparse_coo()),
 }
 # Ops that are not measured by default; ``to_dense`` densifies by contract, and shows that the
-# bound catches a densification (tests/test_benchmarks_smoke.py).
+# bound catches a densification (tests/benchmarks/test_benchmarks_smoke.py).
 KNOWN_OPS = {**OPS, "to_dense": lambda a, b, d: a.to_dense()}
 
 

@@ -34,6 +34,7 @@ from ._lines import Lines, lines_along
 from ._native import NativeKernelsWarning
 from ._native import status as native_status
 from ._reduce_sparse import group_by
+from ._sampled import sampled_mm
 from ._size import storage_nbytes
 from ._validate import check_sparse_input
 from .convert import (
@@ -73,6 +74,7 @@ __all__ = [
     "get_layout",
     "read_at",
     "read_broadcast",
+    "sampled_mm",
     "group_by",
     "lines_along",
     "linearize",

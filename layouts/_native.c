@@ -785,7 +785,7 @@ ARG_KERNELS(f32, min)
  *   normal double for |n| <= 1155, so results near overflow (n = 1024) are exact and
  *   subnormal results (x < -708.4) are rounded once, by the last multiplication.
  * Measured against torch.exp in float64 on 2.5e7 points ([-760, 720], [-1, 1], [-745.2,
- * -708], [700, 709.8]; tests/test_native.py sweeps 4e5 and the edges), both builds: at most
+ * -708], [700, 709.8]; test_native.py sweeps 4e5 and the edges), both builds: at most
  * 1 ULP (91% equal), exact at 0, +-inf, NaN, 0 below the underflow threshold, inf above the
  * overflow one. One implementation for float32 and float64 values (widened, as the sums
  * are); benchmarks/bench_reductions.py times logsumexp (on a CPU with one 512-bit FMA
@@ -839,7 +839,7 @@ static inline double exp_dev(double x) {
 #if VECTOR
 /* exp_dev of 8 lanes in AVX-512 instructions, step for step the scalar function with
  * each `a * b + c` as one fma (as the compiler contracts the scalar code): bit for bit
- * the same results (4e5 points, tests/test_native.py). The scalar function in a simd
+ * the same results (4e5 points, test_native.py). The scalar function in a simd
  * loop over an array of 8 was slower on an Intel build (the compiler vectorized it in
  * 256-bit halves; the 512-bit store and the halves' loads defeat store forwarding). max_pd(lo, x) and min_pd(hi, x) return x where x is NaN, as the scalar
  * comparisons do. */

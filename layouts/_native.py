@@ -37,9 +37,9 @@ Sums accumulate in double (a row sum and a column sum of
 the same entries agree, whatever the cancellation; float accumulation in blocks was
 faster on float32 but lost 254 -> 0 on a 256-long row with +-1e8 ends); products in
 the value type, as torch's do (an intermediate overflow is inf on both paths). Results
-equal the composed path's up to summation order (``tests/test_native.py`` checks the
+equal the composed path's up to summation order (``tests/kernels/test_native.py`` checks the
 kernels against ``torch.where`` and ``scatter_reduce``,
-``tests/test_sparse_reduce_kernels.py`` both paths against the dense reference).
+``tests/kernels/test_sparse_reduce_kernels.py`` both paths against the dense reference).
 
 On a CPU with AVX-512 (F, BW, VL) the runs of ``all`` and ``lines`` go through
 hand-written vector code (the C file's "explicit AVX-512" section): the mask bytes become

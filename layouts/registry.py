@@ -305,17 +305,36 @@ def unregister_layout(key: Layout | torch.layout | str) -> Layout:
     return layout
 
 
+#: Short names accepted wherever a layout name is (scipy's format names, ``to_dense``'s
+#: word): each stands for the registered layout of the full name. A layout registered under
+#: one of these names itself takes precedence.
+ALIASES: Mapping[str, str] = {"coo": "sparse_coo", "csr": "sparse_csr", "csc": "sparse_csc",
+                              "bsr": "sparse_bsr", "dense": "strided"}
+
+
 def get_layout(key: Layout | torch.layout | str) -> Layout:
-    """The registered layout for a ``torch.layout``, a name, or a Layout (returned as is)."""
+    """The registered layout for a ``torch.layout``, a name, or a Layout (returned as is).
+
+    A name may be a registered layout's name or one of its short names (:data:`ALIASES`:
+    ``"coo"``, ``"csr"``, ``"csc"``, ``"bsr"``, ``"dense"``).
+
+    >>> get_layout("csr") is get_layout("sparse_csr") is get_layout(torch.sparse_csr)
+    True
+    """
     if isinstance(key, Layout):
         return key
     try:
         return _BY_KEY[key]
     except (KeyError, TypeError):
+        alias = ALIASES.get(key) if isinstance(key, str) else None
+        if alias in _BY_KEY:
+            return _BY_KEY[alias]
         known = ", ".join(lay.name for lay in _ORDER)
+        short = ", ".join(f"{a!r}" for a, full in ALIASES.items() if full in _BY_KEY)
         raise NotImplementedError(f"no masked layout is registered for {key!r} (registered: "
-                                  f"{known}); convert with .to_dense() / .to_sparse_coo(), or "
-                                  f"register one with layouts.register_layout") from None
+                                  f"{known}; short names: {short}); convert with "
+                                  f".to_dense() / .to_sparse_coo(), or register one with "
+                                  f"layouts.register_layout") from None
 
 
 def registered_layouts() -> tuple[Layout, ...]:

@@ -45,6 +45,7 @@ from .functional import (  # noqa: F401
 )
 from .interop import from_numpy, from_scipy, to_numpy, to_scipy
 from .ops.conversion import get_data, get_mask, to_layout, to_tensor
+from .ops.sampled import sampled_matmul
 
 if _dist_available():  # torch imports torch.distributed already: registering costs nothing
     from . import distributed  # noqa: F401  (torch.distributed's calls on MaskedTensors)
@@ -62,6 +63,7 @@ __all__ = [
     "masked_invalid",
     "masked_tensor",
     "masked_where",
+    "sampled_matmul",
     "to_layout",
     "to_numpy",
     "to_scipy",

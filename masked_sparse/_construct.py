@@ -28,16 +28,14 @@ def storage_from_tensors(data: torch.Tensor, mask: torch.Tensor, op: str) -> Sto
     if mask.dtype != torch.bool:
         raise TypeError(f"{op}: mask must have dtype torch.bool, got {mask.dtype}; "
                         f"pass mask.bool() or (mask != 0)")
-    if data.layout != mask.layout:
-        raise TypeError(f"{op}: data ({data.layout}) and mask ({mask.layout}) must have the "
-                        f"same layout; convert one of them, e.g. mask.to_sparse_coo() or "
-                        f"data.to_dense()")
     if data.shape != mask.shape:
         raise ValueError(f"{op}: data {tuple(data.shape)} and mask {tuple(mask.shape)} must "
                          f"have the same shape")
     if data.device != mask.device:
         raise ValueError(f"{op}: data is on {data.device} but mask is on {mask.device}; "
                          f"move them to one device")
+    if data.layout != mask.layout:  # Note [The mask's layout wins]
+        return _mixed_layouts(op, data, mask)
     if data.is_meta and data.layout != torch.strided:
         raise NotImplementedError(
             f"{op}: a {data.layout} MaskedTensor on the meta device is not supported: building "
@@ -49,6 +47,21 @@ def storage_from_tensors(data: torch.Tensor, mask: torch.Tensor, op: str) -> Sto
     storage = layout.from_torch(data, mask)
     layout.validate(storage)
     return storage
+
+
+def _mixed_layouts(op: str, data: torch.Tensor, mask: torch.Tensor) -> Storage:
+    """``data`` read at the stored positions of a ``mask`` of another layout."""
+    from ._mixed_layouts import read_at_mask
+
+    if (data.is_meta or mask.is_meta) and not torch.compiler.is_compiling():
+        raise NotImplementedError(f"{op}: data ({data.layout}) and mask ({mask.layout}) of "
+                                  f"different layouts on the meta device: reading one at the "
+                                  f"other's positions needs their indices; use one layout")
+    layouts.get_layout(mask.layout)  # an unregistered layout: its error, naming the others
+    layouts.get_layout(data.layout)
+    if not torch.compiler.is_compiling():
+        layouts.check_sparse_input(op, data=data, mask=mask)
+    return read_at_mask(data, mask)
 
 
 def warn_if_requires_grad(data: object) -> None:
@@ -170,6 +183,12 @@ def as_masked_tensor(data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:
         if data.layout != torch.strided:
             raise NotImplementedError(_func.sparse_refusal("as_masked_tensor", str(data.layout)))
         return _wrap(storage_from_tensors(data, mask, "as_masked_tensor"))
+    if (isinstance(data, torch.Tensor) and isinstance(mask, torch.Tensor)
+            and data.layout != mask.layout and not isinstance(data, MaskedTensor)):
+        from ._mixed_layouts import as_masked  # Note [The mask's layout wins]
+
+        storage_from_tensors(data.detach(), mask, "as_masked_tensor")  # the checks
+        return as_masked(data, mask)
     if torch.is_grad_enabled() and isinstance(data, torch.Tensor) and data.requires_grad:
         return _AsMasked.apply(data, mask, _Box())
     return _wrap(storage_from_tensors(data, mask, "as_masked_tensor"))

@@ -97,13 +97,29 @@ def op_name(op: Any) -> str:
 _NAMES: dict[Any, str] = {}
 
 
-def way_out(has_op: Callable[[layouts.Layout], bool]) -> str:
+def way_out(has_op: Callable[[layouts.Layout], bool], *, fill: bool = True) -> str:
     """What to do about an op a layout lacks: convert to a registered layout that has it
-    (``has_op(layout)``), or compute on plain tensors."""
+    (``has_op(layout)``), or compute on plain tensors.
+
+    ``fill=False`` for an op that aggregates elements (a reduction, a loss): filling the
+    unspecified elements (``mt.to_tensor(0)``) would count them in its means and counts, so
+    the way out is the specified elements alone (:func:`aggregates`)."""
     ways = [".to_dense()" if lay.torch_layout is torch.strided else
             f"ms.to_layout(mt, {lay.name!r})" for lay in layouts.registered_layouts()
             if has_op(lay)]
-    plain = "compute it on plain tensors: mt.to_tensor(value), mt.get_data() or mt.to_dense()"
+    if fill:
+        plain = ("compute it on plain tensors: mt.to_tensor(value), mt.get_data() or "
+                 "mt.to_dense()")
+    else:
+        plain = ("compute it on the specified elements as a plain tensor: d = mt.to_dense(); "
+                 "d.get_data()[d.get_mask()]")
     if not ways:
         return plain
     return f"convert first: {' or '.join(ways)}; or {plain}"
+
+
+def aggregates(op: Any) -> bool:
+    """True for an op whose result summarizes many elements -- tagged a reduction, or a
+    loss -- where a fill of the unspecified elements changes the answer (a mean, a count)."""
+    name = op_name(op)
+    return torch.Tag.reduction in getattr(op, "tags", ()) or "loss" in name or name == "kl_div"

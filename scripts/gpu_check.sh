@@ -12,7 +12,7 @@
 #   bash scripts/gpu_check.sh                # the whole run
 #   TEST_TIMEOUT=200 BENCH_TIMEOUT=150 bash scripts/gpu_check.sh
 #   SKIP_TESTS=1 bash scripts/gpu_check.sh   # benchmarks only (a rerun)
-#   DEVICE=cpu QUICK=1 NO_INSTALL=1 TESTS=tests/test_devices.py bash scripts/gpu_check.sh
+#   DEVICE=cpu QUICK=1 NO_INSTALL=1 TESTS=tests/devices/test_devices.py bash scripts/gpu_check.sh
 #                                            # the script's own dry run, on a CPU machine
 #
 # Without pytest/hypothesis on the machine, put their wheels in .gpu-wheels/ first (here:

@@ -36,6 +36,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 
 LAYOUTS = [torch.strided, torch.sparse_coo, torch.sparse_csr]
 LAYOUT_IDS = ["strided", "coo", "csr"]
+#: Every built-in layout: LAYOUTS and the two added through the registry (CSC, BSR).
+ALL_LAYOUTS = [*LAYOUTS, torch.sparse_csc, torch.sparse_bsr]
+ALL_LAYOUT_IDS = [*LAYOUT_IDS, "csc", "bsr"]
 FLOAT_DTYPES = [torch.float32, torch.float64]
 
 
@@ -66,16 +69,19 @@ class OnDevice(TorchFunctionMode):
         kwargs = kwargs or {}
         if (func in _device_constructors() and kwargs.get("device") is None
                 and not _caller_module().startswith(_LIBRARY)):
-            if func in _RANDOM:
-                return func(*args, **kwargs).to(self.device)
+            if func in _RANDOM:  # a leaf that requires grad stays a leaf, on the device
+                requires_grad = kwargs.pop("requires_grad", False)
+                return func(*args, **kwargs).to(self.device).requires_grad_(requires_grad)
             kwargs = {**kwargs, "device": self.device}
         return func(*args, **kwargs)
 
 
 def _caller_module() -> str:
-    """The module of the code that called a factory, past torch's own Python frames."""
+    """The module of the code that called a factory, past torch's own Python frames and
+    those of an ``OnDevice`` nested in this one (a test's own, within ``--device``'s)."""
     frame = sys._getframe(2)  # 0: this function, 1: __torch_function__
-    while frame is not None and frame.f_globals.get("__name__", "").startswith("torch"):
+    while frame is not None and (frame.f_globals.get("__name__", "").startswith("torch")
+                                 or frame.f_code is OnDevice.__torch_function__.__code__):
         frame = frame.f_back
     return "" if frame is None else frame.f_globals.get("__name__", "")
 
@@ -103,6 +109,7 @@ def pytest_configure(config):
     given = config.getoption("device")
     DEVICE = torch.device(given or "cpu")
     if given is not None and device_absent(DEVICE) is None:
+        DEVICE = torch.empty(0, device=DEVICE).device  # with its index: cuda -> cuda:0
         # An explicit --device (cpu too: the plumbing's own check) routes test code's
         # factories there for the whole session, module-level constants included.
         mode = OnDevice(DEVICE)
@@ -131,6 +138,37 @@ def pytest_collection_modifyitems(config, items):
         elif (mark := item.get_closest_marker("cpu_only")) is not None:
             why = mark.args[0] if mark.args else "needs the cpu"
             item.add_marker(pytest.mark.skip(reason=f"--device {DEVICE}: cpu only: {why}"))
+
+
+#: torch's text for a kernel that asserted on the device (CUDA, and HIP builds of torch).
+DEVICE_ASSERT = "device-side assert triggered"
+
+
+def _device_asserted(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an exception it was raised from, is a device-side assert."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if DEVICE_ASSERT in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Stop the run after the first test whose kernel asserted on the device.
+
+    A device-side assert loses the CUDA context: every later test that touches the device
+    would fail with the same error, burying the one that caused it. The test's own failure
+    is reported as usual (and written to ``--junitxml``); then the run stops, naming it.
+    """
+    report = yield
+    if call.excinfo is not None and _device_asserted(call.excinfo.value):
+        item.session.shouldfail = (
+            f"device-side assert in {item.nodeid}: the CUDA context is lost; every later test "
+            "would fail. Fix or deselect it and rerun")
+    return report
 
 
 @pytest.fixture
@@ -186,6 +224,21 @@ def make_masked(shape, layout=torch.strided, dtype=torch.float32, density=0.6, s
     zero = torch.zeros((), dtype=dtype, device=device)
     sparse_data = _to_layout(torch.where(stored, data, zero), stored, layout)
     return ms.masked_tensor(sparse_data, sparse_mask), data, mask
+
+
+def make_masked_in(shape, layout, seed=0, dtype=torch.float32, **kw):
+    """:func:`make_masked` in any built-in layout: CSC and BSR (1x1 blocks) are converted from
+    the CSR one, so they store the same entries."""
+    if layout in (torch.sparse_csc, torch.sparse_bsr):
+        mt, data, mask = make_masked(shape, torch.sparse_csr, seed=seed, dtype=dtype, **kw)
+        out = mt.to_sparse_csc() if layout == torch.sparse_csc else mt.to_sparse_bsr((1, 1))
+        return out, data, mask
+    return make_masked(shape, layout, seed=seed, dtype=dtype, **kw)
+
+
+def where0(data: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``data`` where ``mask``, else 0: the dense reference of ``mt.to_tensor(0)``."""
+    return torch.where(mask, data, torch.zeros((), dtype=data.dtype, device=data.device))
 
 
 def _to_layout(dense: torch.Tensor, stored: torch.Tensor, layout) -> torch.Tensor:

@@ -129,12 +129,13 @@ def rows_gather(storage: Storage, dense: torch.Tensor) -> torch.Tensor:
 # Conversions go through one hub, COO: if every layout can reach COO and come back,
 # every pair of layouts converts, with no function per pair. `to_coo` must return a
 # *coalesced* COO storage (row-major order, no duplicates); `from_coo` may receive any
-# coalesced COO storage, including hybrid ones.
+# coalesced COO storage, including hybrid ones. A tensor a primitive builds follows its
+# input's device (`new_ones`, `new_zeros`, `device=`), so the layout works on every device.
 
 # %%
 def rows_to_coo(storage: Storage) -> Storage:
     (row_ids,) = storage.index
-    inner = torch.ones(storage.shape[1:], dtype=torch.bool).nonzero().t()  # row-major
+    inner = storage.mask.new_ones(storage.shape[1:]).nonzero().t()  # row-major, same device
     n, per_row = row_ids.numel(), inner.shape[1]
     indices = torch.cat([row_ids.repeat_interleave(per_row)[None], inner.repeat(1, n)])
     return layouts.get_layout("sparse_coo").build(
@@ -147,7 +148,7 @@ def rows_from_coo(coo: Storage) -> Storage:
     shape = (row_ids.numel(),) + tuple(coo.shape[1:])
     where = (slot,) + tuple(indices[1:])
     values = coo.values.new_zeros(shape).index_put(where, coo.values)
-    mask = torch.zeros(shape, dtype=torch.bool).index_put(where, coo.mask)
+    mask = coo.mask.new_zeros(shape).index_put(where, coo.mask)
     return ROWS.build((row_ids,), values, mask, coo.shape)
 
 
@@ -312,7 +313,7 @@ print("agrees with the dense reference")
 
 # %% [markdown]
 # For real coverage, run the project's generic layout suite on your layout. It is one
-# test class, `LayoutSuite` in `tests/test_layout_suite.py`, that only needs a `layout`
+# test class, `LayoutSuite` in `tests/layouts/test_layout_suite.py`, that only needs a `layout`
 # fixture; it checks construction, invariants, round trips with every registered layout,
 # unary and binary ops, `to_tensor` / `get_data`, reductions, autograd and printing
 # against dense references. In a test file of your own:
@@ -332,7 +333,7 @@ print("agrees with the dense reference")
 #         layouts.unregister_layout(ROWS)
 # ```
 #
-# `tests/test_toy_layout.py` in this repository does exactly that.
+# `tests/layouts/test_toy_layout.py` in this repository does exactly that.
 #
 # When you are done experimenting, unregister the layout; tensors that already use it
 # keep working.

@@ -4,7 +4,8 @@
 ``conversion`` (get_data, to_tensor, layouts), ``where``, ``reductions``, ``softmax``,
 ``shape`` / ``indexing`` / ``joining`` (ops that move elements), ``exits``, ``foreach``
 (``torch._foreach_*`` lists), ``scans`` and ``order`` (cumulative ops, sorting), ``linalg``
-(matrix products and two-operand ``einsum``).
+(matrix products and two-operand ``einsum``), ``sampled`` (the sampled product
+``torch.sparse.sampled_addmm``), ``losses`` (``torch.nn.functional``'s losses).
 """
 
 from . import (  # noqa: F401
@@ -16,9 +17,11 @@ from . import (  # noqa: F401
     indexing,
     joining,
     linalg,
+    losses,
     order,
     pointwise,
     reductions,
+    sampled,
     scans,
     shape,
     softmax,

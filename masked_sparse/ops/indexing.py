@@ -64,10 +64,61 @@ def _check_no_masked(idx: Any, op: str) -> None:
             plain(it, op, "index")
 
 
+def _python_int(it: Any) -> int | None:
+    """``it`` as an int when it is a Python (or NumPy) integer index, else None."""
+    if isinstance(it, (bool, torch.Tensor, slice, list, tuple)) or it is None or it is Ellipsis:
+        return None
+    try:
+        return operator.index(it)
+    except TypeError:
+        return None
+
+
+def _dims_taken(it: Any) -> int:
+    """How many dims of the indexed tensor one index item consumes, as torch counts them."""
+    if it is None or isinstance(it, bool):
+        return 0
+    if isinstance(it, torch.Tensor) and it.dtype == torch.bool:
+        return it.dim()
+    return 1
+
+
+def _check_int_indices(shape: torch.Size, idx: Any) -> None:
+    """Raise torch's ``IndexError`` for a Python int index out of range, on the host.
+
+    Note [Int indices are checked first]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    ``mt[1, 7]`` of a (4, 6) tensor would otherwise run the kernels of ``mt[1]`` first (a
+    sparse layout's select reads its index tensors), and reach the bad 7 on the device,
+    where an index kernel asserts instead of raising: on CUDA that loses the context. So
+    every Python int of the index is checked against the shape before any kernel runs, on
+    every layout. Index tensors are left to the kernels (checking them would sync); a
+    malformed index (too many, two ellipses) is left to the existing errors.
+    """
+    items = idx if isinstance(idx, tuple) else (idx,)
+    if sum(it is Ellipsis for it in items) > 1:
+        return
+    taken = [_dims_taken(it) for it in items]
+    if sum(taken) > len(shape):
+        return
+    d = 0
+    for k, (it, n) in enumerate(zip(items, taken)):
+        if it is Ellipsis:  # the items after it index the last dims
+            d = len(shape) - sum(taken[k + 1:])
+            continue
+        i = _python_int(it)
+        if i is not None and not -shape[d] <= i < shape[d]:
+            raise IndexError(f"index {i} is out of bounds for dimension {d} with size "
+                             f"{shape[d]}")
+        d += n
+
+
 @implements(torch.Tensor.__getitem__)
 def _getitem(op: Any, self: Any, idx: Any) -> Any:
     _check_no_masked(idx, "__getitem__")
-    return run(op, Call("getitem", torch.Tensor.__getitem__, [masked(self, "__getitem__")], (idx,)))
+    mt = masked(self, "__getitem__")
+    _check_int_indices(mt.shape, idx)  # Note [Int indices are checked first]
+    return run(op, Call("getitem", torch.Tensor.__getitem__, [mt], (idx,)))
 
 
 @implements(aten.index.Tensor)
@@ -167,6 +218,7 @@ def _setitem(op: Any, self: Any, idx: Any, value: Any) -> None:
         return
     mt = masked(self, "__setitem__")
     _check_no_masked(idx, "__setitem__")
+    _check_int_indices(mt.shape, idx)  # Note [Int indices are checked first]
     check_supported("setitem", [mt])
     layout = mt._storage.layout
     if torch.Tensor.__getitem__ not in layout.shape_ops:  # Note [Item assignment]

@@ -227,7 +227,7 @@ class _DenseProduct(torch.autograd.Function):
     gradient filled with its mask exactly when its forward was filled, wrapped over the
     factor's storage (its mask and layout); the bias's gradient is the plain column sum.
     So values, masks and gradients are those of the generic route
-    (``tests/test_train_linear.py``), and ``python -m benchmarks.bench_training`` times the
+    (``tests/autograd/test_train_linear.py``), and ``python -m benchmarks.bench_training`` times the
     step. A backward that builds a graph (``create_graph=True``) takes the generic route's
     double backward (Note [Double backward]).
     """

@@ -19,7 +19,7 @@ import torch
 import layouts
 from layouts import Storage
 
-from .._registry import Handler, implements, op_name, way_out
+from .._registry import Handler, aggregates, implements, op_name, way_out
 from .._tensor import MaskedTensor, _wrap
 from . import backward_masks
 
@@ -389,6 +389,7 @@ def resolve(func: Any, args: tuple) -> Handler:
         return backward_masks.plain_fallback  # Note [Ops without a masked kernel in backward]
     masked = [a for a in args if isinstance(a, MaskedTensor)]
     where = ", ".join(sorted({m._storage.layout.name for m in masked})) or "?"
-    ways = way_out(lambda lay: func in lay.unary or func in lay.binary)
+    ways = way_out(lambda lay: func in lay.unary or func in lay.binary,
+                   fill=not aggregates(func))
     raise NotImplementedError(
         f"MaskedTensor[{where}] {op_name(func)}: no kernel for this op; {ways}")

@@ -59,7 +59,7 @@ bias correction, ``lr * sqrt(bc2) / bc1 * m / (sqrt(v) + eps)``, i.e. Adam with
 ``eps * sqrt(bc2)``. The two agree where ``sqrt(v)`` dwarfs ``eps / sqrt(bc2)`` (3.2e-7
 at the first step with ``beta2 = 0.999``); below that -- embedding gradients of ~1e-7, or
 the rare tiny entry of larger ones -- their updates differ by a large fraction of ``lr``
-(``docs/optimizers.md``, ``tests/test_optim_parity.py``). ``Adam`` / ``AdamW`` keep Adam's
+(``docs/optimizers.md``, ``tests/optim/test_optim_parity.py``). ``Adam`` / ``AdamW`` keep Adam's
 placement so that on dense gradients they are the dense torch algorithms; ``SparseAdam`` is
 the drop-in for ``torch.optim.SparseAdam``.
 

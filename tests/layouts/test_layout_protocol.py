@@ -1,0 +1,222 @@
+"""The layout protocol itself: registration checks, the core's ignorance of any particular
+layout, the custom-layout tutorial, and an optimizer that runs unchanged on the layouts
+added through the registry (CSC, BSR)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_masked
+
+import layouts
+import masked_sparse as ms
+from layouts import registry
+from masked_sparse.optim import functional
+
+ROOT = Path(__file__).resolve().parents[2]
+CORE = ROOT / "masked_sparse"
+COO = layouts.get_layout("sparse_coo")
+
+
+# -- registration ---------------------------------------------------------------------------
+def _variant(**changes):
+    return dataclasses.replace(COO, **{"name": "variant", "torch_layout": None, **changes})
+
+
+@pytest.mark.parametrize("primitive", registry._REQUIRED)
+def test_registration_requires_every_primitive(primitive):
+    with pytest.raises(TypeError, match=rf"missing required primitives \['{primitive}'\]"):
+        layouts.register_layout(_variant(**{primitive: None}))
+    with pytest.raises(TypeError, match="missing required primitives"):
+        layouts.register_layout(_variant(**{primitive: "not callable"}))
+    assert "variant" not in [lay.name for lay in layouts.registered_layouts()]
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"format_options": 3}, "format_options must be callable"),
+    ({"unary": [1]}, r"kernel tables \['unary'\] must be mappings"),
+    ({"reduction": None, "conversions": ()}, r"\['reduction', 'conversions'\]"),
+    ({"torch_layout": "sparse_coo"}, "torch_layout must be a torch.layout"),
+    ({"name": ""}, "non-empty str name"),
+])
+def test_registration_checks_the_record(changes, message):
+    with pytest.raises(TypeError, match=message):
+        layouts.register_layout(_variant(**changes))
+    with pytest.raises(TypeError, match="expected a layouts.Layout"):
+        layouts.register_layout("sparse_coo")
+
+
+def test_taken_keys_and_replace():
+    before = layouts.registered_layouts()
+    with pytest.raises(ValueError, match="'sparse_coo' is already registered"):
+        layouts.register_layout(dataclasses.replace(COO, torch_layout=None))
+    with pytest.raises(ValueError, match="torch.sparse_coo is already registered"):
+        layouts.register_layout(dataclasses.replace(COO, name="coo2"))
+    # replace=True takes both keys over, leaving nothing stale; restoring puts COO back.
+    new = layouts.register_layout(dataclasses.replace(COO, name="coo2"), replace=True)
+    try:
+        assert layouts.get_layout(torch.sparse_coo) is new
+        with pytest.raises(NotImplementedError):
+            layouts.get_layout("sparse_coo")
+        assert layouts.registered_layouts().index(new) == before.index(COO)  # same place
+    finally:
+        layouts.register_layout(COO, replace=True)
+    assert layouts.registered_layouts() == before
+    with pytest.raises(NotImplementedError):
+        layouts.get_layout("coo2")
+    assert layouts.get_layout(torch.sparse_coo) is COO
+    with pytest.raises(NotImplementedError):
+        layouts.unregister_layout("never_registered")
+
+
+def test_protocol_is_documented():
+    doc = registry.__doc__
+    for name in registry._REQUIRED + ("format_options",) + registry._TABLES:
+        assert f"``{name}" in doc, name
+    for lay in layouts.registered_layouts():
+        assert lay.name in doc  # the table of layouts
+
+
+# -- the core names no layout ---------------------------------------------------------------
+# torch's own conversion methods are generic handlers that pass their arguments on.
+_ALLOWED = re.compile(r"\bto_sparse_(?:csr|csc|bsr|bsc)\b")
+_FORBIDDEN = re.compile(r"sparse_(?:csc|bsr|bsc)|ccol_indices|row_indices|\bSPARSE_[A-Z]+\b")
+
+
+def _core_files():
+    return sorted(CORE.rglob("*.py"))
+
+
+def test_core_names_no_layout_added_through_the_registry():
+    hits = []
+    for path in _core_files():
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if _FORBIDDEN.search(_ALLOWED.sub("", line)):
+                hits.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not hits, "\n".join(hits)
+    # the check can fail: the layout modules themselves are full of such names
+    assert _FORBIDDEN.search((ROOT / "layouts" / "sparse_csc.py").read_text())
+
+
+def test_core_uses_only_the_public_layouts_api():
+    public = set(layouts.__all__)
+    bad = []
+    for path in _core_files():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and (
+                    node.module == "layouts" or node.module.startswith("layouts.")):
+                names = {a.name for a in node.names}
+                if node.module != "layouts" or not names <= public:
+                    bad.append(f"{path.name}: from {node.module} import {sorted(names)}")
+            elif isinstance(node, ast.Import):
+                bad += [f"{path.name}: import {a.name}" for a in node.names
+                        if a.name.startswith("layouts.")]
+            elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                  and node.value.id == "layouts" and node.attr not in public):
+                bad.append(f"{path.name}:{node.lineno}: layouts.{node.attr}")
+    assert not bad, bad
+
+
+# -- the tutorial ---------------------------------------------------------------------------
+def test_custom_layout_tutorial_runs():
+    path = ROOT / "tutorials" / "custom_layout.py"
+    out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "registered layouts:" in out.stdout
+    assert "agrees with the dense reference" in out.stdout
+
+
+# -- an optimizer written once runs on the registered layouts -------------------------------
+def _reference_adagrad(param, data, mask, steps, lr, weight_decay, eps):
+    """Dense Adagrad applied at the specified entries only (lazy), with torch.where."""
+    p, state = param.clone(), torch.zeros_like(param)
+    for _ in range(steps):
+        g = torch.where(mask, data + weight_decay * p, 0)
+        state = state + g * g
+        p = torch.where(mask, p - lr * g / (state.sqrt() + eps), p)
+    return p, state
+
+
+@pytest.mark.parametrize("form", ["masked_csc", "masked_bsr", "torch_csc", "torch_bsr"])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_functional_adagrad_on_csc_and_bsr_gradients(form, weight_decay):
+    mt, data, mask = make_masked((4, 6), torch.strided, seed=21, density=0.4)
+    grad = {"masked_csc": lambda: mt.to_sparse_csc(),
+            "masked_bsr": lambda: mt.to_sparse_bsr((2, 3)),
+            "torch_csc": lambda: torch.where(mask, data, 0).to_sparse_csc(),
+            "torch_bsr": lambda: torch.where(mask, data, 0).to_sparse_bsr((2, 3))}[form]()
+    dense = torch.where(mask, data, 0)
+    if form == "torch_bsr":
+        # A plain BSR gradient specifies every element of its stored blocks (those torch
+        # stores: the 2 x 3 blocks holding a nonzero).
+        blocks = (dense != 0).reshape(2, 2, 2, 3).any(3).any(1)
+        mask = blocks.repeat_interleave(2, 0).repeat_interleave(3, 1)
+    elif form == "torch_csc":
+        mask = dense != 0  # a plain sparse gradient specifies its stored entries
+    param = torch.linspace(-1, 1, 24).reshape(4, 6)
+    p, state, step = param.clone(), torch.zeros(4, 6), torch.tensor(0.0)
+    for _ in range(3):
+        functional.adagrad([p], [grad], [state], [step], lr=0.1, lr_decay=0.0,
+                           weight_decay=weight_decay, eps=1e-10, maximize=False)
+    ref_p, ref_state = _reference_adagrad(param, dense, mask, 3, 0.1, weight_decay, 1e-10)
+    torch.testing.assert_close(p, ref_p)
+    torch.testing.assert_close(state, ref_state)
+    assert float(step) == 3
+
+
+@pytest.mark.parametrize("layout", ["sparse_csc", "sparse_bsr"])
+def test_adagrad_matches_torch_sparse_adagrad(layout):
+    mt, data, mask = make_masked((6, 6), torch.strided, seed=22, density=0.5)
+    options = {"blocksize": (3, 2)} if layout == "sparse_bsr" else {}
+    grad = ms.to_layout(mt, layout, **options)
+    # torch's own sparse Adagrad on the COO gradient of the same specified entries
+    ref = torch.nn.Parameter(torch.ones(6, 6))
+    opt = torch.optim.Adagrad([ref], lr=0.5)
+    p, state, step = torch.ones(6, 6), torch.zeros(6, 6), torch.tensor(0.0)
+    for _ in range(4):
+        ref.grad = torch.sparse_coo_tensor(mask.nonzero().t(), data[mask], (6, 6))
+        opt.step()
+        functional.adagrad([p], [grad], [state], [step], lr=0.5, lr_decay=0.0,
+                           weight_decay=0.0, eps=1e-10, maximize=False)
+    torch.testing.assert_close(p, ref.detach())
+
+
+def test_adagrad_class_on_csc_and_bsr_gradients_matches_strided():
+    base, _, _ = make_masked((4, 6), torch.strided, seed=23, density=0.5)
+    results = {}
+    for layout, options in [("strided", {}), ("sparse_csc", {}),
+                            ("sparse_bsr", {"blocksize": (2, 2)})]:
+        p = torch.nn.Parameter(torch.ones(4, 6))
+        opt = ms.optim.Adagrad([p], lr=0.1, weight_decay=0.01)
+        for _ in range(3):
+            p.grad = ms.to_layout(base, layout, **options)
+            opt.step()
+        results[layout] = p.detach()
+    torch.testing.assert_close(results["sparse_csc"], results["strided"])
+    torch.testing.assert_close(results["sparse_bsr"], results["strided"])
+    assert not torch.equal(results["strided"], torch.ones(4, 6))
+
+
+def test_the_core_compares_no_layout_name():
+    import ast
+    import pathlib
+
+    names = {"strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr"}
+    root = pathlib.Path(ms.__file__).parent
+    found = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(
+                    isinstance(c, ast.Constant) and c.value in names
+                    for c in (node.left, *node.comparators)):
+                found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, found
