@@ -21,6 +21,12 @@ Use (from any test folder: ``tests`` is on the path)::
         mt = ...; torch.sum(mt, 1)  # warm: index facts built (a first call may sync)
         with no_host_sync(mt.device):
             torch.sum(mt, 1)
+
+:func:`forbid_host_sync` raises :class:`HostSyncError` at the syncing call itself instead
+(``allowed``: CPU tensors whose reads are no device sync, an optimizer's step counters).
+
+>>> with forbid_host_sync():
+...     _ = torch.arange(3.0) * 2
 """
 
 from __future__ import annotations
@@ -53,6 +59,9 @@ SYNCING = {
     aten.unique_dim_consecutive.default: "unique_consecutive",
     aten.masked_select.default: "masked_select",
     aten.bincount.default: "bincount (its length is read from the data)",
+    aten._coalesce.default: "coalesce (its nnz is read from the data)",
+    aten._to_sparse.default: "to_sparse (its nnz is read from the data)",
+    aten._to_sparse_csr.default: "to_sparse_csr (its nnz is read from the data)",
 }
 _REPEAT = {aten.repeat_interleave.Tensor, aten.repeat_interleave.self_Tensor}
 _INDEX = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default,
@@ -88,22 +97,31 @@ def _why(func: Any, args: tuple, kwargs: dict) -> str | None:
     return None
 
 
+class HostSyncError(AssertionError):
+    """An op that would sync a device with the host ran under :func:`forbid_host_sync`."""
+
+
 class HostSyncCheck(TorchDispatchMode):
     """Records the aten calls of :data:`SYNCING` (and their kin) made while active, with
-    where the library made them. Observes only: the route the library takes is the one it
-    takes without this mode (Note [Observing modes])."""
+    where the library made them (``strict``: raises :class:`HostSyncError` at the call).
+    Reading one of ``allowed`` (CPU tensors) is no device sync. Observes only: the route the
+    library takes is the one it takes without this mode (Note [Observing modes])."""
 
     observes_only = True
 
-    def __init__(self) -> None:
+    def __init__(self, allowed: tuple[torch.Tensor, ...] = (), strict: bool = False) -> None:
         super().__init__()
         self.found: list[str] = []
+        self.allowed, self.strict = {id(t) for t in allowed}, strict
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         why = _why(func, args, kwargs)
-        if why is not None:
+        if why is not None and not (func is aten._local_scalar_dense.default
+                                    and id(args[0]) in self.allowed):
             self.found.append(f"{why}: {func} at {_where()}")
+            if self.strict:
+                raise HostSyncError(f"{func} syncs the host ({why}) at {_where()}")
         return func(*args, **kwargs)
 
 
@@ -141,6 +159,15 @@ def no_host_sync(device: torch.device | str | None = None) -> Iterator[HostSyncC
     if check.found:
         raise AssertionError("the device path synced with the host:\n  "
                              + "\n  ".join(dict.fromkeys(check.found)))
+
+
+@contextlib.contextmanager
+def forbid_host_sync(allowed: tuple[torch.Tensor, ...] = ()) -> Iterator[HostSyncCheck]:
+    """Raise :class:`HostSyncError` on any syncing aten op inside the block, where it is
+    made; reading one of ``allowed`` (CPU tensors such as an optimizer's step counters) is
+    no device sync."""
+    with HostSyncCheck(allowed, strict=True) as check:
+        yield check
 
 
 @pytest.fixture
