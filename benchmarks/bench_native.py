@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 import layouts._native as native
-from layouts._grouping import start
+from layouts._fill import start
 
 TITLE = "Native full reductions (kernel only)"
 Case = tuple[str, Callable[[], Any], dict[str, Any], dict[str, float]]

@@ -9,8 +9,11 @@ computes). Batch 256 and 64, weights in CSR and strided. Targets (ratio = masked
 
 **Optimizer step.** ``ms.optim`` over the same MLP's strided masked weights (90% masked) and
 plain biases, with the gradients of one backward, against the ``torch.optim`` class with
-``foreach=True`` on the dense weights and biases. Target: <= 1.2x. Every step mutates the
-weights and the states; the work per step does not depend on their values.
+``foreach=True`` on the dense weights and biases. Target: <= 1.2x. A second row per
+optimizer gives each weight's gradient a mask equal to the weight's but another tensor (as
+after a collective, or a gradient set by hand; Note [Equal masks without a host sync]).
+Every step mutates the weights and the states; the work per step does not depend on their
+values.
 
 Run by hand: ``python -m benchmarks.bench_training [--quick]`` (one thread, medians of
 paired rounds), or as part of ``python -m benchmarks``.
@@ -105,12 +108,17 @@ def _stepper(opt: torch.optim.Optimizer) -> Callable[[], None]:
 
 
 def _with_grads(weights: list, masks: list, biases: list, x: torch.Tensor, y: torch.Tensor,
-                masked: bool) -> list:
-    """Fresh parameters of the MLP (its own per optimizer) holding one backward's gradients."""
+                masked: bool, equal_mask: bool = False) -> list:
+    """Fresh parameters of the MLP (its own per optimizer) holding one backward's gradients;
+    with ``equal_mask`` each weight's gradient is over a copy of the weight's mask."""
     w = (masked_params(weights, masks, torch.strided) if masked
          else [torch.nn.Parameter(t.clone()) for t in weights])
     b = [torch.nn.Parameter(t.clone()) for t in biases]
     F.cross_entropy(forward(x, w, b, None if masked else masks), y).backward()
+    if equal_mask:
+        for p in w:
+            s = p.grad._storage
+            p.grad = ms.masked_tensor(s.values, s.mask.clone())
     return w + b
 
 
@@ -119,12 +127,14 @@ def optimizer_cases(quick: bool = False) -> list[tuple]:
     x, y = torch.randn(256, SIZES[0]), torch.randint(SIZES[-1], (256,))
     out = []
     for name, kwargs in OPTIMIZERS.items():
-        mine = getattr(ms.optim, name)(_with_grads(weights, masks, biases, x, y, True),
-                                       **kwargs)
-        theirs = getattr(torch.optim, name)(_with_grads(weights, masks, biases, x, y, False),
-                                            foreach=True, **kwargs)
-        out.append((f"{name} step, strided 90% masked MLP weights", _stepper(mine),
-                    {"torch foreach": _stepper(theirs)}, {"torch foreach": OPT_TARGET}))
+        for equal_mask in (False, True):
+            mine = getattr(ms.optim, name)(
+                _with_grads(weights, masks, biases, x, y, True, equal_mask), **kwargs)
+            theirs = getattr(torch.optim, name)(
+                _with_grads(weights, masks, biases, x, y, False), foreach=True, **kwargs)
+            label = ", gradient mask equal but another tensor" if equal_mask else ""
+            out.append((f"{name} step, strided 90% masked MLP weights{label}", _stepper(mine),
+                        {"torch foreach": _stepper(theirs)}, {"torch foreach": OPT_TARGET}))
     return out
 
 

@@ -6,13 +6,18 @@ faster; each time is the median of rounds, every round between two
 ``torch.cuda.synchronize()`` calls on CUDA):
 
 - reductions of 1M and 10M stored entries (5% dense matrices, half of the stored entries
-  specified): ``sum`` / ``amax`` / ``mean`` along each dim, CSR and COO, against the dense
-  ``torch.where`` workaround, torch's sparse op where torch has one, and the fastest raw
-  kernel over the specified values among ``segment_reduce`` / ``scatter_reduce`` /
-  ``index_add`` (``index_reduce`` for extremes) -- printed as the winner per op, the figure
-  that chooses the kernel a device's reductions should use;
-- softmax along each dim (1M entries) against the ``-inf`` dense recipe and
-  ``torch.sparse.softmax``;
+  specified): ``sum`` / ``mean`` / ``amax`` / ``var`` / ``logsumexp`` / ``argmax`` along
+  each dim, CSR and COO, against the dense ``torch.where`` workaround, torch's sparse op
+  where torch has one, and the fastest raw kernel over the specified values --
+  ``segment_reduce`` (over the row pointers; along dim 0 over the column order, its gather
+  timed), ``scatter_reduce``, ``index_add`` (``index_reduce`` for extremes) -- each
+  composed into the op the way the library composes it (target <= 1.5x);
+- full reductions (every dim) against the raw op on the values (<= 1.2x);
+- softmax / log_softmax along each dim (1M entries) against the ``-inf`` dense recipe
+  (<= 2x) and ``torch.sparse.softmax`` / ``log_softmax`` (<= 1x);
+- the table of raw kernels the library should take on this device, in the form of
+  ``layouts/kernels/_device_table.py`` (Note [The device table]): the fastest of the
+  kernels the library implements per (op, kind of groups) and size, to paste there;
 - a pruned MLP train step (784-512-512-10, 90% of each weight masked, CSR weights) against
   the dense ``W * M`` step;
 - attention with a key padding mask against ``scaled_dot_product_attention`` and the
@@ -50,7 +55,12 @@ import masked_sparse as ms  # noqa: E402
 
 Fn = Callable[[], Any]
 RAW = ("segment_reduce", "scatter_reduce", "index_add")
-OPS = ("sum", "amax", "mean")
+OPS = ("sum", "mean", "amax", "var", "logsumexp", "argmax")
+#: the raw kernels the library implements per table op (Note [The device table]): the
+#: benchmark's name -> the table's
+LIBRARY_KERNELS = {"sum": {"segment_reduce": "segment", "index_add": "index_add",
+                           "scatter_reduce": "scatter"},
+                   "amax": {"segment_reduce": "segment", "scatter_reduce": "scatter"}}
 DENSITY, SPECIFIED = 0.05, 0.5
 warnings.filterwarnings("ignore", r"index_reduce\(\) is in beta")
 
@@ -142,23 +152,39 @@ def matrix(nnz: int, device: torch.device, seed: int = 0) -> dict[str, Any]:
 
 
 # -- reductions -----------------------------------------------------------------------------
-def masked_op(op: str, mt: Any, dim: int) -> Fn:
-    if op == "mean":
-        return lambda: mt.mean(dim)
+def masked_op(op: str, mt: Any, dim: int | None) -> Fn:
+    """The masked op as a user writes it (``dim=None``: over every dim)."""
+    if op == "logsumexp":
+        return lambda: torch.logsumexp(mt, (0, 1) if dim is None else dim)
+    if dim is None:
+        return lambda: getattr(torch, op)(mt)
     return lambda: getattr(torch, op)(mt, dim)
 
 
 def dense_op(op: str, m: dict[str, Any], dim: int) -> Fn:
+    """The dense workaround: the masked op through ``torch.where`` on the dense matrix."""
     d, k = m["dense"], m["dmask"]
     if op == "sum":
         return lambda: torch.where(k, d, 0).sum(dim)
     if op == "amax":
         return lambda: torch.where(k, d, -math.inf).amax(dim)
+    if op == "argmax":
+        return lambda: torch.where(k, d, -math.inf).argmax(dim)
+    if op == "logsumexp":
+        return lambda: torch.where(k, d, -math.inf).logsumexp(dim)
+    if op == "var":
+        def var() -> torch.Tensor:
+            count = k.sum(dim)
+            mean = torch.where(k, d, 0).sum(dim) / count
+            dev = torch.where(k, d - mean.unsqueeze(dim), 0)
+            return (dev * dev).sum(dim) / (count - 1)
+        return var
     return lambda: torch.where(k, d, 0).sum(dim) / k.sum(dim)
 
 
-def torch_sparse_op(op: str, m: dict[str, Any], layout: str, dim: int) -> Fn:
-    """torch's own sparse op on the specified entries (what torch has of it)."""
+def torch_sparse_op(op: str, m: dict[str, Any], layout: str, dim: int) -> Fn | str:
+    """torch's own sparse op on the specified entries (what torch has of it), else why
+    not."""
     t = m["spec_csr"] if layout == "csr" else m["spec_coo"]
     if op == "sum":
         if layout == "csr":  # torch reduces a CSR tensor along a dim only with keepdim
@@ -166,48 +192,91 @@ def torch_sparse_op(op: str, m: dict[str, Any], layout: str, dim: int) -> Fn:
         return lambda: torch.sparse.sum(t, dim)
     if op == "amax":
         return lambda: torch.amax(t, dim)
-    return lambda: torch.mean(t, dim)
+    if op == "mean":
+        return lambda: torch.mean(t, dim)
+    return f"torch has no sparse {op}"
+
+
+def _grouped(kernel: str, x: torch.Tensor, how: str, group: torch.Tensor, n: int,
+             order: torch.Tensor | None, offsets: torch.Tensor) -> torch.Tensor:
+    """``x`` reduced per group (``how`` "sum", "amax", "amin") by one raw kernel."""
+    if kernel == "segment_reduce":
+        x = x if order is None else x[order]  # (the column order's gather is timed)
+        return torch.segment_reduce(x, {"sum": "sum", "amax": "max", "amin": "min"}[how],
+                                    offsets=offsets, unsafe=True)
+    start = 0.0 if how == "sum" else -math.inf if how == "amax" else math.inf
+    out = x.new_full((n,), start)
+    if kernel == "scatter_reduce":
+        return out.scatter_reduce_(0, group, x, how)
+    if how == "sum":
+        return out.index_add_(0, group, x)
+    return out.index_reduce_(0, group, x, how)
 
 
 def raw_ops(op: str, m: dict[str, Any], dim: int) -> dict[str, Fn]:
-    """The raw kernels over the stored values, unspecified ones filled with the op's
-    identity inside the timed call (as masked_sparse must); the group index, pointers and
-    the column-major order for ``segment_reduce`` along dim 0 are computed once outside (as
-    masked_sparse caches them per index)."""
+    """The raw kernels over the stored values, each composed into ``op`` the way the library
+    composes it (unspecified values filled with the op's identity inside the timed call, as
+    masked_sparse must); the group index, pointers and the column order for
+    ``segment_reduce`` along dim 0 are computed once outside (as masked_sparse keeps them
+    per index)."""
     v, k = m["values"], m["mask"]
     rows, cols = m["shape"]
     group = m["rows"] if dim == 1 else m["cols"]
-    n_groups = rows if dim == 1 else cols
+    coord = m["cols"] if dim == 1 else m["rows"]  # the position along the reduced dim
+    n = rows if dim == 1 else cols
     order = None if dim == 1 else torch.argsort(m["cols"], stable=True)
-    counts = torch.bincount(group, minlength=n_groups)
+    counts = torch.zeros(n, dtype=torch.long, device=v.device).index_add_(
+        0, group, torch.ones_like(group))
     offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-    fill = -math.inf if op == "amax" else 0.0
+    kf = k.to(v.dtype)
 
-    def filled() -> torch.Tensor:
-        x = torch.where(k, v, fill)
-        return x if order is None else x[order]
+    def composed(kernel: str) -> Fn:
+        def red(x: torch.Tensor, how: str = "sum") -> torch.Tensor:
+            return _grouped(kernel, x, how, group, n, order, offsets)
 
-    def count() -> torch.Tensor:  # the specified elements per group, for the mean
-        return k.to(v.dtype).new_zeros(n_groups).index_add_(0, group, k.to(v.dtype))
+        def run() -> torch.Tensor:
+            if op == "sum":
+                return red(torch.where(k, v, 0))
+            if op == "mean":
+                return red(torch.where(k, v, 0)) / red(kf)
+            if op == "amax":
+                return red(torch.where(k, v, -math.inf), "amax")
+            if op == "var":
+                count = red(kf)
+                mean = red(torch.where(k, v, 0)) / count
+                dev = torch.where(k, v - mean[group], 0)
+                return red(dev * dev) / (count - 1)
+            top = red(torch.where(k, v, -math.inf), "amax")
+            if op == "logsumexp":
+                shifted = torch.where(k, v - top[group], -math.inf)
+                return red(shifted.exp()).log() + top
+            hit = k & (v == top[group])  # argmax: the first position of the maximum
+            return red(torch.where(hit, coord.to(v.dtype), math.inf), "amin").long()
+        return run
 
-    def segment() -> torch.Tensor:
-        out = torch.segment_reduce(filled(), "max" if op == "amax" else "sum", offsets=offsets)
-        return out / count() if op == "mean" else out
+    return {name: composed(name) for name in RAW}
 
-    def scatter() -> torch.Tensor:
-        x = torch.where(k, v, fill)
-        start = v.new_full((n_groups,), fill)
-        out = start.scatter_reduce_(0, group, x, "amax" if op == "amax" else "sum")
-        return out / count() if op == "mean" else out
 
-    def index() -> torch.Tensor:
-        x = torch.where(k, v, fill)
-        if op == "amax":
-            return v.new_full((n_groups,), fill).index_reduce_(0, group, x, "amax")
-        out = v.new_zeros(n_groups).index_add_(0, group, x)
-        return out / count() if op == "mean" else out
+def full_ops(op: str, m: dict[str, Any]) -> Fn:
+    """The raw op on the stored values (a full reduction's floor)."""
+    v, k = m["values"], m["mask"]
+    if op == "sum":
+        return lambda: torch.where(k, v, 0).sum()
+    if op == "mean":
+        return lambda: torch.where(k, v, 0).sum() / k.sum()
+    if op == "amax":
+        return lambda: torch.where(k, v, -math.inf).amax()
+    if op == "argmax":
+        return lambda: torch.where(k, v, -math.inf).argmax()
+    if op == "logsumexp":
+        return lambda: torch.logsumexp(torch.where(k, v, -math.inf), 0)
 
-    return dict(zip(RAW, (segment, scatter, index)))
+    def var() -> torch.Tensor:
+        x = torch.where(k, v, 0)
+        count = k.sum()
+        dev = torch.where(k, v - x.sum() / count, 0)
+        return (dev * dev).sum() / (count - 1)
+    return var
 
 
 def reductions(timer: Timer, device: torch.device, sizes: tuple[int, ...]) -> list[dict]:
@@ -223,12 +292,57 @@ def reductions(timer: Timer, device: torch.device, sizes: tuple[int, ...]) -> li
                     winner = min(ok, key=lambda name: ok[name]["s"]) if ok else None
                     out.append({
                         "case": f"{layout} nnz={_size(m['nnz'])} {op}(dim={dim})",
+                        "op": op, "dim": dim, "nnz": m["nnz"],
                         "masked": mine, "dense": timed(timer, dense_op(op, m, dim)),
                         "torch.sparse": timed(timer, torch_sparse_op(op, m, layout, dim)),
                         "raw": raw, "winner": winner,
                         "best raw": ok[winner] if winner else {"why": "none ran"}})
         del m
     return out
+
+
+def full_reductions(timer: Timer, device: torch.device, nnz: int) -> list[dict]:
+    m = matrix(nnz, device, seed=2)
+    out = []
+    for layout in ("csr", "coo"):
+        for op in OPS:
+            out.append({"case": f"{layout} nnz={_size(m['nnz'])} {op}()",
+                        "masked": timed(timer, masked_op(op, m[layout], None)),
+                        "raw op": timed(timer, full_ops(op, m))})
+    return out
+
+
+def device_table(rows: list[dict], device: torch.device) -> list[str]:
+    """The ``TABLE`` rows of ``layouts/kernels/_device_table.py`` these measurements give:
+    per table op (sum; amax, which amin and prod follow) and kind of groups (dim 1: the
+    stored lines, ``"lines"``; dim 0: across them, ``"scatter"``), the fastest kernel the
+    library implements at each size (votes over the layouts), switching at the geometric
+    mean of two measured sizes."""
+    lines = []
+    for op, kernels in LIBRARY_KERNELS.items():
+        for dim, kind in ((1, "lines"), (0, "scatter")):
+            by_size: dict[int, dict[str, float]] = {}
+            for r in rows:
+                if r["op"] != op or r["dim"] != dim:
+                    continue
+                for name, table_name in kernels.items():
+                    if "s" in r["raw"][name]:
+                        totals = by_size.setdefault(r["nnz"], {})
+                        totals[table_name] = totals.get(table_name, 0.0) + r["raw"][name]["s"]
+            entries: list[tuple[int, str]] = []
+            previous = None
+            for size in sorted(by_size):
+                best = min(by_size[size], key=by_size[size].get)
+                if not entries or best != entries[-1][1]:
+                    at = 0 if previous is None else int(math.sqrt(previous * size))
+                    entries.append((at, best))
+                previous = size
+            if not entries:
+                continue
+            for name in (op,) if op == "sum" else ("amax", "amin", "prod"):
+                cells = ", ".join(f'({at}, "{best}")' for at, best in entries)
+                lines.append(f'    ("{name}", "{kind}"): {{"{device.type}": ({cells},)}},')
+    return lines
 
 
 def _size(n: int) -> str:
@@ -239,15 +353,17 @@ def _size(n: int) -> str:
 def softmaxes(timer: Timer, device: torch.device, nnz: int) -> list[dict]:
     m = matrix(nnz, device, seed=1)
     out = []
-    for layout in ("csr", "coo"):
-        for dim in (0, 1):
-            d = m["dense"].masked_fill(~m["dmask"], -math.inf)
-            out.append({
-                "case": f"{layout} nnz={_size(m['nnz'])} softmax(dim={dim})",
-                "masked": timed(timer, lambda mt=m[layout], dim=dim: torch.softmax(mt, dim)),
-                "dense": timed(timer, lambda d=d, dim=dim: torch.softmax(d, dim)),
-                "torch.sparse": timed(timer, lambda dim=dim: torch.sparse.softmax(
-                    m["spec_coo"], dim))})
+    for name in ("softmax", "log_softmax"):
+        fn, sparse_fn = getattr(torch, name), getattr(torch.sparse, name)
+        for layout in ("csr", "coo"):
+            for dim in (0, 1):
+                d = m["dense"].masked_fill(~m["dmask"], -math.inf)
+                out.append({
+                    "case": f"{layout} nnz={_size(m['nnz'])} {name}(dim={dim})",
+                    "masked": timed(timer, lambda mt=m[layout], dim=dim, fn=fn: fn(mt, dim)),
+                    "dense": timed(timer, lambda d=d, dim=dim, fn=fn: fn(d, dim)),
+                    "torch.sparse": timed(timer, lambda dim=dim, f=sparse_fn: f(
+                        m["spec_coo"], dim))})
     return out
 
 
@@ -421,7 +537,7 @@ def winners(rows: list[dict]) -> list[str]:
 def report(device: torch.device, tests: str | None, sections: dict[str, Any]) -> str:
     """The Markdown report; a section not (yet) run reads "not run"."""
     missing = ["not run (the run stopped before it)"]
-    sections = {"reductions": [], "softmax": [], "errors": {}, **sections}
+    sections = {"reductions": [], "softmax": [], "full": [], "errors": {}, **sections}
     out = [f"# masked_sparse on {device.type.upper()}", "",
            "Written by `python -m benchmarks.gpu` (see its docstring). Ratio = masked_sparse's "
            "time / the baseline's: below 1 means masked_sparse is faster. Medians of 5 "
@@ -434,11 +550,18 @@ def report(device: torch.device, tests: str | None, sections: dict[str, Any]) ->
     if failed:
         out += ["## Tests that failed on the device", "", *failed, ""]
     red = sections["reductions"]
+    table_rows = device_table(red, device) if red else []
     out += ["## Reductions", "",
             *(table(red, ("dense", "torch.sparse", "best raw")) if red else missing), "",
             "### Raw kernels over the specified values", "",
             *(raw_table(red) if red else missing), "",
             "Fastest per op (votes over sizes and layouts):", "", *winners(red), "",
+            "### Table for layouts/kernels/_device_table.py", "",
+            "The fastest kernel the library implements per (op, kind) and size (Note [The "
+            "device table]); these rows go into `TABLE` for this device:", "",
+            *(["```python", *table_rows, "```"] if table_rows else missing), "",
+            "## Full reductions", "",
+            *(table(sections["full"], ("raw op",)) if sections.get("full") else missing), "",
             "## Softmax", "",
             *(table(sections["softmax"], ("dense", "torch.sparse")) if sections["softmax"]
               else missing), "",
@@ -466,6 +589,7 @@ def run(device: torch.device, quick: bool, tests: str | None = None,
     errors: dict[str, str] = {}
     sections["errors"] = errors
     steps = [("reductions", lambda: reductions(timer, device, sizes)),
+             ("full", lambda: full_reductions(timer, device, soft)),
              ("softmax", lambda: softmaxes(timer, device, soft)),
              ("mlp", lambda: mlp_step(timer, device, batch)),
              ("attention", lambda: attention(timer, device, *att)),

@@ -22,16 +22,23 @@ from . import sparse_csc  # noqa: F401
 
 # isort: split
 from . import (
-    _custom_ops,  # noqa: F401  (registers torch.ops.masked_sparse.*)
+    kernels,  # the kernel families (registers torch.ops.masked_sparse.*)
     sparse_bsr,  # noqa: F401
 )
-from ._grouping import _BITS as SAME_WIDTH_INT  # dtype -> the integer dtype of its bits
-from ._grouping import Grouping, fill_unspecified, identity, plain_eager, zero_unspecified
+from ._fill import (
+    SAME_WIDTH_INT,  # dtype -> the integer dtype of its bits
+    broadcast_part,
+    fill_unspecified,
+    identity,
+    plain_eager,
+    zero_unspecified,
+)
+from ._grouping import Grouping
 from ._index import all_true, linearize
-from ._kernels import node_backward
 from ._linalg import sparse_mm, sparse_sparse_mm, specified_lines
 from ._lines import Lines, lines_along
 from ._native import NativeKernelsWarning
+from ._native import disabled as native_disabled
 from ._native import status as native_status
 from ._reduce_sparse import group_by
 from ._sampled import sampled_mm
@@ -56,8 +63,11 @@ from .registry import (
     unregister_layout,
 )
 
+node_backward = kernels.node_backward
+
 __all__ = [
     "all_true",
+    "broadcast_part",
     "Grouping",
     "Kernel",
     "Layout",
@@ -72,12 +82,14 @@ __all__ = [
     "fill_unspecified",
     "identity",
     "get_layout",
+    "kernels",
     "read_at",
     "read_broadcast",
     "sampled_mm",
     "group_by",
     "lines_along",
     "linearize",
+    "native_disabled",
     "native_status",
     "node_backward",
     "plain_eager",

@@ -40,9 +40,10 @@ import torch
 from ._index import crow_from_rows, linearize, lookup, rows_from_crow
 from ._linalg import compressed_mask_any, compressed_mm
 from ._lines import compressed_lines
-from ._reduce_sparse import CompressedGrouping, masked_arg
+from ._reduce_sparse import CompressedGrouping
 from ._shape_compressed import shape_ops
 from ._validate import first_unsorted_in_lines
+from .kernels.arg_extreme import masked_arg
 from .registry import Layout, Storage, get_layout, takes_layout
 
 

@@ -24,12 +24,13 @@ def all_true(like: torch.Tensor) -> torch.Tensor:
 
 
 def linearize(coords: torch.Tensor | Sequence[torch.Tensor],
-              shape: Sequence[int]) -> torch.Tensor:
+              shape: Sequence[int], device: torch.device | None = None) -> torch.Tensor:
     """Row-major linear position of each element, from its coordinates along ``shape``.
 
     ``coords`` is a ``(ndim, nnz)`` index tensor or a sequence of ``ndim`` broadcastable
-    coordinate tensors. The one row-major key of the package: every sort, lookup and
-    grouping by position goes through it.
+    coordinate tensors (``device``: the device of the 0-d result of an empty sequence,
+    where there is no coordinate to take it from). The one row-major key of the package:
+    every sort, lookup and grouping by position goes through it.
 
     >>> linearize(torch.tensor([[0, 1], [2, 0]]), (2, 4)).tolist()
     [2, 4]
@@ -37,7 +38,7 @@ def linearize(coords: torch.Tensor | Sequence[torch.Tensor],
     if len(coords) == 0:  # no dim: every element is at position 0
         if isinstance(coords, torch.Tensor):
             return torch.zeros(coords.shape[1], dtype=torch.long, device=coords.device)
-        return torch.zeros((), dtype=torch.long)
+        return torch.zeros((), dtype=torch.long, device=device)
     key = coords[0].long()
     for c, n in zip(coords[1:], shape[1:]):
         key = key * n + c

@@ -41,8 +41,9 @@ from typing import Any
 
 import torch
 
-from . import _kernels
-from ._index import linearize, rows_from_crow, sort_key
+from ._index import cached, crow_from_rows, linearize, rows_from_crow, sort_key
+from .kernels._groups import column_order
+from .kernels.cumsum import cumsum_lines
 from .registry import Storage, get_layout
 
 SCANS = ("cumsum", "cumprod", "cummax", "cummin", "logcumsumexp")
@@ -174,53 +175,65 @@ class SparseLines(Lines):
     blocks hold < 2 nnz slots, at one torch call per bucket. Short rows also sort faster
     than one long array (n log(width) instead of n log(nnz)).
 
-    ``cumsum`` on CPU runs the native running sum per line (``_kernels.cumsum_lines``:
-    torch.cumsum's bits, with or without autograd; its backward, the reverse running sum
-    along the same lines, is the same kernel on the flipped lines); while torch.compile
-    traces, the custom op ``masked_sparse::cumsum_lines`` on ``offsets`` (the same kernel;
-    along a CSR's rows the layout's own pointers, so the graph needs no size that depends
-    on the data). Elsewhere, ``cumsum`` of float32 (or narrower) values runs the torch ops
-    of ``_kernels.segmented_cumsum`` (in float64, no padding, no line reading another:
-    Note [Segmented running sum]); of integers, one running sum in int64 with the sum of
-    the previous line subtracted at each line's first value (exact: modular arithmetic).
-    float64 and complex values pad (torch.cumsum's own bits per line: a float64 running
-    total would carry the earlier lines' rounding into a line).
+    ``cumsum`` of real floating values is the cumsum family (``layouts.kernels.cumsum``,
+    Note [The cumsum family]) over the line pointers ``offsets``: on CPU the native running
+    sum per line (torch.cumsum's bits, with or without autograd; its backward, the reverse
+    running sum along the same lines, is the same kernel on the flipped lines), elsewhere
+    the segmented scan of torch ops (Note [Segmented running sum]: no padding, no line
+    reading another, no host sync); while torch.compile traces, the op
+    ``masked_sparse::cumsum_lines`` (along a CSR's rows the layout's own pointers, so the
+    graph needs no size that depends on the data). A 2-D matrix's lines come from
+    pointers kept per index tensor (Note [Lines from pointers]). ``cumsum`` of integers is
+    one running sum in int64 with the sum of the previous line subtracted at each line's
+    first value (exact: modular arithmetic); complex values pad (torch.cumsum's own bits
+    per line).
     """
 
     def __init__(self, original: Storage, coo: Any, dim: int,
-                 offsets: torch.Tensor | None = None, coord: torch.Tensor | None = None,
-                 indices: Any = None) -> None:
+                 offsets: torch.Tensor | None = None, coord: Any = None,
+                 indices: Any = None, order: torch.Tensor | None = None,
+                 nnz: int | None = None) -> None:
         self.source, self.dim = original, dim
         self._coo, self._indices, self._rank, self._inverse = coo, None, None, None
         self._indices_fn = indices
         self._lengths: torch.Tensor | None = None
         self._starts: torch.Tensor | None = None
         self._offsets = offsets
-        self.order: torch.Tensor | None = None
-        if offsets is not None:  # given by the layout (CSR rows): storage order, no COO
-            self.same_order, self.coord = True, coord
+        self.order: torch.Tensor | None = order
+        self._coord = coord
+        if offsets is not None:  # given by the layout (Note [Lines from pointers]): no COO
+            self.same_order = True
+            self.nnz = int(coord.numel()) if nnz is None else nnz
+            return
+        coo = self.coo
+        (indices,) = coo.index
+        self.same_order = coo.values is original.values  # CSR's COO keeps the order
+        sd = indices.shape[0]
+        others = [d for d in range(sd) if d != dim]
+        shape = tuple(coo.shape)
+        if len(others) == 1:
+            key = indices[others[0]]
+        elif others:
+            key = linearize(indices[others], tuple(shape[d] for d in others))
         else:
-            coo = self.coo
-            (indices,) = coo.index
-            self.same_order = coo.values is original.values  # CSR's COO keeps the order
-            sd = indices.shape[0]
-            others = [d for d in range(sd) if d != dim]
-            shape = tuple(coo.shape)
-            if len(others) == 1:
-                key = indices[others[0]]
-            elif others:
-                key = linearize(indices[others], tuple(shape[d] for d in others))
-            else:
-                key = torch.zeros(indices.shape[1], dtype=torch.long, device=indices.device)
-            if dim != sd - 1:  # unique keys: any sort orders them
-                self.order = torch.argsort(sort_key(key * shape[dim] + indices[dim],
-                                                    math.prod(shape[:sd])))
-                indices = indices.index_select(1, self.order)
-                key = key.index_select(0, self.order)
-            self._indices = indices
-            self.coord = indices[dim]
-            self._lengths = torch.unique_consecutive(key, return_counts=True)[1]
-        self.nnz = int(self.coord.numel())
+            key = torch.zeros(indices.shape[1], dtype=torch.long, device=indices.device)
+        if dim != sd - 1:  # unique keys: any sort orders them
+            self.order = torch.argsort(sort_key(key * shape[dim] + indices[dim],
+                                                math.prod(shape[:sd])))
+            indices = indices.index_select(1, self.order)
+            key = key.index_select(0, self.order)
+        self._indices = indices
+        self._coord = indices[dim]
+        self._lengths = torch.unique_consecutive(key, return_counts=True)[1]
+        self.nnz = int(indices.shape[1])
+
+    @property
+    def coord(self) -> torch.Tensor:
+        """Each element's coordinate along ``dim`` (line order), built on first use where
+        the layout gives it as a function (only cummax / cummin and sorts read it)."""
+        if callable(self._coord):
+            self._coord = self._coord()
+        return self._coord
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -243,7 +256,8 @@ class SparseLines(Lines):
         too): all a running sum per line needs, sized from the index alone, so a compiled
         ``cumsum`` along CSR rows traces without a data-dependent size."""
         if self._offsets is None:
-            self._offsets = torch.cat([self.starts, self.starts.new_tensor([self.nnz])])
+            end = torch.full((1,), self.nnz, dtype=self.starts.dtype, device=self.starts.device)
+            self._offsets = torch.cat([self.starts, end])
         return self._offsets
 
     @property
@@ -266,7 +280,7 @@ class SparseLines(Lines):
     def rank(self) -> torch.Tensor:
         """Each element's slot in its line (line order)."""
         if self._rank is None:
-            self._rank = torch.arange(self.nnz, device=self.coord.device) - \
+            self._rank = torch.arange(self.nnz, device=self.lengths.device) - \
                 torch.repeat_interleave(self.starts, self.lengths, output_size=self.nnz)
         return self._rank
 
@@ -345,14 +359,13 @@ class SparseLines(Lines):
         return out, extra
 
     def _restarting_sum(self, v: torch.Tensor) -> torch.Tensor | None:
-        """The cumsum of each line by one running sum (Note [Padded lines]), or None: in one
-        native pass where it applies (a running sum per line, torch.cumsum's bits)."""
-        native = _kernels.cumsum_lines(v, self.offsets)
-        if native is not None:
-            return native
-        if v.dtype in (torch.float32, torch.float16, torch.bfloat16):
-            return _kernels.segmented_cumsum(v, self.offsets)
-        if v.is_floating_point() or v.is_complex():
+        """The cumsum of each line by one running sum (Note [Padded lines]), or None: for
+        real floating values the cumsum family (Note [The cumsum family]: one native pass
+        on CPU, torch.cumsum's bits; the segmented scan of torch ops elsewhere)."""
+        out = cumsum_lines(v, self.offsets)
+        if out is not None:
+            return out
+        if v.is_complex():
             return None
         wide = v.to(torch.int64)
         if self.lengths.numel() > 1:
@@ -452,22 +465,49 @@ class SparseLines(Lines):
 
 
 def compressed_lines(storage: Storage, dim: int, axis: int) -> Lines:
-    """The ``lines`` kernel of CSR (``axis=0``) and CSC (``axis=1``): along
-    the uncompressed dim, the stored lines are the lines, in storage order (no COO copy)."""
-    if dim != 1 - axis:
-        return sparse_lines(storage, dim)
+    """The ``lines`` kernel of CSR (``axis=0``) and CSC (``axis=1``): along the
+    uncompressed dim, the stored lines are the lines, in storage order (no COO copy);
+    across them, the lines are the storage's columns (CSR; rows for CSC), in the column
+    order kept per index (Note [Lines from pointers])."""
     ptr, idx = storage.index
 
     def coo() -> Storage:
         return storage.layout.to_coo(storage)
 
-    def indices() -> torch.Tensor:  # (row, col) of the stored elements, storage order
+    def pair() -> tuple[torch.Tensor, torch.Tensor]:  # (row, col), storage order
         outer = rows_from_crow(ptr, idx.numel()).long()
-        pair = (outer, idx.long()) if axis == 0 else (idx.long(), outer)
-        return torch.stack(pair)
+        return (outer, idx.long()) if axis == 0 else (idx.long(), outer)
 
-    return SparseLines(storage, coo, dim, offsets=ptr.long(), coord=idx.long(),
+    if dim == 1 - axis:
+        return SparseLines(storage, coo, dim, offsets=ptr.long(), coord=idx.long(),
+                           indices=lambda: torch.stack(pair()))
+    perm, offsets = _column_lines(idx, storage.shape[1 - axis])
+
+    def indices() -> torch.Tensor:
+        return torch.stack(pair()).index_select(1, perm)
+
+    return SparseLines(storage, coo, dim, offsets=offsets, order=perm, nnz=idx.numel(),
+                       coord=lambda: rows_from_crow(ptr, idx.numel()).long()[perm],
                        indices=indices)
+
+
+def _column_lines(inner: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(order, offsets)``: the elements line by line across a matrix's stored lines
+    (``inner``: each element's coordinate on the other axis, ``n`` lines), cached per index
+    tensor.
+
+    Note [Lines from pointers]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A scan along a 2-D matrix's dim runs over its lines. A CSR's rows (a CSC's columns)
+    are its stored lines, with pointers; a row-major COO's rows have the pointers of its
+    row index (cached per index); across them, the lines are the columns, in the column
+    order of the reductions (Note [Column order]: a stable sort by column keeps each
+    column's elements in row order, and the offsets count every column, empty ones
+    included). Both come from the index alone, are kept per index tensor, and take no host
+    sync: a running sum (the cumsum family) reads nothing else, so a scan along either dim
+    of a 2-D matrix runs without one on every device once its index is known.
+    """
+    return cached(inner, ("column lines", n), lambda: column_order(inner.long(), n))
 
 
 def dense_lines(storage: Storage, dim: int) -> Lines:
@@ -476,10 +516,21 @@ def dense_lines(storage: Storage, dim: int) -> Lines:
 
 
 def sparse_lines(storage: Storage, dim: int) -> Lines:
-    """Lines of any sparse storage through its COO form (COO's and CSR's kernel, and the
-    fallback of a layout without one)."""
+    """Lines of any sparse storage through its COO form (COO's kernel, and the fallback of
+    a layout without one); a 2-D COO matrix by pointers (Note [Lines from pointers])."""
     coo = storage.layout.to_coo(storage)
-    sd = coo.index[0].shape[0]
+    (indices,) = coo.index
+    sd = indices.shape[0]
+    if sd == 2 and len(coo.shape) == 2 and coo.values.dim() == 1 and coo is storage:
+        rows, cols = indices
+        if dim == 1:
+            crow = cached(indices, "crow", lambda: crow_from_rows(rows, coo.shape[0]))
+            return SparseLines(storage, coo, dim, offsets=crow.long(), coord=cols,
+                               indices=lambda: indices)
+        perm, offsets = _column_lines(cols, coo.shape[1])
+        return SparseLines(storage, coo, dim, offsets=offsets, order=perm,
+                           nnz=cols.numel(), coord=lambda: rows[perm],
+                           indices=lambda: indices.index_select(1, perm))
     if dim >= sd:  # a dense dim of a hybrid tensor: lines inside the values
         if storage.layout is not coo.layout:
             raise NotImplementedError(f"MaskedTensor[{storage.layout.name}]: no lines along "

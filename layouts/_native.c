@@ -1023,7 +1023,7 @@ DEV_KERNELS(f32, sumexp)
 
 /* -- logsumexp in one call -------------------------------------------------------------
  * Per line (all: one line of every element), the masked logsumexp step for step as the
- * composed path computes it (Grouping.masked_logsumexp in layouts/_grouping.py): top, the
+ * composed path computes it (layouts/kernels/logsumexp.py, its torch ops): top, the
  * max of the specified elements (NaN where one is NaN), replaced by 0 where it is not
  * finite; the sum of exp(v - top) over the specified elements (the sumexp pass, in
  * double, rounded to T); log of that sum plus top, in T. A line without a specified
@@ -1075,8 +1075,8 @@ LSE_KERNELS(f32)
 
 /* -- softmax in one call ---------------------------------------------------------------
  * Per line (all: one line of every element), the masked softmax or log_softmax of the
- * specified elements, step for step as the composed path (Grouping.softmax in
- * layouts/_grouping.py): top, the max of the specified elements (a +inf or NaN max, or
+ * specified elements, step for step as the composed path (layouts/kernels/softmax.py,
+ * its torch ops): top, the max of the specified elements (a +inf or NaN max, or
  * every element -inf, makes the group NaN, as torch.softmax; the composed path's shift
  * of a -inf max to 0 changes no specified result, so it is not taken here); d = v - top
  * in T; e = exp(d) rounded to T (the kernels' exp, Note [Native exp]); the group's
@@ -1252,8 +1252,8 @@ CUMSUM_KERNEL(f32)
 
 /* -- mean and variance in one call -----------------------------------------------------
  * Per line (all: one line of every element; scatter: per group of an index), the masked
- * mean and variance step for step as the composed paths (Grouping.masked_mean /
- * masked_var in layouts/_grouping.py): c, the count of specified elements; their sum in
+ * mean and variance step for step as the composed paths (the torch ops of
+ * layouts/kernels/moments.py): c, the count of specified elements; their sum in
  * double rounded to T; the mean in T, sum / max(c, 1). With `var` (NULL: the mean alone,
  * specified where c > 0): the squared deviations from that mean (the sqdev pass, in
  * double, rounded to T); dof = c - correction in float32 (as torch computes an int64
@@ -1338,7 +1338,7 @@ MOMENTS_KERNELS(f32)
  *                                        gradient split evenly among the ties, as torch's)
  *
  * each step in the value type T, in the order the composed torch-op backward of
- * _kernels.py computes it, so that the results are that backward's bits (the exps: the
+ * layouts/kernels/ computes it, so that the results are that backward's bits (the exps: the
  * kernels' exp of Note [Native exp], rounded to T, within an ULP of torch's). Where a
  * product feeds a sum or difference (dev with c, log_softmax) the two run as separate
  * loops, so that the compiler never contracts them into one fma (a different rounding).

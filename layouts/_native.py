@@ -17,17 +17,17 @@ mask applied by bit logic (no branch to mispredict), for
 and op ``sum``, ``sumsq`` (the sum of squares), ``prod``, ``amax``, ``amin`` on float32 and
 float64 values, plus mask counts, and ``sqdev`` (:func:`deviations_all` & co.): per group the sum
 of the squared deviations of the specified elements from a center per group, the second
-pass of a variance (``Grouping.masked_sqdev``) in one pass instead of five torch ops
+pass of a variance (``kernels.moments.masked_sqdev``) in one pass instead of five torch ops
 (expand the means, subtract, fill, square, sum); and
 ``sumexp`` (:func:`deviations_all` & co.), the same with ``exp`` for the square: the second pass
-of a logsumexp (``Grouping.masked_sumexp``) instead of expand, subtract, fill, exp, sum,
+of a logsumexp (``kernels.logsumexp.masked_sumexp``) instead of expand, subtract, fill, exp, sum,
 with the C file's own exp (Note [Native exp]: no libm call, so that the loops vectorize;
 within 1 ULP of ``torch.exp`` in float64). Whole operations in one call save the torch ops
 between their passes: a logsumexp (:func:`logsumexp_all` & co.: the max pass, the sumexp
-pass and the log, ``Grouping.masked_logsumexp``), a variance (:func:`moments`: count, sum,
-mean, squared deviations, ``Grouping.masked_var``; a mean alone, ``masked_mean``, stops
+pass and the log, the logsumexp family), a variance (:func:`moments`: count, sum,
+mean, squared deviations: the moments family's ``masked_var``; a mean alone stops
 after the mean; the sqdev pass serves the composed route where the one call does not
-apply), and a softmax along the stored lines (:func:`softmax`: ``Grouping.softmax``; its
+apply), and a softmax along the stored lines (:func:`softmax`: the softmax family; its
 output holds the zeros already, so the caller keeps it instead of filling a copy: one
 output-sized allocation less) or across them (columns), over the group ids.
 ``benchmarks/bench_native.py`` times the kernels against the raw torch ops and the composed
@@ -109,20 +109,21 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
 import json
+import math
 import os
 import sys
 import warnings
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-
-from ._grouping import plain_eager, start
 
 _DIR = Path(__file__).parent  # where the build puts the kernels and their manifest
 _MANIFEST = "_native_kernels.json"
@@ -134,6 +135,9 @@ _FIX = ("to build them, install the package again with a C compiler (gcc or clan
 _SUFFIX = {torch.float64: "f64", torch.float32: "f32"}
 _C_TYPE = {torch.float64: ctypes.c_double, torch.float32: ctypes.c_float}
 _OPS = {"sum": "sum", "sumsq": "sumsq", "prod": "prod", "amax": "max", "amin": "min"}
+# what an unspecified element reads in each op (``layouts._fill.start``, for the float
+# dtypes the kernels take)
+_START = {"sum": 0.0, "sumsq": 0.0, "prod": 1.0, "amax": -math.inf, "amin": math.inf}
 _SUMS = ("sum", "sumsq")  # accumulated in double
 # group index types of the scatter kernels; the narrowest first (Note [Narrow group indices])
 _INDEX = {torch.uint16: "u16", torch.int32: "i32", torch.int64: "i64"}
@@ -385,6 +389,34 @@ _TABLES = ("_KERNELS", "_COUNT_SCATTER", "_NARROW", "_FIRST", "_ARG", "_FILL", "
            "_LSE", "_SOFTMAX", "_MOMENTS", "_CUMSUM", "_BACKWARD", "_SCATTER_TO")
 
 
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Within the block, the native kernels are off, as with ``MASKED_SPARSE_NATIVE=0``:
+    every caller runs its torch-op implementation, the one other devices take
+    (``layouts.native_disabled()``; the tests run the device path on the CPU with it).
+
+    Process-wide, not per thread: it swaps :func:`_library` (every kernel asks it) for one
+    that answers None, and puts it back on exit; blocks nest. Nothing is cached against
+    the kernels' state, so a call after the block runs them again.
+
+    >>> with disabled():
+    ...     available()
+    False
+    """
+    global _library
+    before = _library
+    _library = _none
+    try:
+        yield
+    finally:
+        _library = before
+
+
+def _none() -> None:
+    """:func:`_library` within :func:`disabled`."""
+    return None
+
+
 def available() -> bool:
     """True when the native kernels are compiled and loaded (see :func:`status`); False
     while torch.compile traces (they never run in a compiled graph)."""
@@ -395,6 +427,8 @@ def status() -> str:
     """``"available (ISA)"`` with the instruction set of the loaded build (``avx512``,
     ``avx2`` or ``portable``), or why the native kernels are not (the composed torch path
     runs). Note [Shipping the native kernels]."""
+    if _library is _none:
+        return "disabled at run time (layouts.native_disabled())"
     return f"available ({_isa})" if _library() is not None else _why_not
 
 
@@ -403,7 +437,9 @@ def _eager_cpu(t: torch.Tensor) -> bool:
     compiling, no autograd to record, no torch.func transform): not a subclass (a fake
     tensor has no data, a functorch wrapper hides its own), no dispatch mode active (fake
     mode, ``make_fx`` tracing would record nothing of a ctypes call)."""
-    return (type(t) is torch.Tensor and plain_eager(t)
+    return (type(t) is torch.Tensor and t.is_cpu and not torch.compiler.is_compiling()
+            and not (t.requires_grad and torch.is_grad_enabled())
+            and not torch._C._are_functorch_transforms_active()
             and not torch._C._len_torch_dispatch_stack())
 
 
@@ -526,7 +562,7 @@ def reduce_all(values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tenso
     if kernel is None:
         return None
     out = values.new_empty(1)
-    if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], start(op, values.dtype),
+    if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], _START[op],
               out.data_ptr()):
         _check(-1, op)
     return out
@@ -602,7 +638,7 @@ def lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.Tens
         return None
     out = values.new_empty(args[-1])
     if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args,
-              start(op, values.dtype), out.data_ptr()):
+              _START[op], out.data_ptr()):
         _check(-1, op, offsets=offsets, which=which, size=values.shape[0])
     return out
 
@@ -623,7 +659,7 @@ def scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.Tens
     else:
         kernel, out = kernels[index.dtype], values.new_empty(n)
     if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], index.data_ptr(),
-              start(op, values.dtype), out.data_ptr(), n):
+              _START[op], out.data_ptr(), n):
         _check(-1, op, index=index, groups=n)
     return out if out.dtype is values.dtype else out.to(values.dtype)
 
@@ -704,7 +740,7 @@ def arg_lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.
         return None
     top, at = _arg_out(args[-1], values)
     if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], *args,
-              positions.data_ptr(), start(op, values.dtype), top.data_ptr(), at.data_ptr()):
+              positions.data_ptr(), _START[op], top.data_ptr(), at.data_ptr()):
         _check(-1, "arg" + op[1:], offsets=offsets, which=which, size=values.shape[0])
     return top, at
 
@@ -722,7 +758,7 @@ def arg_scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.
     top, at = _arg_out(n, values)
     _check(kernels[index.dtype](values.data_ptr(), mask.data_ptr(), values.shape[0],
                                 index.data_ptr(), positions.data_ptr(),
-                                start(op, values.dtype), top.data_ptr(), at.data_ptr(), n),
+                                _START[op], top.data_ptr(), at.data_ptr(), n),
            "arg" + op[1:], index=index, groups=n)
     return top, at
 
@@ -895,7 +931,7 @@ def deviations_lines(f: str, values: torch.Tensor, mask: torch.Tensor, center: t
 def logsumexp_all(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
     """The masked logsumexp of every element in one call, shape ``(1,)``: the log of the
     sum of ``exp`` of the specified elements, 0 where none is (the caller's result mask
-    says which); step for step the composed path (``Grouping.masked_logsumexp``), the exp
+    says which); step for step the composed path (the logsumexp family's torch ops), the exp
     of Note [Native exp]. None where the native kernels do not apply.
 
     >>> v, m = torch.tensor([1., float("nan"), 3.]), torch.tensor([True, False, True])
@@ -965,7 +1001,7 @@ def moments(values: torch.Tensor, mask: torch.Tensor, correction: float | None,
     one per group) per group (as :func:`scatter`). Returns the variance (0 where ``count -
     correction <= 0``; None without a correction), the mean (0 where nothing is specified)
     and where the result is specified; step for step the composed paths
-    (``Grouping.masked_mean`` / ``masked_var``). None where the native kernels do not apply.
+    (the moments family's torch ops). None where the native kernels do not apply.
 
     >>> v, m = torch.tensor([1., float("nan"), 3.]), torch.tensor([True, False, True])
     >>> out = moments(v, m, 1.0)
@@ -1012,7 +1048,7 @@ def softmax(values: torch.Tensor, mask: torch.Tensor, log: bool,
     """The masked softmax (``log``: log_softmax) of every element in one call, 0 where
     unspecified: over one group of every element; with ``offsets`` per line (as
     :func:`lines`; the lines must hold every element); with ``index`` per group of ``n``
-    (as :func:`scatter`). Step for step the composed path (``Grouping.softmax``), the exp
+    (as :func:`scatter`). Step for step the composed path (the softmax family's), the exp
     of Note [Native exp]. None where the native kernels do not apply.
 
     >>> v, m = torch.tensor([1., float("nan"), 3.]), torch.tensor([True, False, True])
@@ -1107,9 +1143,9 @@ def backward(op: str, mask: torch.Tensor, a: torch.Tensor, b: torch.Tensor | Non
     - ``"ties"``: ``a / t`` where ``x == b``, ``t`` the group's count of specified such
       elements, else 0 (amax / amin: split among the ties).
 
-    Step for step the torch-op backwards of ``_kernels.py`` (the exps within an ULP of
-    torch's). None where the kernels do not apply (other dtypes, devices, shapes, no
-    library); ``what`` is the op an error names.
+    Step for step the torch-op backwards of the kernel families (``layouts/kernels/``; the
+    exps within an ULP of torch's). None where the kernels do not apply (other dtypes,
+    devices, shapes, no library); ``what`` is the op an error names.
 
     >>> m = torch.tensor([True, False, True])
     >>> out = backward("expand", m, torch.tensor([2., 5.]), index=torch.tensor([0, 1, 1]), n=2)

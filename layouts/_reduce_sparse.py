@@ -10,8 +10,9 @@ index tensor) and *dense* ones (trailing dims of a hybrid tensor's values):
   sparse dims (their linear key): when the kept dims lead, the coalesced order is sorted
   and ``unique_consecutive`` finds the groups in one pass; when the kept key space is
   small (at most a few times nnz) a ``bincount`` over it does; else ``unique`` sorts.
-  Values then reduce with ``index_add`` / ``scatter_reduce`` (``include_self=False``), all
-  differentiable with respect to the values.
+  The kernel families (``layouts.kernels``) then reduce the values over those groups --
+  one native pass on CPU, else the raw torch kernel of the device table -- differentiable
+  with respect to the values.
 
 Everything is O(nnz) (O(nnz log nnz) when a sort is needed, O(nnz + kept key space) for the
 bincount path); nothing is densified, so a 100000 x 100000 matrix with 1000 stored entries
@@ -28,69 +29,24 @@ results are COO (or strided for full reductions).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
 import torch
 
-from . import _kernels, _native
-from ._grouping import (
-    _BITS,
-    Grouping,
-    fill_unspecified,
-    identity,
-    plain_eager,
-    reduce_dense,
-    reduced_shape,
-)
+from . import _native
+from ._fill import plain_eager
+from ._grouping import Grouping
 from ._index import cached, crow_from_rows, linearize, rows_from_crow, sort_key
+from .kernels._groups import column_order, count, line_ids, raw_expand, raw_reduce, reduced_shape
+from .kernels._route import eager
 from .registry import Storage, get_layout
 
 _SLOTS_PER_NNZ = 4  # bincount grouping while the kept key space is <= 4 * nnz + 4096
-_FEW = 4096  # line sums by segment_reduce below this many stored elements
-_FUSED = ("sum", "sumsq", "prod", "amax", "amin", "count")  # ops of ``_fused``
 
 
-class SparseSums(Grouping):
-    """The torch-op sums of a sparse grouping in double (Note [Sparse sums in double]),
-    and the deviation passes through :meth:`_fused_dev` where a kernel serves them."""
-
-    # Note [Sparse sums in double]
-    # The native kernels accumulate every float sum in double. The torch ops that stand in
-    # for them on other devices (``index_add`` / ``segment_reduce``) add float32 values one
-    # after the other in float32, which drifts from the exact sum by many ulps on long
-    # groups (3000 values near 3000: 2e-6 relative). So the sparse groupings' torch-op sums
-    # (and sums of squares, and the squared deviations of a variance) of float32 values run
-    # in float64 and round once: the same value class on every device, for one cast pass.
-    # Dense (strided) sums keep torch's own accumulation, which is pairwise already.
-    def _torch_reduce(self, values: torch.Tensor, mask: torch.Tensor, op: str) -> torch.Tensor:
-        if op in ("sum", "sumsq") and values.dtype == torch.float32:
-            return super()._torch_reduce(values.double(), mask, op).float()
-        return super()._torch_reduce(values, mask, op)
-
-    def masked_sqdev(self, values: torch.Tensor, mask: torch.Tensor,
-                     center: torch.Tensor) -> torch.Tensor:
-        out = self._fused_dev("sqdev", values, mask, center)
-        if out is not None:
-            return out
-        if values.dtype == torch.float32:  # Note [Sparse sums in double]
-            return super().masked_sqdev(values.double(), mask, center.double()).float()
-        return super().masked_sqdev(values, mask, center)
-
-    def masked_sumexp(self, values: torch.Tensor, mask: torch.Tensor,
-                      center: torch.Tensor) -> torch.Tensor:
-        out = self._fused_dev("sumexp", values, mask, center)
-        return out if out is not None else super().masked_sumexp(values, mask, center)
-
-    def _fused_dev(self, dev: str, values: torch.Tensor, mask: torch.Tensor,
-                   center: torch.Tensor) -> torch.Tensor | None:
-        """``masked_sqdev`` (``dev`` "sqdev") or ``masked_sumexp`` ("sumexp") in one native
-        pass, or None: the torch ops run."""
-        return None
-
-
-class CooGrouping(SparseSums):
+class CooGrouping(Grouping):
     """Groups of sparse storage given per-dim coordinates of its stored values.
 
     ``coords[d]`` is the index of every stored value along sparse dim ``d`` (by default the
@@ -110,7 +66,7 @@ class CooGrouping(SparseSums):
         self._coords = coords
         self.dims = dims
         self.keepdim = keepdim
-        if owner is None or not _kernels.eager(storage.values):
+        if owner is None or not eager(storage.values):
             facts = self._index_facts(row_major)
         else:  # Note [Index facts of a grouping]
             facts = cached(owner, ("grouping", dims, keepdim, _key(storage.shape), row_major),
@@ -156,6 +112,8 @@ class CooGrouping(SparseSums):
             "_dense_keepdim": reduced_shape(shape[nsparse:], [d - 1 for d in value_dims], True),
             "out_sparse_dim": nsparse if self.keepdim else len(kept),
             "single": bool(sparse_dims) and not kept,  # one group: all stored values
+            # Note [Groups as a record]: every element its own group, one group, scattered
+            "kind": "each" if not sparse_dims else "scatter" if kept else "all",
             "_gid": None, "ngroups": nnz, "_present": None, "_out_index": None}
         if not sparse_dims:
             return facts
@@ -258,49 +216,41 @@ class CooGrouping(SparseSums):
                       partial(compute, mask), data=mask)
 
     def _count_pass(self, mask: torch.Tensor) -> torch.Tensor:
-        counts = self._fused("count", mask, mask)
-        if counts is not None:
-            return counts
-        small = mask.shape[0] < 2**31  # int32 counts cannot overflow
-        return self.reduce(mask.to(torch.int32 if small else torch.long), "sum").long()
+        return count(self, mask)  # (one native pass on CPU)
 
-    def _native_reduce(self, op: str, values: torch.Tensor,
-                       mask: torch.Tensor) -> torch.Tensor | None:
-        return self._fused(op, values, mask)
+    # -- the description the kernel families read (Note [Groups as a record]) -----------
+    @property
+    def n(self) -> int:
+        return self.ngroups
 
-    def _fused(self, op: str, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
-        """Per group, ``masked_reduce(values, mask, op)`` or the count of ``mask``
-        (``op="count"``) in one pass over the stored elements: the native kernels (Note
-        [Native reductions]); None where they do not apply (dense dims, other dtypes or
-        devices, no library): the torch-op implementation."""
-        if (op not in _FUSED or self.value_dims
-                or not self.sparse_dims or (self.single and not mask.shape[0])):
+    @property
+    def ids(self) -> torch.Tensor | None:
+        return self.gid
+
+    def narrowed_ids(self, values: torch.Tensor) -> torch.Tensor | None:
+        return self._group_ids(values)
+
+    @property
+    def slots(self) -> tuple | None:
+        if self._present is None:
             return None
-        if self.single:
-            return _native.count_all(mask) if op == "count" else \
-                _native.reduce_all(values, mask, op)
-        narrowed = self._group_ids(values)
-        if narrowed is not None:  # group ids: the kernels write the groups themselves
-            out = _native.count_scatter(mask, narrowed, self.ngroups) if op == "count" else \
-                _native.scatter(values, mask, op, narrowed, self.ngroups)
-            if out is not None:
-                return out
-        present = self._present is not None
-        n = self._present.numel() if present else self.ngroups
-        index = self._keys if present else self.gid
-        if op == "count":
-            out = _native.count_scatter(mask, index, n)
-        else:
-            out = _native.scatter(values, mask, op, index, n)
-        if out is None or not present or self._uniq.shape[0] == n:  # every slot a group
-            return out
-        return out.index_select(0, self._uniq)
+        return self._keys, self._present.numel(), self._uniq
+
+    def count(self, mask: torch.Tensor) -> torch.Tensor:
+        return self._count(mask)
+
+    def column_order(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Note [Column order]: an index fact, cached per index tensor."""
+        if self._owner is None or not eager(self.source.values):
+            return column_order(self.gid, self.ngroups)
+        return cached(self._owner, ("column order", self.dims, _key(self.source.shape)),
+                      lambda: column_order(self.gid, self.ngroups))
 
     def _group_ids(self, values: torch.Tensor) -> torch.Tensor | None:
         """The cached narrowed group id of every stored element (:meth:`_narrowed`), or None
         (no owner to cache it on, a transform, no native kernels)."""
-        if self._owner is None or not _kernels.eager(values):
-            return None
+        if self._owner is None or not eager(values) or _native._library() is None:
+            return None  # (none kept while the kernels are off: Note [Narrow group indices])
         # Note [Narrow group indices]: kept with the index facts they derive from (cached
         # per owner and version, the same key but keepdim), built on first use
         facts = self.__dict__.get("_facts")
@@ -320,158 +270,14 @@ class CooGrouping(SparseSums):
         slots = self._present.numel()
         return _native.narrow(self._keys, slots, remap=self._present.cumsum(0) - 1)
 
-    def _native_moments(self, values: torch.Tensor, mask: torch.Tensor,
-                       correction: float | None) -> tuple | None:
-        """``masked_mean`` (``correction`` None) or ``masked_var`` in one native call
-        (``_native.moments``, over the group ids with the counts cached per mask; the line
-        grouping's: along its lines), or None (:meth:`_one_call`)."""
-        def per_group(index: torch.Tensor) -> tuple | None:
-            counts = self._count(mask)
-            if counts.shape != (self.ngroups,):
-                return None
-            return _native.moments(values, mask, correction, index=index, counts=counts)
-
-        return self._one_call(values, mask, lambda: _native.moments(values, mask, correction),
-                              per_group)
-
-    def _native_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
-                         specified: torch.Tensor) -> torch.Tensor | None:
-        """``masked_logsumexp`` in one native call (``_native.logsumexp_all`` /
-        ``logsumexp_scatter``; the line grouping's: ``logsumexp_lines``), or None
-        (:meth:`_one_call`)."""
-        return self._one_call(
-            values, mask, lambda: _native.logsumexp_all(values, mask),
-            lambda index: _native.logsumexp_scatter(values, mask, index, specified,
-                                                    self.ngroups))
-
-    def _native_softmax(self, values: torch.Tensor, mask: torch.Tensor,
-                       log: bool) -> torch.Tensor | None:
-        """``softmax`` in one native call: of a single group, over the group ids (the
-        line grouping's: along its lines), or None (:meth:`_one_call`)."""
-        return self._one_call(
-            values, mask, lambda: _native.softmax(values, mask, log),
-            lambda index: _native.softmax(values, mask, log, index=index, n=self.ngroups))
-
-    def _fused_dev(self, dev: str, values: torch.Tensor, mask: torch.Tensor,
-                   center: torch.Tensor) -> torch.Tensor | None:
-        """``masked_sqdev`` (``dev`` "sqdev") or ``masked_sumexp`` ("sumexp") in one native
-        pass (``_native.deviations_all`` / ``deviations_scatter``), or None
-        (:meth:`_one_call`)."""
-        return self._one_call(
-            values, mask, lambda: _native.deviations_all(dev, values, mask, center),
-            lambda index: _native.deviations_scatter(dev, values, mask, center, index,
-                                                     self.ngroups))
-
-    def _one_call(self, values: torch.Tensor, mask: torch.Tensor, whole: Callable[[], Any],
-                  per_group: Callable[[torch.Tensor], Any] | None) -> Any:
-        """A native kernel's result for this grouping: ``whole()`` for a single group,
-        ``per_group(ids)`` over the group ids (their narrowed copy where one exists: Note
-        [Narrow group indices]); None where no kernel applies (dense dims, an empty single
-        group, several groups without ``per_group``, other dtypes or devices): the
-        family's torch-op implementation runs."""
-        if self.value_dims or not self.sparse_dims or (self.single and not mask.shape[0]):
-            return None
-        if self.single:
-            return whole()
-        if per_group is None or not _native._applies(values, mask):
-            return None
-        narrowed = self._group_ids(values)
-        return per_group(narrowed if narrowed is not None else self.gid)
-
-    def kernel_groups(self, values: torch.Tensor) -> tuple | None:
-        if self.value_dims or not self.sparse_dims or values.dim() != 1:
-            return None
-        if self.single:
-            return None, None, None, 1
-        return None if self.gid is None else (None, None, self.gid, self.ngroups)
-
-    def _native_backward(self, op: str, mask: torch.Tensor, a: torch.Tensor,
-                         **operands: Any) -> torch.Tensor | None:
-        """One native pass per element over the group ids (their narrowed copy where one
-        exists), or one line of every element for a single group; None where no kernel
-        applies (dense dims, an empty single group)."""
-        if self.value_dims or not self.sparse_dims or not mask.shape[0]:
-            return None
-        if self.single:
-            offsets = torch.tensor([0, mask.shape[0]])
-            return _native.backward(op, mask, a, offsets=offsets, **operands)
-        ids = self._group_ids(a)
-        if ids is None:
-            ids = self.gid  # the slot groupings build their group ids
-        if ids is None:
-            return None
-        return _native.backward(op, mask, a, index=ids, n=self.ngroups, **operands)
-
-    def _native_arg(self, values: torch.Tensor, mask: torch.Tensor,
-                    op: str) -> tuple[torch.Tensor, torch.Tensor] | None:
-        if (self.value_dims or not self.sparse_dims or not mask.shape[0]
-                or not _native.arg_applies(values, mask, op)):  # dtype, device, 1-D
-            return None
-        return self._fused_arg(values, mask, op)
-
-    def _fused_arg(self, values: torch.Tensor, mask: torch.Tensor,
-                   op: str) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``masked_arg_extreme`` by the native kernels (Note [Native arg-extremes]): one
-        line of every element for a single group, else a scatter pass over the group ids;
-        None where they do not apply. Called by :meth:`_native_arg` only, once
-        ``arg_applies`` holds (the kernels check the positions and groups alone)."""
-        if self.single:
-            offsets = torch.tensor([0, mask.shape[0]])
-            return _native.arg_lines(values, mask, op, offsets, None, self.positions(), True)
-        ids = self._group_ids(values)
-        if ids is None:
-            ids = self.gid  # the slot groupings build their group ids
-        return _native.arg_scatter(values, mask, op, ids, self.ngroups, self.positions(), True)
-
     # -- primitives --------------------------------------------------------------------
     def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
-        v = values
-        if v.dtype == torch.bool and op in ("sum", "any") and not self.value_dims:
-            return self._count(v) if op == "sum" else self._specified(v)
-        if op == "sum" and v.dtype == torch.bool:
-            v = v.long()
-        if self.value_dims:
-            v = reduce_dense(v, self.value_dims, True, op)
-        if self.single:
-            v = reduce_dense(v, (0,), True, op) if v.shape[0] else v
-        elif self._present is not None:
-            slots = self._scatter(v, op, self._keys, self._present.numel())
-            v = slots.index_select(0, self._uniq)
-        elif self.gid is not None:
-            v = self._scatter(v, op, self.gid, self.ngroups)
-        if self.value_dims and not self.keepdim:
-            v = v.squeeze(self.value_dims)
-        return v
-
-    def _scatter(self, v: torch.Tensor, op: str, index: torch.Tensor, n: int) -> torch.Tensor:
-        shape = (n,) + tuple(v.shape[1:])
-        if op == "sum":
-            return v.new_zeros(shape).index_add(0, index, v)
-        if op in ("any", "all"):  # counting is faster than a bool scatter
-            hits = (v if op == "any" else ~v.bool()).to(torch.int32)
-            counts = torch.zeros(shape, dtype=torch.int32, device=v.device).index_add_(
-                0, index, hits)
-            return counts > 0 if op == "any" else counts == 0
-        index = index.view((-1,) + (1,) * (v.dim() - 1)).expand_as(v)
-        if op in ("amax", "amin", "prod") and plain_eager(v):
-            # Every slot has an element: starting from the identity gives the same result,
-            # and include_self=True saves the initialization pass of False.
-            init = 1 if op == "prod" else identity(op, v.dtype)
-            return v.new_full(shape, init).scatter_reduce_(0, index, v, op)
-        # Note: scatter_reduce's backward shares the gradient of amax/amin with the initial
-        # ``self`` value when it ties with the result, even with include_self=False; NaN
-        # never ties.
-        init = v.new_full(shape, float("nan")) if v.is_floating_point() and op != "prod" \
-            else v.new_ones(shape)
-        return init.scatter_reduce(0, index, v, op, include_self=False)
+        if values.dtype == torch.bool and op in ("sum", "any") and not self.value_dims:
+            return self._count(values) if op == "sum" else self._specified(values)
+        return raw_reduce(self, values, op)
 
     def expand(self, out: torch.Tensor) -> torch.Tensor:
-        if self.value_dims and not self.keepdim:
-            for d in self.value_dims:
-                out = out.unsqueeze(d)
-        if self.gid is not None:
-            out = out.index_select(0, self.gid)
-        return out.expand(self.source.values.shape)
+        return raw_expand(self, out)
 
     def positions(self) -> torch.Tensor:
         shape = self.source.shape
@@ -489,7 +295,7 @@ class CooGrouping(SparseSums):
                 view = [1] * vdim
                 view[d - nsparse + 1] = shape[d]
                 coords.append(torch.arange(shape[d], device=device).view(view))
-        return linearize(coords, [shape[d] for d in self.dims])
+        return linearize(coords, [shape[d] for d in self.dims], device)
 
     def _element_groups(self) -> tuple[torch.Tensor, int]:
         """The flat output-element id of every element of the values, and their count."""
@@ -552,14 +358,14 @@ class CompressedGrouping(CooGrouping):
     values in their own order.
 
     A reduction along the lines' inner axis (``dims == (1,)`` for CSR, ``(0,)`` for CSC)
-    runs over the line pointers (Note [Reducing along lines]): no per-element index is
-    built. Other reductions group the (row, col) coordinates. The result is of the input's
-    layout when it is 2-D (``keepdim=True``), else COO / strided. ``index`` overrides the
-    storage's ``(ptr, idx)`` (a row-sorted 2-D COO storage reduced along its rows; ``idx``
-    None: its index's second row).
+    is of kind ``"lines"`` (Note [Groups as a record]): the line pointers as int64 offsets
+    and the non-empty lines, from the pointers alone (cached per pointer tensor); no
+    per-element index is built unless a pass needs one. Other reductions group the (row,
+    col) coordinates. The result is of the input's layout when it is 2-D
+    (``keepdim=True``), else COO / strided. ``index`` overrides the storage's ``(ptr,
+    idx)`` (a row-sorted 2-D COO storage reduced along its rows; ``idx`` None: its index's
+    second row).
     """
-
-    _SEGMENT_OPS = {"sum": "sum", "prod": "prod", "amax": "max", "amin": "min"}
 
     def __init__(self, storage: Storage, dims: tuple[int, ...], keepdim: bool,
                  axis: int = 0, index: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
@@ -608,133 +414,39 @@ class CompressedGrouping(CooGrouping):
         return {"out_shape": reduced_shape(self.source.shape, self.dims, self.keepdim),
                 "sparse_dims": self.dims, "value_dims": (), "_dense_keepdim": torch.Size(),
                 "out_sparse_dim": 2 if self.keepdim else 1, "single": False, "_gid": None,
-                "offsets": offsets, "lines": lines, "lengths": lengths,
+                "kind": "lines", "offsets": offsets, "lines": lines, "lengths": lengths,
                 "ngroups": lines.shape[0], "out_coords": out_coords,
                 "_out_index": _index_of(out_coords, lines.shape[0], ptr.device),
                 # every line is a group (no empty line): the kernels need no line list
-                "_which": None if lines.shape[0] == offsets.shape[0] - 1 else lines}
+                "which": None if lines.shape[0] == offsets.shape[0] - 1 else lines}
 
-    # Note [Reducing along lines]
-    # Along the lines, a float sum is torch's own CSR ``sum(1)`` over the values (no
-    # autograd needed; its output holds exactly the non-empty lines, in order), faster
-    # than ``segment_reduce``, which serves the other ops and autograd. Masks are
-    # counted the same way, as uint8 (torch sums it into int64: exact, no float pass, and
-    # faster than an int32 ``cumsum`` read at the pointers). Below ``_FEW`` stored
-    # elements, building the torch CSR tensor costs more than the sum itself: one
-    # ``segment_reduce`` does both (masks as float32 0/1, exact below 2**24).
-
-    def _fused(self, op: str, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
-        if not self.by_lines or op not in _FUSED:
-            return super()._fused(op, values, mask)
-        if op == "count":
-            return _native.count_lines(mask, self.offsets, self._which)
-        return _native.lines(values, mask, op, self.offsets, self._which)
-
-    def kernel_groups(self, values: torch.Tensor) -> tuple | None:
+    @property
+    def gid(self) -> torch.Tensor | None:
+        """Along the lines, the line of every element (an index fact, cached per pointer
+        tensor); else the grouping's group ids."""
         if not self.by_lines:
-            return super().kernel_groups(values)
-        return self.offsets, self._which, None, self.ngroups
-
-    def _fused_dev(self, dev: str, values: torch.Tensor, mask: torch.Tensor,
-                   center: torch.Tensor) -> torch.Tensor | None:
-        if not self.by_lines:
-            return super()._fused_dev(dev, values, mask, center)
-        return _native.deviations_lines(dev, values, mask, center, self.offsets, self._which)
-
-    def _native_moments(self, values: torch.Tensor, mask: torch.Tensor,
-                       correction: float | None) -> tuple | None:
-        if not self.by_lines:
-            return super()._native_moments(values, mask, correction)
-        return _native.moments(values, mask, correction, self.offsets, self._which)
-
-    def _native_logsumexp(self, values: torch.Tensor, mask: torch.Tensor,
-                         specified: torch.Tensor) -> torch.Tensor | None:
-        if not self.by_lines:
-            return super()._native_logsumexp(values, mask, specified)
-        return _native.logsumexp_lines(values, mask, self.offsets, self._which)
-
-    def _native_softmax(self, values: torch.Tensor, mask: torch.Tensor,
-                       log: bool) -> torch.Tensor | None:
-        if not self.by_lines:
-            return super()._native_softmax(values, mask, log)
-        return _native.softmax(values, mask, log, self.offsets, self._which)
-
-    def _native_backward(self, op: str, mask: torch.Tensor, a: torch.Tensor,
-                         **operands: Any) -> torch.Tensor | None:
-        if not self.by_lines:
-            return super()._native_backward(op, mask, a, **operands)
-        return _native.backward(op, mask, a, offsets=self.offsets, which=self._which,
-                                **operands)
-
-    def _fused_arg(self, values: torch.Tensor, mask: torch.Tensor,
-                   op: str) -> tuple[torch.Tensor, torch.Tensor] | None:
-        if not self.by_lines:
-            return super()._fused_arg(values, mask, op)
-        return _native.arg_lines(values, mask, op, self.offsets, self._which, self.positions(),
-                                 True)  # (_native_arg asked arg_applies)
-
-    def _with_gid(self) -> None:
-        if self.by_lines and self.gid is None:  # an index fact (the line of each element)
+            return super().gid
+        if self._gid is None:
             nnz = self.source.values.shape[0]
-            self.gid = cached(self.ptr, ("line of each element", nnz), lambda: (
-                torch.repeat_interleave(torch.arange(self.ngroups, device=self.lines.device),
-                                        self.lengths, output_size=nnz)))
+
+            def make() -> torch.Tensor:
+                return line_ids(self.offsets, self.which, nnz)
+
+            self._gid = cached(self.ptr, ("line of each element", nnz), make) \
+                if eager(self.source.values) else make()
+        return self._gid
+
+    @gid.setter
+    def gid(self, value: torch.Tensor | None) -> None:
+        self._gid = value
 
     def reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
-        if not self.by_lines:
-            return super().reduce(values, op)
-        # Note [segment_reduce under torch.func]: torch has no batching rule, forward AD or
-        # double backward for segment_reduce; inside a transform the lines take the
-        # generic per-element route below (scatter / index_add over the group ids).
-        if (values.is_floating_point() and op in self._SEGMENT_OPS
-                and not torch._C._are_functorch_transforms_active()):
-            if (op == "sum" and values.dim() == 1
-                    and not (values.requires_grad and torch.is_grad_enabled())):
-                return self._line_sums(values)
-            seg = torch.segment_reduce(values, self._SEGMENT_OPS[op], offsets=self.offsets)
-            return seg if seg.shape[0] == self.ngroups else seg.index_select(0, self.lines)
-        if values.dtype == torch.bool and op in ("sum", "any", "all"):
+        if self.by_lines and values.dtype == torch.bool and op in ("sum", "any", "all"):
             if op == "any":
                 return self._specified(values)
             counts = self._count(values)
             return counts if op == "sum" else counts == self.lengths
-        self._with_gid()
         return super().reduce(values, op)
-
-    def _line_sums(self, values: torch.Tensor) -> torch.Tensor:
-        """Per non-empty line, the sum of 1-D ``values`` (no autograd): torch's CSR sum, or
-        a ``segment_reduce`` for few elements (Note [Reducing along lines])."""
-        if values.shape[0] < _FEW:
-            floating = values.is_floating_point()
-            seg = torch.segment_reduce(values if floating else values.to(torch.float32),
-                                       "sum", offsets=self.offsets)
-            seg = seg if seg.shape[0] == self.ngroups else seg.index_select(0, self.lines)
-            return seg if floating else seg.long()
-        lines = torch.sparse_csr_tensor(self.ptr, self.coords[self.dims[0]], values,
-                                        (self.ptr.numel() - 1, self.inner),
-                                        check_invariants=False)
-        # A copy, not the sparse result's values view: a view whose base is a sparse
-        # tensor cannot be wrapped by torch.compile (graph breaks re-wrap op outputs).
-        return lines.sum(1, keepdim=True).values().clone()
-
-    def _count_pass(self, mask: torch.Tensor) -> torch.Tensor:
-        if not self.by_lines:
-            return super()._count_pass(mask)
-        counts = self._fused("count", mask, mask)
-        if counts is None:  # int64 counts (values are 1-D)
-            counts = self._line_sums(mask.view(torch.uint8))
-        return counts
-
-    def expand(self, out: torch.Tensor) -> torch.Tensor:
-        if not self.by_lines:
-            return super().expand(out)
-        if self.keepdim:
-            out = out.squeeze(1) if out.dim() > 1 else out
-        if torch.compiler.is_compiling():
-            return torch.repeat_interleave(out, self.lengths, dim=0,
-                                           output_size=self.source.values.shape[0])
-        self._with_gid()  # the line of each element, cached per pointer tensor: one gather
-        return out.index_select(0, self.gid)
 
     def positions(self) -> torch.Tensor:
         if not self.by_lines:
@@ -743,10 +455,6 @@ class CompressedGrouping(CooGrouping):
                 self.coords[self._axis] = rows_from_crow(self._ptr, inner.numel())
             return super().positions()
         return self.coords[self.dims[0]].long()
-
-    def _element_groups(self) -> tuple[torch.Tensor, int]:
-        self._with_gid()
-        return super()._element_groups()
 
     def build(self, out_values: torch.Tensor, out_mask: torch.Tensor) -> Storage:
         out = super().build(out_values, out_mask)
@@ -808,49 +516,6 @@ class ViaCooGrouping(CooGrouping):
 
     def restore(self, values: torch.Tensor) -> Storage:
         return self.original.layout.from_coo_like(self.source.with_values(values), self.original)
-
-
-def masked_arg(storage: Storage, dims: tuple[int, ...], keepdim: bool, op: str,
-               with_values: bool, coords: Callable[[Storage, int], list[int]]) -> Storage:
-    """The ``reduction`` kernel of ``argmax`` / ``argmin`` (``op`` "amax" / "amin") over
-    every dim of a row-major sparse storage (COO, CSR): the first extreme in storage order,
-    which is the first in row-major order (NaN first, as the generic kernel) -- the native
-    masked extreme, then the first specified element equal to it (``_native.first``), else
-    torch's own ``argmax`` of the values filled with the identity; ``coords(storage, i)``
-    gives the coordinates of stored element ``i``. ``NotImplemented`` (the generic route)
-    along some dims, with ``keepdim``, or when the extreme found is not specified (no
-    element specified, or every specified one equal to the identity).
-
-    >>> import torch, layouts
-    >>> coo = layouts.get_layout("sparse_coo")
-    >>> s = coo.from_strided(torch.tensor([[1., 5.], [7., 2.]]),
-    ...                      torch.tensor([[True, True], [False, True]]))
-    >>> masked_arg(s, (0, 1), False, "amax", False, lambda s, i: s.index[0][:, i].tolist()
-    ...            ).values.item()
-    1
-    """
-    values, mask = storage.values, storage.mask
-    if (with_values or keepdim or len(dims) != len(storage.shape) or values.dim() != 1
-            or values.numel() == 0 or values.dtype not in _BITS or _kernels.traced(values)):
-        return NotImplemented
-    if values.requires_grad:
-        values = values.detach()  # an index: nothing to differentiate
-    top = _native.reduce_all(values, mask, op)  # (not None: the kernels read both, first too)
-    at = None if top is None else _native.first(values, mask, top, True)
-    if at is None:  # without native kernels: torch's arg-extreme of the filled values
-        filled = fill_unspecified(values, mask, identity(op, values.dtype))
-        at = int(filled.argmax() if op == "amax" else filled.argmin())
-        if not bool(mask[at]):
-            return NotImplemented
-    elif at < 0:  # no element specified
-        return NotImplemented
-    key = 0  # the row-major position (``linearize``'s key), of Python ints: one tensor
-    for c, n in zip(coords(storage, at), storage.shape):
-        key = key * n + c
-    # (scalar_tensor: the 0-d tensors torch.tensor(key) and torch.tensor(True) build, without
-    # torch.tensor's parsing of a Python object)
-    return get_layout("strided").build((), torch.scalar_tensor(key, dtype=torch.long),
-                                       torch.scalar_tensor(True, dtype=torch.bool), ())
 
 
 def group_by(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> Grouping:

@@ -20,9 +20,10 @@ from ._index import coalesce_coo, linearize, lookup
 from ._linalg import coo_mask_any as _mask_any
 from ._linalg import coo_mm as _mm
 from ._lines import sparse_lines
-from ._reduce_sparse import coo_grouping, masked_arg
+from ._reduce_sparse import coo_grouping
 from ._shape_coo import SHAPE_OPS as _SHAPE_OPS
 from ._validate import first_unsorted
+from .kernels.arg_extreme import masked_arg
 from .registry import Layout, Storage, register_layout, takes_layout
 
 

@@ -38,22 +38,10 @@ def _bitwise_zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     """``torch.where(mask, values, 0)`` exactly: for a full-size mask the layouts' one
     exact fill (``layouts.zero_unspecified``), for a broadcast mask an integer product with
     the compacted mask (Note [Zero fill by bits])."""
-    small = compact(mask)
+    small = layouts.broadcast_part(mask)
     if small is mask:
         return layouts.zero_unspecified(values, mask)
     return (values.view(layouts.SAME_WIDTH_INT[values.dtype]) * small).view(values.dtype)
-
-
-def compact(t: torch.Tensor) -> torch.Tensor:
-    """``t`` with its broadcast (stride 0) dims cut to size 1: it broadcasts back to ``t``'s
-    shape, and an elementwise op on it touches each stored element once (an attention mask
-    expanded over heads)."""
-    if t.is_contiguous():  # (a broadcast dim of size > 1 is never contiguous)
-        return t
-    for d in range(t.dim()):
-        if t.stride(d) == 0 and t.shape[d] > 1:
-            t = t.narrow(d, 0, 1)
-    return t
 
 
 class _ZeroFill(torch.autograd.Function):
@@ -194,7 +182,7 @@ def all_specified(mask: torch.Tensor) -> bool:
             or torch._C._are_functorch_transforms_active()
             or torch._C._len_torch_dispatch_stack()):  # (elsewhere: a host sync)
         return False
-    small = compact(mask)
+    small = layouts.broadcast_part(mask)
     if small.numel() <= _DIRECT or mask.is_inference():  # (no version counter to key on)
         return _all_true(small)
     entry = _ALL_SPECIFIED.get(mask)

@@ -10,23 +10,29 @@ adds nothing to the gradient of ``weight`` (which is a plain tensor, as in torch
   never a row for an unspecified one (COO: the one layout here with dense dims per element).
 - ``F.embedding_bag(ids, weight, mode=...)`` takes ``(B, L)`` ids, one bag per row, and
   returns torch's plain ``(B, D)`` tensor, computed by torch's fused kernel on the flat
-  specified ids with the offsets their mask gives (an empty bag is torch's zero row).
-  Gradients reach ``weight``, sparse with ``sparse=True``.
+  specified ids with the offsets their mask gives (an empty bag is torch's zero row), or
+  on every id with the unspecified ones in bags of their own (Note [Bags without a host
+  sync]). Gradients reach ``weight``, sparse with ``sparse=True``.
 
->>> import torch, torch.nn.functional as F, masked_sparse as ms
->>> weight = torch.arange(6.).view(3, 2)
->>> ids = ms.masked_tensor(torch.tensor([[0, 2], [1, -1]]),
-...                        torch.tensor([[True, True], [True, False]]))
->>> F.embedding_bag(ids, weight, mode="sum")
-tensor([[4., 6.],
-        [2., 3.]])
->>> F.embedding(ids, weight)[1]
-MaskedTensor(
-  [
-    [  2.0000,   3.0000],
-    [      --,       --]
-  ]
-)
+Note [Bags without a host sync]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+torch's ``embedding_bag`` takes flat ids and the offset of each bag. On the CPU the
+specified ids are selected (``masked_select``: one pass over the ids, its size decided by
+the data) and the offsets are the running count of specified ids per row -- the inputs of
+``embedding_bag(flat_ids, weight, offsets)``, so its numbers, reading the fewest rows. On
+another device that selection would wait for the device (its output size is a host read),
+so the ids are *reordered* instead, at a size known beforehand: the specified ones first, in
+row-major order, then the unspecified ones, each replaced by the first specified id
+(positions from two ``cumsum`` passes, one ``scatter``). The offsets are the CPU's for the
+``B`` real bags, followed by ``B`` bags of at most ``ceil(n / B)`` of the trailing ids, whose
+output is dropped. Every real bag holds exactly the CPU's ids in the CPU's order, so
+``sum``, ``mean`` (over the specified ids only) and ``max`` give the same values, and an
+empty bag is torch's zero row. The cost is reading the rows of the unspecified ids too. The
+dropped bags' gradient is 0: the gradient of ``weight`` is the same up to the order torch
+sums each row's terms in; a sparse one (``sparse=True``) also stores zero rows at the first
+specified id, a row it updates anyway (only when no id at all is specified is that a row no
+id names). ``scale_grad_by_freq``, which would count those repeats, selects the ids as the
+CPU does (a host sync); every other option takes the reordering.
 """
 
 from __future__ import annotations
@@ -113,6 +119,55 @@ def _embedding(op: Any, input: Any, weight: Any, padding_idx: int | None = None,
     return on_values(_embed, [input, weight], opts)
 
 
+def compacts_on_host(t: torch.Tensor) -> bool:
+    """True where selecting the specified ids costs no device sync: the CPU (Note [Bags
+    without a host sync]). The tests turn it off to run the device route on the CPU."""
+    return t.device.type == "cpu"
+
+
+def _bag_ids(s: Storage) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                  torch.Tensor | None]:
+    """``(ids, keep, counts, where)`` of ``(B, L)`` ids: the stored ids in row-major order
+    (for a dense layout, the ``(B, L)`` ids themselves), which of them are specified, the
+    number of specified ids per bag, and each stored id's position in the ``(B, L)`` grid
+    (None: every position is stored, in order)."""
+    if not s.index:
+        ids, mask = s.values, s.mask
+        if mask.shape != s.shape or ids.shape != s.shape:  # broadcast views
+            ids, mask = ids.expand(s.shape), mask.expand(s.shape)
+        # (a byte sum: torch's bool sum takes a slower path on CPU)
+        counts = (mask.view(torch.uint8) if mask.is_contiguous() else mask.to(torch.uint8)
+                  ).sum(1, dtype=torch.int64)
+        return ids, mask, counts, None
+    coo = s.layout.to_coo(s)  # coalesced: row-major order
+    index, keep = coo.index[0], coo.mask
+    counts = torch.zeros(s.shape[0], dtype=torch.int64, device=index.device).index_add_(
+        0, index[0], keep.to(torch.int64))
+    return coo.values, keep, counts, index
+
+
+def _trash_bags(ids: torch.Tensor, keep: torch.Tensor, offsets: torch.Tensor,
+                weights: torch.Tensor | None, rows: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Every id, the specified ones first, and ``2B`` offsets: the ``B`` real bags, then
+    ``B`` bags of the unspecified ids (Note [Bags without a host sync]). No host sync."""
+    ids, keep = ids.reshape(-1), keep.reshape(-1)
+    weights = weights.reshape(-1) if weights is not None else None
+    n, bags = ids.numel(), offsets.numel()
+    specified = torch.cumsum(keep, 0)
+    total = specified[-1:]
+    others = torch.cumsum(keep.logical_not(), 0)
+    dest = torch.where(keep, specified - 1, total + others - 1)
+    # (when no id is specified, ids[0] may be anything: kept in range, it only fills)
+    first = ids.index_select(0, keep.to(torch.uint8).argmax().reshape(1)).clamp_(0, rows - 1)
+    order = torch.empty_like(ids).scatter_(0, dest, torch.where(keep, ids, first))
+    chunk = -(-n // bags)
+    tail = (total + torch.arange(bags, device=ids.device) * chunk).clamp_(max=n)
+    if weights is not None:
+        weights = torch.zeros_like(weights).scatter_(0, dest, weights)
+    return order, torch.cat([offsets, tail]), weights
+
+
 @implements(F.embedding_bag)
 def _embedding_bag(op: Any, input: Any, weight: Any, offsets: Any = None,
                    max_norm: float | None = None, norm_type: float = 2.0,
@@ -128,29 +183,34 @@ def _embedding_bag(op: Any, input: Any, weight: Any, offsets: Any = None,
     if offsets is not None or include_last_offset:
         raise ValueError("embedding_bag: with masked ids every row is one bag and the "
                          "offsets come from the mask; drop offsets= and include_last_offset=")
-    coords, ids, _ = specified_ids(s, first_only=per_sample_weights is None)
+    if per_sample_weights is not None and (isinstance(per_sample_weights, MaskedTensor)
+                                           or per_sample_weights.shape != s.shape):
+        raise ValueError(f"embedding_bag: per_sample_weights must be a plain tensor of "
+                         f"the ids' shape {tuple(s.shape)} (read at the specified ids)")
+    ids, keep, counts, where = _bag_ids(s)
     bags = s.shape[0]
-    if coords is None:  # (a byte sum: torch's bool sum takes a slower path on CPU)
-        counts = s.mask.view(torch.uint8).sum(1, dtype=ids.dtype)
-    else:
-        counts = torch.bincount(coords[0], minlength=bags)
-    bounds = torch.zeros(bags + 1, dtype=ids.dtype, device=ids.device)
-    torch.cumsum(counts, 0, out=bounds[1:])
-    if per_sample_weights is not None:
-        if isinstance(per_sample_weights, MaskedTensor) or per_sample_weights.shape != s.shape:
-            raise ValueError(f"embedding_bag: per_sample_weights must be a plain tensor of "
-                             f"the ids' shape {tuple(s.shape)} (read at the specified ids)")
-        per_sample_weights = (per_sample_weights[s.mask] if coords is None
-                              else per_sample_weights[coords[0], coords[1]])
+    starts = torch.cumsum(counts, 0).sub_(counts)
+    if per_sample_weights is not None and where is not None:  # read at the stored ids
+        per_sample_weights = per_sample_weights[where[0], where[1]]
+    trash = (not scale_grad_by_freq and not compacts_on_host(ids) and bags > 0
+             and ids.numel() > 0)
+    if trash:  # Note [Bags without a host sync]
+        ids, starts, per_sample_weights = _trash_bags(ids, keep, starts, per_sample_weights,
+                                                      weight.shape[0])
+    elif where is None or int(counts.sum()) != ids.numel():  # (some) unspecified ids
+        ids = torch.masked_select(ids, keep)
+        if per_sample_weights is not None:
+            per_sample_weights = torch.masked_select(per_sample_weights, keep)
     if max_norm is not None or per_sample_weights is not None or mode not in _MODES:
-        return F.embedding_bag(ids, weight, bounds, max_norm=max_norm, norm_type=norm_type,
-                               scale_grad_by_freq=scale_grad_by_freq, mode=mode,
-                               sparse=sparse, per_sample_weights=per_sample_weights,
-                               include_last_offset=True, padding_idx=padding_idx)
-    # F.embedding_bag's own argument checks hold by construction here (1-D ids, offsets
-    # from 0, a known mode): its kernel directly.
-    return torch.embedding_bag(weight, ids, bounds, scale_grad_by_freq, _MODES[mode], sparse,
-                               None, True, padding_idx)[0]
+        out = F.embedding_bag(ids, weight, starts, max_norm=max_norm, norm_type=norm_type,
+                              scale_grad_by_freq=scale_grad_by_freq, mode=mode, sparse=sparse,
+                              per_sample_weights=per_sample_weights, padding_idx=padding_idx)
+    else:
+        # F.embedding_bag's own argument checks hold by construction here (1-D ids, offsets
+        # from 0, a known mode): its kernel directly.
+        out = torch.embedding_bag(weight, ids, starts, scale_grad_by_freq, _MODES[mode],
+                                  sparse, None, False, padding_idx)[0]
+    return out[:bags] if trash else out
 
 
 _MODES = {"sum": 0, "mean": 1, "max": 2}

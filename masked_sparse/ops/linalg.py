@@ -54,7 +54,7 @@ import layouts
 from layouts import Storage
 
 from .._autograd import _backward_with_graph, grad_on, on_values
-from .._fill import all_specified, compact, is_zero_filled, zero_fill
+from .._fill import all_specified, is_zero_filled, zero_fill
 from .._registry import implements
 from .._tensor import MaskedTensor, _wrap, requires_grad_of
 
@@ -120,14 +120,14 @@ def _any(mask: torch.Tensor, dim: int) -> torch.Tensor:
     if mask.shape[dim] == 0:  # an empty sum: no term
         return mask.new_zeros(mask.shape[:dim] + mask.shape[dim:][1:])
     if torch.compiler.is_compiling():
-        return compact(mask).any(dim)
+        return layouts.broadcast_part(mask).any(dim)
     keep = (mask.numel() > 1 << 14 and not mask.is_inference()
             and not torch._C._are_functorch_transforms_active())
     if keep:
         entry = _LINES.get(mask, {}).get(dim)
         if entry is not None and entry[0] == mask._version and entry[2] == entry[1]._version:
             return entry[1]  # (nor was the answer written since)
-    lines = compact(mask).view(torch.uint8).amax(dim).view(torch.bool)
+    lines = layouts.broadcast_part(mask).view(torch.uint8).amax(dim).view(torch.bool)
     if keep:
         _LINES.setdefault(mask, {})[dim] = (mask._version, lines, lines._version)
     return lines
@@ -140,10 +140,7 @@ def _as_counts(x: Storage, dtype: torch.dtype, keep: int) -> Operand:
     if x.index:
         return x.with_values(x.mask.to(dtype))
     mask = x.mask
-    for d in range(mask.dim()):
-        if d != keep % mask.dim() and mask.stride(d) == 0 and mask.shape[d] > 1:
-            mask = mask.narrow(d, 0, 1)
-    return mask.to(dtype)
+    return layouts.broadcast_part(mask, keep=keep % mask.dim()).to(dtype)
 
 
 def _output_mask(a: Operand, b: Operand, transpose_b: bool, shape: torch.Size,

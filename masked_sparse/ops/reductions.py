@@ -10,8 +10,8 @@ Semantics (docs/design.md, docs/reductions.md, RFC-0027), written once here for 
   ``var`` / ``std``: more than ``correction`` of them, numpy.ma's rule); unspecified result
   elements hold 0;
 - ``mean = sum / count``; ``var`` is two-pass (the squared deviations of the specified
-  values from their group's mean, ``Grouping.masked_sqdev``);
-  ``logsumexp`` subtracts the group maximum (``Grouping.masked_sumexp``); norms are built
+  values from their group's mean: Note [The moments family] in ``layouts.kernels``);
+  ``logsumexp`` subtracts the group maximum (Note [The logsumexp family]); norms are built
   from ``abs`` / ``pow``;
   ``argmax`` / ``max(dim)`` / ``median(dim)`` return indices in the full uncompressed shape;
 - a full reduction returns a 0-d strided MaskedTensor; along dims, a sparse input keeps a
@@ -20,8 +20,10 @@ Semantics (docs/design.md, docs/reductions.md, RFC-0027), written once here for 
 The layouts only compute: :func:`layouts.group_by` gives a :class:`layouts.Grouping` with
 ``reduce`` / ``expand`` / ``build`` primitives (dense torch reductions for strided,
 segment reductions over the stored values for sparse layouts, the COO form for layouts
-without a kernel). Everything is computed with differentiable torch ops on the values and
-run through :func:`masked_sparse._autograd.on_values`, so gradients carry the input's mask.
+without a kernel), and the kernel families of ``layouts.kernels`` (``masked_sum``,
+``masked_var``, ...) compute the masked reductions over it. Everything is differentiable
+with respect to the values and runs through :func:`masked_sparse._autograd.on_values`, so
+gradients carry the input's mask.
 
 Note [Fill before transform]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -49,7 +51,7 @@ from typing import Any
 import torch
 
 import layouts
-from layouts import Grouping, Kernel, Storage, fill_unspecified, zero_unspecified
+from layouts import Grouping, Kernel, Storage, fill_unspecified, kernels, zero_unspecified
 
 from .._autograd import on_values
 from .._fill import all_specified
@@ -178,29 +180,29 @@ def safe_root(s: torch.Tensor, p: float) -> torch.Tensor:
 # -- kernels: (grouping, *params) -> Storage | tuple -------------------------------------
 def k_sum(g: Grouping, dtype: torch.dtype, nan: bool) -> Storage:
     v, m = source(g, dtype, nan)
-    return g.build(g.masked_sum(v, m)[0], g.reduce(m, "any"))
+    return g.build(kernels.masked_sum(g, v, m)[0], g.reduce(m, "any"))
 
 
 def k_mean(g: Grouping, dtype: torch.dtype, nan: bool) -> Storage:
     v, m = source(g, dtype, nan)
-    return g.build(*g.masked_mean(v, m))
+    return g.build(*kernels.masked_mean(g, v, m))
 
 
 def k_prod(g: Grouping, dtype: torch.dtype) -> Storage:
     v, m = source(g, dtype)
     specified = g.reduce(m, "any")
-    out = g.masked_reduce_zeroed(v, m, "prod", specified)  # (None: reduce, then fill)
+    out = kernels.masked_reduce_zeroed(g, v, m, "prod", specified)  # (None: reduce, then fill)
     if out is None:
-        out = zero_unspecified(g.masked_reduce(v, m, "prod"), specified)
+        out = zero_unspecified(kernels.masked_reduce(g, v, m, "prod"), specified)
     return g.build(out, specified)
 
 
 def k_extreme(g: Grouping, op: str) -> Storage:
     v, m = source(g)
     specified = g.reduce(m, "any")
-    out = g.masked_reduce_zeroed(v, m, op, specified)  # the kernel's output, zeroed in place
+    out = kernels.masked_reduce_zeroed(g, v, m, op, specified)  # zeroed in place
     if out is None:
-        out = g.masked_reduce(v, m, op)
+        out = kernels.masked_reduce(g, v, m, op)
         if not all_specified(specified):  # an empty group holds the op's identity (+-inf)
             out = zero_unspecified(out, specified)
     return g.build(out, specified)
@@ -223,7 +225,7 @@ def k_norm(g: Grouping, ord: float, dtype: torch.dtype | None, out_dtype: torch.
     v, m = source(g, dtype)
     if ord == 2 and not v.is_complex():  # the sums of squares zeroed, their roots in place
         specified = g.reduce(m, "any")  # (the root of +0.0 is +0.0: the same bits)
-        out = g.masked_reduce_zeroed(v, m, "sumsq", specified)
+        out = kernels.masked_reduce_zeroed(g, v, m, "sumsq", specified)
         if out is not None:  # (to(): a call even when the dtype is already out_dtype)
             out = out.sqrt_()
             return g.build(out if out.dtype is out_dtype else out.to(out_dtype), specified)
@@ -236,7 +238,7 @@ def group_norm(g: Grouping, v: torch.Tensor, m: torch.Tensor,
     """The ``ord``-norm of the specified elements of each group, and which groups have one."""
     specified = g.reduce(m, "any")
     if ord == 2 and not v.is_complex():  # the sum of squares fused with the fill
-        return safe_root(g.masked_reduce(v, m, "sumsq"), 2), specified
+        return safe_root(kernels.masked_reduce(g, v, m, "sumsq"), 2), specified
     a = fill_unspecified(v, m, 0).abs()
     if ord == math.inf:
         out = g.reduce(a, "amax")
@@ -258,7 +260,7 @@ def group_norm(g: Grouping, v: torch.Tensor, m: torch.Tensor,
 
 def k_var(g: Grouping, correction: float, std: bool, with_mean: bool) -> Any:
     v, m = source(g)
-    var, mean, specified = g.masked_var(v, m, correction)
+    var, mean, specified = kernels.masked_var(g, v, m, correction)
     out = g.build(safe_root(var, 2) if std else var, specified)
     return (out, g.build(mean, g.reduce(m, "any"))) if with_mean else out
 
@@ -268,14 +270,14 @@ def k_logsumexp(g: Grouping, dtype: torch.dtype) -> Storage:
     specified = g.reduce(m, "any")
     if v.is_complex():
         return g.build(_complex_logsumexp(g, v, m, specified), specified)
-    return g.build(g.masked_logsumexp(v, m, specified), specified)
+    return g.build(kernels.masked_logsumexp(g, v, m, specified), specified)
 
 
 def _complex_logsumexp(g: Grouping, v: torch.Tensor, m: torch.Tensor,
                        specified: torch.Tensor) -> torch.Tensor:
     """torch's complex ``logsumexp``: the largest real part (0 when infinite) is taken out
     before ``exp`` and added back after ``log``; unspecified elements add nothing."""
-    top = g.masked_reduce(v.real, m, "amax")
+    top = kernels.masked_reduce(g, v.real, m, "amax")
     top = torch.where(torch.isinf(top) | ~specified, _full(0, top), top)
     filled = fill_unspecified(v, m, 0)  # Note [Fill before transform]
     terms = fill_unspecified((filled - g.expand(top)).exp(), m, 0)
@@ -286,7 +288,7 @@ def k_arg(g: Grouping, op: str, with_values: bool) -> Any:
     """argmax/argmin (op "amax"/"amin"): first position of the extreme, NaN first."""
     v, m = source(g)
     specified = g.reduce(m, "any")
-    top, position = g.masked_arg_extreme(v, m, op)
+    top, position = kernels.masked_arg_extreme(g, v, m, op)
     index = g.build(position, specified)
     return (g.build(top, specified), index) if with_values else index
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from layouts import Grouping, Storage
+from layouts import Grouping, Storage, kernels
 
 from .._fill import mark_zero_filled, zero_fill
 from .._registry import implements, op_name
@@ -39,7 +39,7 @@ def k_softmax(g: Grouping, dtype: torch.dtype | None, log: bool) -> Storage:
     masked slices and every unspecified element end as 0, masked (filled here unless the
     layout's kernel wrote the zeros)."""
     v, m = source(g, dtype)
-    out, zeroed = g.softmax(v, m, log)
+    out, zeroed = kernels.masked_softmax(g, v, m, log)
     return g.restore(mark_zero_filled(out, m) if zeroed else zero_fill(out, m))
 
 

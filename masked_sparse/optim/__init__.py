@@ -6,8 +6,9 @@ are torch's clipping functions. Gradients may be dense tensors, torch sparse COO
 ``nn.Embedding(sparse=True)`` produces, uncoalesced and hybrid) or MaskedTensors of any
 layout; parameters may be MaskedTensors. Sparse and masked gradients update lazily: only
 the specified entries of the parameter and of the state are read and written, in
-O(nnz). :mod:`masked_sparse.optim.functional` has the algorithms as functions, written
-with the helpers :func:`as_masked_grad`, :func:`read_at` and :func:`add_at_`.
+O(nnz), with torch's own numbers there, and no step syncs a CUDA device with the host.
+:mod:`masked_sparse.optim.functional` has the algorithms as functions; the helpers
+:func:`as_masked_grad`, :func:`read_at` and :func:`add_at_` write new ones with masked ops.
 
 >>> import torch, masked_sparse as ms
 >>> emb = torch.nn.Embedding(100, 4, sparse=True)

@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
+from .._tensor import MaskedTensor
+from ._same_pattern import mark_zero
 from ._scatter import target_of
 
 
@@ -58,8 +60,13 @@ class MaskedOptimizer(torch.optim.Optimizer):
 
     @staticmethod
     def zeros(p: torch.Tensor, value: float = 0.0) -> torch.Tensor:
-        """A state tensor for ``p``: shaped like its target (Note [Lazy updates])."""
-        return torch.full_like(target_of(p), value, memory_format=torch.preserve_format)
+        """A state tensor for ``p``: shaped like its target (Note [Lazy updates]); a zero
+        state of a masked parameter is known to be 0 at its unspecified entries (Note
+        [Gradients over the parameter's pattern])."""
+        state = torch.full_like(target_of(p), value, memory_format=torch.preserve_format)
+        if value == 0 and isinstance(p, MaskedTensor):
+            mark_zero(state)
+        return state
 
     @staticmethod
     def new_step(p: torch.Tensor, fused: bool | None) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Masked access to dense optimizer state: the three helpers every optimizer here uses.
+"""Masked access to dense optimizer state: three public helpers, and the positions they share.
 
 - :func:`as_masked_grad` turns any gradient form (dense tensor, torch sparse tensor of a
   registered layout -- uncoalesced COO included --, MaskedTensor) into one MaskedTensor,
@@ -8,8 +8,11 @@
 - :func:`add_at_` adds the specified entries of a MaskedTensor into a dense tensor, in
   place, leaving every other entry untouched.
 
-So an optimizer step is a few masked ops between one read and one write per state tensor:
-O(nnz) for a sparse gradient, in any layout, with no per-layout code.
+With them an optimizer is a few masked ops between one read and one write per state tensor:
+O(nnz) for a sparse gradient, in any layout, with no per-layout code (``tutorials/adagrad.py``
+writes Adagrad so). The built-in optimizers hand the gathered entries to torch's own steps
+instead (Note [Lazy steps on gathered entries] in ``_entries.py``), on the positions kept
+here.
 
 Note [Flat positions]
 ~~~~~~~~~~~~~~~~~~~~~
@@ -46,7 +49,8 @@ from layouts import Storage, linearize
 
 from .._tensor import MaskedTensor, _wrap
 
-__all__ = ["add_at_", "as_masked_grad", "grad_for", "read_at", "target_of"]
+__all__ = ["add_at_", "as_masked_grad", "gather_at", "on_cpu", "positions", "read_at",
+           "target_of"]
 
 
 def as_masked_grad(grad: Any, where: str = "as_masked_grad") -> MaskedTensor:
@@ -77,6 +81,14 @@ def as_masked_grad(grad: Any, where: str = "as_masked_grad") -> MaskedTensor:
     return _wrap(s.with_values(s.values, layouts.all_true(s.values)))
 
 
+def on_cpu(t: torch.Tensor) -> bool:
+    """True for a tensor on the CPU, where reading a value on the host or an output size
+    that only the data knows costs no device sync. The one switch between the CPU's
+    shortcuts and the device path of this package's optimizers (Note [No host sync in a
+    step]); the tests turn it off to run the device path on the CPU."""
+    return t.device.type == "cpu"
+
+
 def target_of(param: torch.Tensor) -> torch.Tensor:
     """The plain tensor an optimizer updates (and shapes its state like) for ``param``.
 
@@ -86,34 +98,11 @@ def target_of(param: torch.Tensor) -> torch.Tensor:
     return param._storage.values if isinstance(param, MaskedTensor) else param
 
 
-def grad_for(param: torch.Tensor, grad: Any, where: str) -> tuple[torch.Tensor, MaskedTensor]:
-    """``(target, g)``: the plain tensor to update for ``param`` and its masked gradient.
-
-    For a MaskedTensor parameter only its specified entries may change, so ``g`` is
-    restricted to them: kept in its own layout when the parameter stores every position
-    (its values are the dense tensor), else read at the parameter's stored positions and
-    expressed over its values.
-    """
-    g = as_masked_grad(grad, where)
-    if g.shape != param.shape:
-        raise ValueError(f"{where}: gradient of shape {tuple(g.shape)} for a parameter of shape "
-                         f"{tuple(param.shape)}")
-    if not isinstance(param, MaskedTensor):
-        return param, g
-    p, s = param._storage, g._storage
-    if not p.index and p.values.shape == p.shape:
-        mask = s.mask if s.mask is p.mask else s.mask & _gather(p.mask, s)
-        return p.values, _wrap(s.with_values(s.values, mask))
-    values, gmask = layouts.read_at(s, p)  # absent from the gradient: unspecified
-    mask = p.mask if gmask is p.mask else p.mask & gmask
-    strided = layouts.get_layout(torch.strided)
-    return p.values, _wrap(strided.from_torch(values, mask))
-
-
 # -- flat positions (Note [Flat positions]) ------------------------------------------------
 class _Positions(NamedTuple):
     flat: torch.Tensor  # int64: the row of ``dense.view(-1, width)`` of each row of values
     width: int          # elements per row: values are read as ``values.view(-1, width)``
+    ordered: bool       # ``flat`` ascends (the storage's values are in row-major order)
 
 
 _CACHE: list[tuple[tuple[Any, ...], torch.Size, torch.Size, _Positions]] = []
@@ -128,7 +117,7 @@ def _compute_positions(s: Storage) -> _Positions:
     if keys._base is not None:  # a view of the indices: the cache must not keep them alive
         keys = keys.clone()
     if coo.values is s.values:
-        return _Positions(keys, math.prod(s.values.shape[1:]))
+        return _Positions(keys, math.prod(s.values.shape[1:]), True)
     # The layout reorders or splits its values on the way to COO: follow value ids.
     n = s.values.numel()
     ids = torch.arange(n, device=s.values.device).view(s.values.shape)
@@ -137,10 +126,11 @@ def _compute_positions(s: Storage) -> _Positions:
     elems = keys[:, None] * inner + torch.arange(inner, device=keys.device)
     flat = torch.zeros(n, dtype=torch.long, device=keys.device)
     flat[coo.values.reshape(-1)] = elems.reshape(-1)
-    return _Positions(flat, 1)
+    return _Positions(flat, 1, False)
 
 
 def _positions(s: Storage) -> _Positions:
+    """The flat positions of ``s``'s values (Note [Flat positions]), cached per pattern."""
     for refs, shape, vshape, pos in _CACHE:
         if (shape == s.shape and vshape == s.values.shape and len(refs) == len(s.index)
                 and all(r() is t for r, t in zip(refs, s.index))):
@@ -157,8 +147,12 @@ def _evict(dead: weakref.ref) -> None:
     _CACHE[:] = [e for e in _CACHE if not any(r is dead for r in e[0])]
 
 
-def _gather(dense: torch.Tensor, s: Storage) -> torch.Tensor:
-    """``dense`` read at the stored positions of ``s``, shaped like ``s.values``."""
+positions = _positions
+
+
+def gather_at(dense: torch.Tensor, s: Storage) -> torch.Tensor:
+    """``dense`` read at the stored positions of ``s``, shaped like ``s.values`` (for a
+    storage of every position, ``s.layout.gather``: ``dense`` itself)."""
     if not s.index:
         return s.layout.gather(s, dense)
     pos = _positions(s)
@@ -166,6 +160,10 @@ def _gather(dense: torch.Tensor, s: Storage) -> torch.Tensor:
 
 
 def _all_specified(mask: torch.Tensor) -> bool:
+    """True when ``mask`` is True everywhere, read on the host where that is free (the CPU;
+    elsewhere False: the caller fills, which is exact either way)."""
+    if not on_cpu(mask):
+        return False
     if mask.numel() == 0:
         return True
     if all(st == 0 for st in mask.stride()):
@@ -192,7 +190,7 @@ def read_at(dense: torch.Tensor, like: MaskedTensor) -> MaskedTensor:
     if dense.shape != s.shape:
         raise ValueError(f"read_at: a tensor of shape {tuple(dense.shape)} cannot be read at the "
                          f"positions of a MaskedTensor of shape {tuple(s.shape)}")
-    return _wrap(s.with_values(_gather(dense, s)))
+    return _wrap(s.with_values(gather_at(dense, s)))
 
 
 def add_at_(dense: torch.Tensor, update: MaskedTensor, alpha: float = 1.0) -> torch.Tensor:

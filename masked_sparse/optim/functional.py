@@ -1,14 +1,21 @@
 """Functional optimizers: one code path per algorithm, for every gradient form and layout.
 
-Each function has the signature of its ``torch.optim`` counterpart and reads like the
-dense algorithm: the gradient becomes a MaskedTensor once
-(:func:`~masked_sparse.optim.as_masked_grad`), the state is read where it is specified
-(:func:`~masked_sparse.optim.read_at`), masked ops compute the update and
-:func:`~masked_sparse.optim.add_at_` writes it back. Nothing asks for the
-layout, so dense, torch sparse COO (uncoalesced, hybrid) and MaskedTensor gradients in
-strided, COO, CSR -- or any registered layout -- go through the same lines. Dense
-gradients of plain parameters are first handed to torch's own multi-tensor optimizers
-(Note [Dense gradients] in ``_dense.py``): same numbers, torch's speed.
+Each function has the signature of its ``torch.optim`` counterpart. Every parameter takes
+one of three routes, and all of them end in torch's own functional optimizer
+(``torch.optim.adam.adam``, ``...sgd.sgd``, ``...adagrad.adagrad``), called once per group:
+
+- a dense gradient of a plain parameter is handed over as it is (Note [Dense gradients]);
+- a MaskedTensor parameter whose gradient covers its pattern hands over its stored values
+  (Note [Gradients over the parameter's pattern]);
+- every other pair -- a sparse gradient, a masked one, a masked parameter with another
+  gradient -- is gathered at the entries its gradient specifies, stepped, and written back
+  (Note [Lazy steps on gathered entries] in ``_entries.py``).
+
+Nothing asks for the layout, so dense, torch sparse COO (uncoalesced, hybrid) and
+MaskedTensor gradients in strided, COO, CSR -- or any registered layout -- go through the
+same lines, and no route reads a value on the host (Note [No host sync in a step]).
+``sparse_adam`` has no torch multi-tensor counterpart: its lines are written here, on the
+gathered entries.
 
 Note [Lazy updates]
 ~~~~~~~~~~~~~~~~~~~
@@ -16,7 +23,21 @@ Only the specified entries of a gradient take part in a step: the parameter and 
 state tensor are read and written there only, as torch's sparse Adagrad and
 ``SparseAdam`` do. An entry that is not specified is not "a zero gradient": its moments
 do not decay and its parameter does not move. A dense gradient is specified everywhere,
-so on dense gradients these are the ordinary algorithms.
+so on dense gradients these are the ordinary algorithms; on the entries a step updates, the
+numbers are those of the ``torch.optim`` algorithm on those entries.
+
+Note [No host sync in a step]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+On a CUDA (or any non-CPU) device a step reads no value on the host: duplicates of an
+uncoalesced COO gradient are summed without ``coalesce()`` (Note [Duplicate rows without a
+host sync]), a gradient is read at a sparse parameter's positions by a binary search of
+fixed size, every write is ``index_copy_`` / ``index_add_`` / ``where`` over the entries, and
+the checks that would read a bool (are two masks equal, is a state 0 outside the mask) run
+only on the CPU (Note [Equal masks without a host sync]). What is read on the host is what
+torch.optim reads: the step counter, a CPU tensor as in ``torch.optim`` (``capturable`` is
+not supported), a Tensor ``lr`` (its value), and the step of ``fused=True`` state, which
+torch keeps on the device (``docs/optimizers.md`` lists them). The first step of a
+MaskedTensor gradient pattern also computes its positions once (no host read either).
 
 Note [Lazy weight decay]
 ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -44,10 +65,12 @@ the drop-in for ``torch.optim.SparseAdam``.
 
 Note [SGD without state]
 ~~~~~~~~~~~~~~~~~~~~~~~~
-SGD with neither momentum nor weight decay on a torch sparse COO gradient of a plain
+SGD with neither momentum nor weight decay on a torch sparse COO gradient of a plain CPU
 parameter is ``param.add_(grad, alpha=-lr)``: torch's own lazy step (only the stored
-entries move), in O(nnz), without coalescing -- duplicates are added one by one, as
-``torch.optim.SGD`` adds them. Any other sparse or masked case takes the masked path.
+entries move), ``torch.optim.SGD``'s very numbers, in O(nnz) and without coalescing --
+duplicates are added one by one. Elsewhere it is the lazy step of every other case (Note
+[Lazy steps on gathered entries]): ``torch.optim.sgd.sgd`` adds the gathered gradient to the
+gathered entries, the same numbers.
 """
 
 from __future__ import annotations
@@ -61,19 +84,18 @@ from torch.optim import adam as _torch_adam
 from torch.optim import sgd as _torch_sgd
 
 from .._tensor import MaskedTensor
-from . import _same_pattern
+from . import _same_pattern, _scatter
 from ._dense import has_complex, split, switches
-from ._scatter import add_at_, grad_for, read_at
+from ._entries import Entries, entries_for
 
 __all__ = ["adagrad", "adam", "sgd", "sparse_adam"]
 
 
-def _step_value(step_t: torch.Tensor, where: str) -> float:
-    if not isinstance(step_t, torch.Tensor):
-        raise TypeError(f"{where}: state_steps must hold tensors (updated in place), got "
-                        f"{type(step_t).__name__}")
-    step_t += 1
-    return float(step_t)
+def _check_steps(steps: list[Any], where: str) -> None:
+    for step_t in steps:
+        if not isinstance(step_t, torch.Tensor):
+            raise TypeError(f"{where}: state_steps must hold tensors (updated in place), got "
+                            f"{type(step_t).__name__}")
 
 
 def _is_plain_coo_pair(param: torch.Tensor, grad: object) -> bool:
@@ -82,40 +104,114 @@ def _is_plain_coo_pair(param: torch.Tensor, grad: object) -> bool:
             and grad.shape == param.shape)
 
 
-def _runs(dense: list[int], full: list[int],
-          decay: bool) -> list[tuple[list[int], list[int], bool]]:
-    """The calls of torch's functional optimizer: ``(dense, masked, fold)`` positions.
-
-    Without weight decay, one call for both kinds (Note [Gradients over the parameter's
-    pattern]); with it, the masked parameters go apart, their decay and ``maximize`` folded
-    into their gradients (``fold``), so that torch's decay cannot reach their unspecified
-    entries."""
-    runs = [(dense, full, False)] if not decay else [(dense, [], False), ([], full, True)]
-    return [r for r in runs if r[0] or r[1]]
-
-
 def _at(items: list[Any], positions: list[int]) -> list[Any]:
+    """``items`` at ``positions`` (ascending), a new list."""
+    if len(positions) == len(items):  # all of them (the usual dense group)
+        return list(items)
     return [items[i] for i in positions]
 
 
-def _torch_lists(params: list[torch.Tensor], grads: list[Any], dense: list[int],
-                 full: list[int], fold: bool, maximize: bool,
-                 weight_decay: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Parameters and gradients for torch: the dense pairs as they are, then the masked
-    parameters' values with their filled gradients."""
-    ps = [params[i] for i in dense]
-    gs = [grads[i] for i in dense]
+class _Lazy:
+    """The lazy pairs of one step, gathered at their entries (Note [Lazy steps on gathered
+    entries]): ``params`` and ``grads`` to hand to torch, :meth:`gather` for each state list,
+    :meth:`write_back` once torch has stepped them."""
+
+    def __init__(self, params: list[torch.Tensor], grads: list[Any], positions: list[int],
+                 where: str) -> None:
+        self.positions = positions
+        self.sites = [entries_for(params[i], grads[i], where) for i in positions]
+        self.params = [e.gather(t) for t, e in self.sites]
+        self.grads = [e.grad for _, e in self.sites]
+        self._masks = [p._storage.mask if isinstance(p, MaskedTensor) else None
+                       for p in _at(params, positions)]
+        self._writes: list[tuple[torch.Tensor, Entries, torch.Tensor]] = [
+            (t, e, p) for (t, e), p in zip(self.sites, self.params)]
+        self._tagged: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.positions)
+
+    def gather(self, states: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """The states of the lazy pairs at their entries, written back by :meth:`write_back`
+        (None stays None). A masked parameter's state known to be 0 at its unspecified
+        entries stays known so: the step writes inside the mask only."""
+        out: list[torch.Tensor | None] = []
+        for i, (_, e), mask in zip(self.positions, self.sites, self._masks):
+            state = states[i]
+            if state is None:
+                out.append(None)
+                continue
+            if mask is not None and _same_pattern.is_known_zero_outside(state, mask):
+                self._tagged.append((state, mask))
+            gathered = e.gather(state)
+            self._writes.append((state, e, gathered))
+            out.append(gathered)
+        return out
+
+    def adopt(self, k: int, gathered: torch.Tensor) -> torch.Tensor:
+        """A dense state for the ``k``-th lazy pair, 0 but at its entries, where it holds
+        ``gathered`` (a buffer torch created from the gathered gradient)."""
+        target, e = self.sites[k]
+        state = torch.zeros_like(target, memory_format=torch.preserve_format)
+        e.scatter_(state, gathered)
+        if self._masks[k] is not None:
+            _same_pattern.mark(state, self._masks[k])
+        return state
+
+    def write_back(self) -> None:
+        for target, e, stepped in self._writes:
+            e.scatter_(target, stepped)
+        for state, mask in self._tagged:
+            _same_pattern.mark(state, mask)
+
+
+def _runs(dense: list[int], lazy: _Lazy, full: list[int],
+          decay: bool) -> list[tuple[list[int], bool, list[int], bool]]:
+    """The calls of torch's functional optimizer: ``(dense, with lazy, full, fold)``.
+
+    Without weight decay, one call for every route; with it, the full masked parameters
+    go apart, their decay and ``maximize`` folded into their gradients (``fold``), so that
+    torch's decay cannot reach their unspecified entries (Note [Gradients over the
+    parameter's pattern]). Dense and gathered tensors are decayed by torch itself (the
+    gathered ones at their entries only: Note [Lazy weight decay])."""
+    runs = ([(dense, True, full, False)] if not decay
+            else [(dense, True, [], False), ([], False, full, True)])
+    return [r for r in runs if r[0] or r[2] or (r[1] and lazy)]
+
+
+def _torch_lists(run: tuple[list[int], bool, list[int], bool], params: list[torch.Tensor],
+                 grads: list[Any], lazy: _Lazy, values: dict[int, torch.Tensor],
+                 states: list[list[Any]], steps: list[Any] | None, maximize: bool,
+                 weight_decay: float) -> tuple[list[Any], list[Any], list[list[Any]], list[Any]]:
+    """``(params, grads, states, steps)`` for one torch call: the dense pairs as they are,
+    the gathered lazy ones, then the full masked parameters' values with their filled
+    gradients. Each of ``states`` is a list of state tensors aligned with ``params``;
+    ``steps`` (the step counters) pass as they are."""
+    dense, with_lazy, full, fold = run
+    ps, gs = _at(params, dense), _at(grads, dense)
+    out = [_at(st, dense) for st in states]
+    counters = _at(steps, dense) if steps is not None else []
+    if with_lazy and lazy:
+        ps += lazy.params
+        gs += lazy.grads
+        for o, st in zip(out, states):
+            o += lazy.gather(st)
+        counters += _at(steps, lazy.positions) if steps is not None else []
     for i in full:
         ps.append(_same_pattern.target_and_mask(params[i])[0])
-        gs.append(_same_pattern.filled_grad(params[i], grads[i], negate=fold and maximize,
+        gs.append(_same_pattern.filled_grad(params[i], values[i], negate=fold and maximize,
                                             weight_decay=weight_decay if fold else 0))
-    return ps, gs
+    for o, st in zip(out, states):
+        o += _at(st, full)
+    counters += _at(steps, full) if steps is not None else []
+    return ps, gs, out, counters
 
 
-def _same_pattern_ready(params: list[torch.Tensor], full: list[int],
-                   states: list[list[torch.Tensor | None]]) -> tuple[list[int], list[int]]:
-    """``(ready, held)`` of ``full``: the parameters whose ``states`` are 0 at every
-    unspecified entry (Note [Gradients over the parameter's pattern]), and the others."""
+def _ready(params: list[torch.Tensor], full: list[int],
+           states: list[list[torch.Tensor | None]]) -> tuple[list[int], list[int]]:
+    """``(ready, held)`` of ``full``: the parameters whose ``states`` are known to be 0 at
+    every unspecified entry (Note [Gradients over the parameter's pattern]), and the
+    others, which take the lazy route."""
     ready: list[int] = []
     held: list[int] = []
     for i in full:
@@ -132,8 +228,7 @@ def adagrad(params: list[torch.Tensor], grads: list[torch.Tensor],
 
     ``state_sums[i]`` has the shape of ``params[i]`` (of its stored values for a
     MaskedTensor parameter); ``state_steps[i]`` is a 0-d tensor, incremented in place.
-    Dense gradients of plain parameters run through ``torch.optim.adagrad.adagrad`` with
-    ``foreach`` / ``fused`` (Note [Dense gradients]).
+    Every route ends in ``torch.optim.adagrad.adagrad`` with ``foreach`` / ``fused``.
 
     >>> import torch, masked_sparse as ms
     >>> param, state_sum = torch.zeros(4), torch.zeros(4)
@@ -143,27 +238,19 @@ def adagrad(params: list[torch.Tensor], grads: list[torch.Tensor],
     >>> param
     tensor([ 0.0000, -0.1000,  0.0000,  0.1000])
     """
-    dense, lazy = split(params, grads)
-    full, lazy = _same_pattern.full_pairs(params, grads, lazy)
-    for d, f, fold in _runs(dense, full, weight_decay != 0):
-        ps, gs = _torch_lists(params, grads, d, f, fold, maximize, weight_decay)
-        _torch_adagrad.adagrad(ps, gs, _at(state_sums, d + f), _at(state_steps, d + f),
-                               has_complex=has_complex(ps), **switches(foreach, fused, lr),
-                               lr=lr, weight_decay=0 if fold else weight_decay,
-                               lr_decay=lr_decay, eps=eps, maximize=maximize and not fold)
-    lr = float(lr)
-    for i in lazy:
-        param, grad, state_sum, step_t = params[i], grads[i], state_sums[i], state_steps[i]
-        param, g = grad_for(param, grad, "adagrad")
-        step = _step_value(step_t, "adagrad")
-        if maximize:
-            g = -g
-        if weight_decay != 0:
-            g = g + read_at(param, g) * weight_decay  # Note [Lazy weight decay]
-        clr = lr / (1 + (step - 1) * lr_decay)
-        add_at_(state_sum, g.pow(2))
-        std = read_at(state_sum, g).sqrt().add(eps)
-        add_at_(param, g / std, alpha=-clr)
+    _check_steps(state_steps, "adagrad")
+    dense, rest = split(params, grads)
+    full, rest, values = _same_pattern.full_pairs(params, grads, rest)
+    lazy = _Lazy(params, grads, rest, "adagrad")
+    for run in _runs(dense, lazy, full, weight_decay != 0):
+        fold = run[3]
+        ps, gs, (sums,), steps = _torch_lists(run, params, grads, lazy, values, [state_sums],
+                                              state_steps, maximize, weight_decay)
+        _torch_adagrad.adagrad(ps, gs, sums, steps, has_complex=has_complex(ps),
+                               **switches(foreach, fused, lr), lr=lr,
+                               weight_decay=0 if fold else weight_decay, lr_decay=lr_decay,
+                               eps=eps, maximize=maximize and not fold)
+    lazy.write_back()
 
 
 def sgd(params: list[torch.Tensor], d_p_list: list[torch.Tensor],
@@ -173,13 +260,11 @@ def sgd(params: list[torch.Tensor], d_p_list: list[torch.Tensor],
     """SGD with momentum, dampening, Nesterov and weight decay (lazy for sparse gradients).
 
     ``momentum_buffer_list[i]`` is None before the first step; it is then created (dense,
-    shaped like the parameter's target) and stored back into the list, as torch does. The
-    first step copies the gradient into the buffer; later ones apply
-    ``buf = momentum * buf + (1 - dampening) * g`` at the specified entries, written as an
-    increment so that the stored buffer is exactly the one used for the update. Dense
-    gradients of plain parameters run through ``torch.optim.sgd.sgd`` with ``foreach`` /
-    ``fused`` (Note [Dense gradients]), and a COO gradient without momentum or weight decay
-    is added as torch adds it (Note [SGD without state]).
+    shaped like the parameter's target, 0 but where the gradient is specified) and stored
+    back into the list, as torch does. A lazy step keeps the buffer at the specified
+    entries only, so an entry the gradient skips keeps its buffer. Every route ends in
+    ``torch.optim.sgd.sgd`` with ``foreach`` / ``fused``, but the stateless lazy step, which
+    adds the gradient where it is specified (Note [SGD without state]).
 
     >>> import torch, masked_sparse as ms
     >>> param = torch.ones(3)
@@ -189,43 +274,37 @@ def sgd(params: list[torch.Tensor], d_p_list: list[torch.Tensor],
     >>> param
     tensor([1.0000, 1.0000, 0.5000])
     """
-    dense, lazy = split(params, d_p_list)
-    full, lazy = _same_pattern.full_pairs(params, d_p_list, lazy)
-    full, held = _same_pattern_ready(params, full, [momentum_buffer_list] if momentum else [])
-    lazy = sorted(lazy + held)
-    for d, f, fold in _runs(dense, full, weight_decay != 0):
-        ps, gs = _torch_lists(params, d_p_list, d, f, fold, maximize, weight_decay)
-        buffers = _at(momentum_buffer_list, d + f)
+    dense, rest = split(params, d_p_list)
+    full, rest, values = _same_pattern.full_pairs(params, d_p_list, rest)
+    full, held = _ready(params, full, [momentum_buffer_list] if momentum else [])
+    rest = sorted(rest + held)
+    if momentum == 0 and weight_decay == 0:  # Note [SGD without state]
+        added = [i for i in rest if _is_plain_coo_pair(params[i], d_p_list[i])
+                 and _scatter.on_cpu(d_p_list[i])]
+        for i in added:
+            params[i].add_(d_p_list[i], alpha=lr if maximize else -lr)
+        rest = [i for i in rest if i not in added]
+    lazy = _Lazy(params, d_p_list, rest, "sgd")
+    for run in _runs(dense, lazy, full, weight_decay != 0):
+        d, with_lazy, f, fold = run
+        ps, gs, (buffers,), _ = _torch_lists(run, params, d_p_list, lazy, values,
+                                             [momentum_buffer_list], None, maximize,
+                                             weight_decay)
         _torch_sgd.sgd(ps, gs, buffers, **switches(foreach, fused, lr),
                        weight_decay=0 if fold else weight_decay, momentum=momentum, lr=lr,
                        dampening=dampening, nesterov=nesterov, maximize=maximize and not fold)
-        for i, buf in zip(d + f, buffers):
-            momentum_buffer_list[i] = buf
+        created = iter(buffers)
+        for i in d:
+            momentum_buffer_list[i] = next(created)
+        for k, i in enumerate(lazy.positions if with_lazy else ()):
+            buf = next(created)
+            if momentum_buffer_list[i] is None and buf is not None:
+                momentum_buffer_list[i] = lazy.adopt(k, buf)
         for i in f:
-            _same_pattern.mark(momentum_buffer_list[i], _same_pattern.target_and_mask(params[i])[1])
-    lr = float(lr)
-    for i in lazy:
-        param, grad = params[i], d_p_list[i]
-        if momentum == 0 and weight_decay == 0 and _is_plain_coo_pair(param, grad):
-            param.add_(grad, alpha=lr if maximize else -lr)  # Note [SGD without state]
-            continue
-        param, g = grad_for(param, grad, "sgd")
-        if maximize:
-            g = -g
-        if weight_decay != 0:
-            g = g + read_at(param, g) * weight_decay  # Note [Lazy weight decay]
-        if momentum != 0:
-            buf = momentum_buffer_list[i]
-            first = buf is None
-            if buf is None:
-                buf = torch.zeros_like(param, memory_format=torch.preserve_format)
-                momentum_buffer_list[i] = buf
-            old = read_at(buf, g)
-            delta = g if first else old * (momentum - 1) + g * (1 - dampening)
-            b = old + delta
-            g = g + b * momentum if nesterov else b
-            add_at_(buf, delta)
-        add_at_(param, g, alpha=-lr)
+            momentum_buffer_list[i] = next(created)
+            _same_pattern.mark(momentum_buffer_list[i],
+                               _same_pattern.target_and_mask(params[i])[1])
+    lazy.write_back()
 
 
 def adam(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
@@ -237,9 +316,8 @@ def adam(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[t
     """Adam / AdamW (``decoupled_weight_decay=True``), lazy for sparse gradients.
 
     See Note [Adam and SparseAdam] for how it relates to ``torch.optim.SparseAdam``.
-    ``max_exp_avg_sqs`` is only read when ``amsgrad`` is True. Dense gradients of plain
-    parameters run through ``torch.optim.adam.adam`` with ``foreach`` / ``fused`` (Note
-    [Dense gradients]).
+    ``max_exp_avg_sqs`` is only read when ``amsgrad`` is True. Every route ends in
+    ``torch.optim.adam.adam`` with ``foreach`` / ``fused``.
 
     >>> import torch, masked_sparse as ms
     >>> param, m, v = torch.zeros(3), torch.zeros(3), torch.zeros(3)
@@ -250,23 +328,25 @@ def adam(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[t
     >>> param
     tensor([-0.1000,  0.0000,  0.0000])
     """
-    dense, lazy = split(params, grads)
-    full, lazy = _same_pattern.full_pairs(params, grads, lazy)
-    full, held = _same_pattern_ready(params, full, [exp_avgs, exp_avg_sqs])
-    lazy = sorted(lazy + held)
+    _check_steps(state_steps, "adam")
+    dense, rest = split(params, grads)
+    full, rest, values = _same_pattern.full_pairs(params, grads, rest)
+    full, held = _ready(params, full, [exp_avgs, exp_avg_sqs])
+    lazy = _Lazy(params, grads, sorted(rest + held), "adam")
+    states = [exp_avgs, exp_avg_sqs] + ([max_exp_avg_sqs] if amsgrad else [])
     if full and decoupled_weight_decay and weight_decay != 0:
         # AdamW's decay first, as torch: 1 at the unspecified entries.
         targets, masks = zip(*(_same_pattern.target_and_mask(params[i]) for i in full))
         torch._foreach_mul_(list(targets), [
             _same_pattern.decay_factor(m, 1 - lr * weight_decay, t)
             for t, m in zip(targets, masks)])
-    for d, f, fold in _runs(dense, full, weight_decay != 0):
-        ps, gs = _torch_lists(params, grads, d, f, fold, maximize,
-                              0 if decoupled_weight_decay else weight_decay)
-        _torch_adam.adam(ps, gs, _at(exp_avgs, d + f), _at(exp_avg_sqs, d + f),
-                         _at(max_exp_avg_sqs, d + f) if amsgrad else [],
-                         _at(state_steps, d + f), **switches(foreach, fused, lr),
-                         has_complex=has_complex(ps),
+    for run in _runs(dense, lazy, full, weight_decay != 0):
+        fold = run[3]
+        ps, gs, sts, steps = _torch_lists(run, params, grads, lazy, values, states,
+                                          state_steps, maximize,
+                                          0 if decoupled_weight_decay else weight_decay)
+        _torch_adam.adam(ps, gs, sts[0], sts[1], sts[2] if amsgrad else [], steps,
+                         **switches(foreach, fused, lr), has_complex=has_complex(ps),
                          decoupled_weight_decay=decoupled_weight_decay, amsgrad=amsgrad,
                          beta1=beta1, beta2=beta2, lr=lr,
                          weight_decay=0 if fold else weight_decay, eps=eps,
@@ -275,34 +355,7 @@ def adam(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[t
         mask = _same_pattern.target_and_mask(params[i])[1]
         _same_pattern.mark(exp_avgs[i], mask)
         _same_pattern.mark(exp_avg_sqs[i], mask)
-    lr, beta1, beta2 = float(lr), float(beta1), float(beta2)
-    for i in lazy:
-        param, g = grad_for(params[i], grads[i], "adam")
-        step = _step_value(state_steps[i], "adam")
-        if maximize:
-            g = -g
-        p = read_at(param, g) if weight_decay != 0 else None
-        if p is not None and not decoupled_weight_decay:
-            g = g + p * weight_decay  # Note [Lazy weight decay]
-        # The moments, read where g is specified and moved towards g (as SparseAdam does).
-        m, v = read_at(exp_avgs[i], g), read_at(exp_avg_sqs[i], g)
-        dm = (g - m) * (1 - beta1)
-        dv = (g * g - v) * (1 - beta2)
-        m, v = m + dm, v + dv
-        add_at_(exp_avgs[i], dm)
-        add_at_(exp_avg_sqs[i], dv)
-        if amsgrad:
-            v_max = read_at(max_exp_avg_sqs[i], g)
-            dmax = (v - v_max).clamp_min(0)
-            v = v_max + dmax
-            add_at_(max_exp_avg_sqs[i], dmax)
-        bias_correction1 = 1 - beta1 ** step
-        bias_correction2_sqrt = math.sqrt(1 - beta2 ** step)
-        denom = v.sqrt() / bias_correction2_sqrt + eps
-        update = (m * (-lr / bias_correction1)) / denom
-        if p is not None and decoupled_weight_decay:
-            update = update - p * (lr * weight_decay)  # Note [Lazy weight decay]
-        add_at_(param, update)
+    lazy.write_back()
 
 
 def sparse_adam(params: list[torch.Tensor], grads: list[torch.Tensor],
@@ -312,9 +365,10 @@ def sparse_adam(params: list[torch.Tensor], grads: list[torch.Tensor],
     """``torch.optim.SparseAdam``'s step for every gradient form (Note [Adam and SparseAdam]).
 
     The operations of ``torch.optim._functional.sparse_adam``, in its order, on the
-    specified entries: on a COO gradient the same numbers. ``state_steps[i]`` is the step
-    count after this step (an int, incremented by the caller, as torch does). A dense
-    gradient is specified everywhere; a MaskedTensor gradient where its mask says.
+    specified entries (Note [Lazy steps on gathered entries]): on a COO gradient the same
+    numbers. ``state_steps[i]`` is the step count after this step (an int, incremented by
+    the caller, as torch does). A dense gradient is specified everywhere; a MaskedTensor
+    gradient where its mask says.
 
     >>> import torch, masked_sparse as ms
     >>> param, m, v = torch.zeros(3), torch.zeros(3), torch.zeros(3)
@@ -325,16 +379,16 @@ def sparse_adam(params: list[torch.Tensor], grads: list[torch.Tensor],
     tensor([-0.1000,  0.0000,  0.0000])
     """
     for i, (param, grad) in enumerate(zip(params, grads, strict=True)):
-        param, g = grad_for(param, grad, "sparse_adam")
-        if maximize:
-            g = -g
-        m, v = read_at(exp_avgs[i], g), read_at(exp_avg_sqs[i], g)
+        target, e = entries_for(param, grad, "sparse_adam")
+        g = -e.grad if maximize else e.grad
+        m, v = e.read(exp_avgs[i]), e.read(exp_avg_sqs[i])
         dm = (g - m) * (1 - beta1)
         dv = (g.pow(2) - v) * (1 - beta2)
-        # Both sums before the writes: for a strided g, m and v are the state itself.
-        numer, denom = dm + m, (dv + v).sqrt() + eps
-        add_at_(exp_avgs[i], dm)
-        add_at_(exp_avg_sqs[i], dv)
+        numer, v = dm + m, dv + v
+        denom = v.sqrt() + eps
         step = state_steps[i]
         step_size = lr * math.sqrt(1 - beta2 ** step) / (1 - beta1 ** step)
-        add_at_(param, (numer / denom) * -step_size)
+        update = (numer / denom) * -step_size
+        e.scatter_(exp_avgs[i], numer)  # m + dm
+        e.scatter_(exp_avg_sqs[i], v)  # v + dv
+        e.scatter_(target, e.read(target) + update)

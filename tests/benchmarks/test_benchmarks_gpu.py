@@ -1,5 +1,6 @@
-"""Smoke test of ``python -m benchmarks.gpu`` (the device benchmark): it runs on
-the CPU with tiny operands, writes every section of its report, and its raw kernels and
+"""Smoke test of ``python -m benchmarks.gpu`` (the device benchmark): it runs on the CPU
+with tiny operands, writes every section of its report (the device table in the form
+``layouts/kernels/_device_table.py`` reads included), and its raw kernels and
 baselines compute what the masked op computes (no timing is asserted)."""
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def test_baselines_compute_the_masked_reduction(layout, op, dim):
     for name, fn in [*gpu.raw_ops(op, m, dim).items(), ("dense", gpu.dense_op(op, m, dim))]:
         got = fn()
         torch.testing.assert_close(got[specified], want[specified], msg=f"{name} {op}")
+    assert isinstance(gpu.torch_sparse_op(op, m, layout, dim), str) == (
+        op not in ("sum", "amax", "mean"))
     if op == "sum":  # torch's own sparse sum, of the specified entries only
         got = gpu.torch_sparse_op(op, m, layout, dim)().to_dense().reshape(-1)
         torch.testing.assert_close(got[specified], want[specified])
@@ -49,8 +52,16 @@ def test_quick_cpu_run_writes_every_section(tmp_path):
     assert "- tests: 6 passed, 1 failed, 0 errors, 3 skipped (of 10, 12 s)" in text
     assert "- `tests.test_x::test_y`: AssertionError: off by one\n" in text
     for heading in ("## Reductions", "### Raw kernels", "## Softmax", "## Pruned MLP",
-                    "## Attention", "## Optimizer step"):
+                    "## Attention", "## Optimizer step", "## Full reductions",
+                    "### Table for layouts/kernels/_device_table.py"):
         assert heading in text
+    table = text.split("```python\n")[1].split("```")[0]
+    rows = eval("{" + table + "}")  # the form of _device_table.TABLE
+    from layouts.kernels import _device_table
+    for (op, kind), by_device in rows.items():
+        assert (op, kind) in _device_table.TABLE and set(by_device) == {"cpu"}
+        assert all(name in _device_table.KERNELS for _, name in by_device["cpu"])
+    assert "coo nnz=2k log_softmax(dim=0)" in text and "csr nnz=2k argmax()" in text
     for op in gpu.OPS:
         for dim in (0, 1):
             assert f"- {op}(dim={dim}): " in text  # the fastest raw kernel per op
@@ -63,7 +74,7 @@ def test_a_stopped_run_reports_what_it_measured():
     text = gpu.report(torch.device("cpu"), None, {"mlp": {
         "case": "MLP", "masked": {"s": 2e-3}, "dense": {"s": 1e-3}}})
     assert "| MLP | 2.000 ms | 2.00 |" in text
-    assert text.count("not run (the run stopped before it)") == 5  # the other sections
+    assert text.count("not run (the run stopped before it)") == 7  # the other sections
     assert "- tests: not run" in text
 
 

@@ -1,9 +1,10 @@
-"""The kernel families as ``torch.library`` custom ops (``layouts/_custom_ops.py``).
+"""The kernel families as ``torch.library`` ops (``layouts/kernels/``, Note [Kernel families
+as ops]).
 
-- each op against a float64 reference computed group by group with ``torch.where``, by
-  the CPU implementation (the C kernels where loaded), by the torch-op implementation
-  (the native library hidden: what other devices and ``MASKED_SPARSE_NATIVE=0`` run) and,
-  with ``--device``, on that device;
+- each op against a float64 reference computed group by group with ``torch.where`` on the
+  values' device, by the CPU implementation (the C kernels where loaded), by the torch-op
+  implementation (``layouts.native_disabled()``: what other devices and
+  ``MASKED_SPARSE_NATIVE=0`` run) and, with ``--device``, on that device;
 - ``torch.library.opcheck`` of each op (fake vs real, autograd registration, AOT);
 - torch.compile of sparse masked reductions puts the ops in the graph, and the compiled
   values and gradients equal eager ones bit for bit (the same C kernels).
@@ -13,6 +14,7 @@ Compiles are few and small (``aot_eager`` but one Inductor case); speed lives in
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 
@@ -24,7 +26,8 @@ from hypothesis import strategies as st
 
 import layouts
 import masked_sparse as ms
-from layouts import _kernels, _native
+from layouts import _native
+from layouts.kernels import segmented_cumsum
 
 pytestmark = pytest.mark.device_generic
 ops = torch.ops.masked_sparse
@@ -61,38 +64,44 @@ def _inputs(kind, dtype, device, requires_grad=False):
 
 def _specified(mask, group, n):
     """Per group, whether it holds a specified element (what ``logsumexp`` is given)."""
-    return torch.zeros(n, dtype=torch.bool).index_put_((group,), mask.cpu(), accumulate=True)
+    return torch.zeros(n, dtype=torch.bool, device=mask.device).index_put_(
+        (group.to(mask.device),), mask, accumulate=True)
 
 
 def _call(name, arg, inputs, n, group):
     if name == "logsumexp":
-        return ops.logsumexp(*inputs, _specified(inputs[1], group, n).to(inputs[0].device))
+        return ops.logsumexp(*inputs, _specified(inputs[1], group, n))
     if name == "arg_extreme":
         return ops.arg_extreme(*inputs, torch.arange(10, device=inputs[0].device), arg)
     return getattr(ops, name)(*inputs, arg)
 
 
 def _reference(name, arg, values, mask, group, n):
-    """Group by group in float64, from the specified elements (``torch.where``)."""
-    v, m = values.detach().double().cpu(), mask.cpu()
+    """Group by group in float64, from the specified elements (``torch.where``), built on
+    the values' device (every tensor here names it)."""
+    device = values.device
+    v, m, group = values.detach().double(), mask, group.to(device)
     outs = []
+    inf = torch.tensor(torch.inf, dtype=torch.float64, device=device)
     if name == "softmax":
-        out = torch.zeros(10, dtype=torch.float64)
+        out = torch.zeros(10, dtype=torch.float64, device=device)
     for k in range(n):
         sel = (group == k) & m
         x = torch.where(sel, v, 0.0)[sel]
         if name == "reduce":
             op = {"sum": torch.sum, "prod": torch.prod, "sumsq": lambda y: (y * y).sum(),
-                  "amax": lambda y: y.max() if y.numel() else torch.tensor(-torch.inf),
-                  "amin": lambda y: y.min() if y.numel() else torch.tensor(torch.inf)}[arg]
+                  "amax": lambda y: y.max() if y.numel() else -inf,
+                  "amin": lambda y: y.min() if y.numel() else inf}[arg]
             outs.append(op(x))
         elif name == "moments":
-            mean = x.mean() if x.numel() else torch.tensor(0.0)
+            zero = torch.zeros((), dtype=torch.float64, device=device)
+            mean = x.mean() if x.numel() else zero
             dof = x.numel() - (arg or 0)
-            var = ((x - mean) ** 2).sum() / dof if dof > 0 else torch.tensor(0.0)
+            var = ((x - mean) ** 2).sum() / dof if dof > 0 else zero
             outs.append((var, mean, dof > 0))  # a variance needs count > correction
         elif name == "logsumexp":
-            outs.append(torch.logsumexp(x, 0) if x.numel() else torch.tensor(0.0))
+            outs.append(torch.logsumexp(x, 0) if x.numel() else
+                        torch.zeros((), dtype=torch.float64, device=device))
         elif name == "softmax":
             out[sel] = (torch.log_softmax if arg else torch.softmax)(x, 0)
         else:
@@ -108,36 +117,37 @@ def _reference(name, arg, values, mask, group, n):
         return (torch.stack(outs),)
     if name == "moments":
         var = torch.stack([o[0] for o in outs]) if arg is not None else \
-            torch.zeros(0, dtype=torch.float64)
+            torch.zeros(0, dtype=torch.float64, device=device)
         return (var, torch.stack([o[1] for o in outs]),
-                torch.tensor([o[2] for o in outs]))
-    return (torch.tensor([o[0] for o in outs], dtype=torch.float64),
-            torch.tensor([o[1] for o in outs]))
+                torch.tensor([o[2] for o in outs], device=device))
+    return (torch.tensor([o[0] for o in outs], dtype=torch.float64, device=device),
+            torch.tensor([o[1] for o in outs], device=device))
 
 
 def _check(got, ref, dtype):
     got = got if isinstance(got, tuple) else (got,)
     assert len(got) == len(ref)
     for g, r in zip(got, ref):
+        assert g.device == r.device
         if r.is_floating_point():
             tol = 1e-5 if dtype == torch.float32 else 1e-12
-            torch.testing.assert_close(g.cpu().double(), r, rtol=tol, atol=tol)
+            torch.testing.assert_close(g.double(), r, rtol=tol, atol=tol)
         else:
-            assert torch.equal(g.cpu(), r.to(g.dtype))
+            assert torch.equal(g, r.to(g.dtype))
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize(("name", "arg"), CASES, ids=[f"{n}-{a}" for n, a in CASES])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("native", [True, False], ids=["kernels", "torch-ops"])
-def test_op_equals_the_reference(name, arg, kind, dtype, native, device, monkeypatch):
-    if not native:  # the torch-op implementation: what every other device runs
-        monkeypatch.setattr(_native, "_library", lambda: None)
-    elif device.type != "cpu" or not _native.available():
+def test_op_equals_the_reference(name, arg, kind, dtype, native, device):
+    if native and (device.type != "cpu" or not _native.available()):
         pytest.skip("the C kernels serve the CPU, when built")
     inputs, group = _inputs(kind, dtype, device)
     n = KINDS[kind][0][3]
-    got = _call(name, arg, inputs, n, group)
+    with contextlib.nullcontext() if native else layouts.native_disabled():
+        # (disabled: the torch-op implementation, what every other device runs)
+        got = _call(name, arg, inputs, n, group)
     _check(got, _reference(name, arg, inputs[0], inputs[1], group, n), dtype)
 
 
@@ -266,16 +276,19 @@ def test_inductor_calls_the_op():
     assert any("masked_sparse.moments" in c for c in codes)
 
 
-def test_eager_calls_keep_the_autograd_function(monkeypatch):
-    # Eager code never pays a custom op's dispatch (Note [One kernel route]).
-    import layouts._custom_ops as custom_ops
+def test_eager_calls_skip_the_op(monkeypatch):
+    # Eager code calls the implementations the op registers, never the op's dispatcher
+    # (Note [Eager calls skip the dispatcher]); the op is for tracers.
+    from layouts.kernels import moments, reduce
 
     def refuse(*args, **kwargs):
-        raise AssertionError("an eager call went through the custom op")
+        raise AssertionError("an eager call went through the op")
 
-    monkeypatch.setattr(custom_ops, "call", refuse)
+    for family in (moments.MOMENTS, reduce.REDUCE):
+        monkeypatch.setattr(family, "op", staticmethod(refuse))
     x = _leaf("sparse_csr", torch.float64)
     x.mean().to_tensor(0).backward()
+    x.sum(1).to_tensor(0).to_dense().sum()
     assert layouts.native_status()  # (the library still reports its state)
 
 
@@ -310,7 +323,7 @@ def test_cumsum_lines_op_equals_the_reference(dtype, native, specials, device, m
     NaN that must not leave their line: the C kernel is torch.cumsum of each line bit for
     bit; the torch ops (other devices, ``MASKED_SPARSE_NATIVE=0``) within rounding."""
     if not native:
-        monkeypatch.setattr(_native, "_library", lambda: None)
+        monkeypatch.setattr(_native, "_library", _native._none)
     elif device.type != "cpu" or not _native.available():
         pytest.skip("the C kernels serve the CPU, when built")
     values, offsets = _lines([3, 0, 1, 0, 40, 7, 0], dtype, device, specials=specials)
@@ -339,7 +352,7 @@ def test_cumsum_lines_torch_ops_agree_with_the_kernel(lengths, dtype, seed, scal
     values, offsets = _lines(lengths, dtype, seed=seed)
     values = values * torch.where(torch.arange(values.numel()) % 2 == 0, scale, 1.0).to(dtype)
     kernel = _native.cumsum_lines(values, offsets)
-    torch_ops = _kernels.segmented_cumsum(values, offsets)
+    torch_ops = segmented_cumsum(values, offsets)
     assert torch_ops.dtype == dtype and torch_ops.shape == values.shape
     eps = torch.finfo(dtype).eps
     # bound: a few roundings of the running sums' magnitudes, per element
@@ -362,7 +375,7 @@ def test_cumsum_lines_backward_is_the_reverse_running_sum(native, device, monkey
     """The op's registered backward against finite differences (float64), and its double
     backward (create_graph: the backward runs the op again, itself differentiable)."""
     if not native:
-        monkeypatch.setattr(_native, "_library", lambda: None)
+        monkeypatch.setattr(_native, "_library", _native._none)
     values, offsets = _lines([4, 0, 6, 1], torch.float64, device)
     values.requires_grad_()
     assert torch.autograd.gradcheck(lambda v: ops.cumsum_lines(v, offsets), (values,))

@@ -11,8 +11,9 @@
 - Note [Accessors without autograd]: ``get_data`` / ``to_tensor`` without a gradient skip
   the autograd Function; ``to_tensor(0)`` fills with one ``where``.
 - ``safe_root`` without a gradient takes the plain root; values must be the guarded ones.
-- Note [Reducing along lines]: few stored elements are summed by ``segment_reduce``, many
-  by torch's CSR sum; both must give the dense reference.
+- Note [The device table]: off the native kernels, a group reduction takes one of three raw
+  torch kernels (``segment_reduce``, ``index_add``, ``scatter_reduce``), per op, kind and
+  device; each must give the dense reference, along and across the stored lines.
 - ``torch.ones_like`` / ``zeros_like`` of a MaskedTensor are answered in
   ``__torch_function__``; they must give what the aten route gives (values, dtype, the same
   mask and index objects, ``requires_grad``, inference tensors).
@@ -37,9 +38,9 @@ from conftest import (
     make_masked,
 )
 
-import layouts._grouping as grouping
-import layouts._native as native
-import layouts._reduce_sparse as reduce_sparse
+import layouts
+import layouts._fill as layout_fill
+import layouts.kernels._device_table as device_table
 import masked_sparse as ms
 import masked_sparse._fill as fill
 import masked_sparse.ops.pointwise as pointwise
@@ -221,7 +222,7 @@ def test_zero_fill_by_bits_matches_where(dtype, monkeypatch):
     # (where an integer product would be slower or wrong) by ``where``; same result.
     bits_calls = []
     by_bits = fill._bitwise_zero_fill
-    monkeypatch.setattr(grouping, "_FILL_MIN", 1)  # the exact fill of a full-size mask
+    monkeypatch.setattr(layout_fill, "_FILL_MIN", 1)  # the exact fill of a full-size mask
     monkeypatch.setattr(fill, "_bitwise_zero_fill",
                         lambda v, m: bits_calls.append(v.dtype) or by_bits(v, m))
     g = torch.Generator().manual_seed(8)
@@ -274,20 +275,29 @@ LINE_OPS = {
 }
 
 
+LINE_OPS.update({"amax": lambda mt, d: torch.amax(mt, d), "prod": lambda mt, d: mt.prod(d),
+                 "argmin": lambda mt, d: mt.argmin(d),
+                 "logsumexp": lambda mt, d: torch.logsumexp(mt, d)})
+
+
 @pytest.mark.parametrize("layout", ["coo", "sparse_csr", "sparse_csc"])
 @pytest.mark.parametrize("op", list(LINE_OPS))
-def test_line_sums_of_few_and_many_elements_agree(layout, op, monkeypatch):
-    dim = 0 if layout == "sparse_csc" else 1  # along the lines
-    monkeypatch.setattr(native, "_library", lambda: None)  # else native kernels sum the lines
-    results = []
-    for few in (0, 10**9):  # torch's CSR sum, then segment_reduce
-        monkeypatch.setattr(reduce_sparse, "_FEW", few)
+@pytest.mark.parametrize("across", [False, True], ids=["along", "across"])
+def test_every_raw_kernel_of_the_device_table_agrees(layout, op, across, monkeypatch):
+    """Each raw kernel the table may pick (Note [The device table]) -- ``segment_reduce``
+    over the line pointers or the column order, ``index_add``, ``scatter_reduce`` -- gives
+    the dense reference, along and across the stored lines, native kernels off."""
+    along = 0 if layout == "sparse_csc" else 1
+    dim = 1 - along if across else along
+    ref = None
+    for name in device_table.KERNELS:
+        monkeypatch.setattr(device_table, "kernel", lambda *args, _name=name: _name)
         mt, data, mask = _lines_case(layout)  # a fresh mask: no counts cached by the last run
-        results.append(LINE_OPS[op](mt, dim))
-    ref = LINE_OPS[op](ms.masked_tensor(data, mask), dim)
-    ref_data, ref_mask = dense_of(ref)
-    for out in results:
-        assert out.layout == results[0].layout
+        with layouts.native_disabled():
+            out = LINE_OPS[op](mt, dim)
+        if ref is None:
+            ref = LINE_OPS[op](ms.masked_tensor(data, mask), dim)
+            ref_data, ref_mask = dense_of(ref)
         check_invariants(out)
         assert_masked_equal(out, ref_data, ref_mask, equal_nan=True)
 

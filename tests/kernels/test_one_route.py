@@ -1,4 +1,4 @@
-"""One kernel route (Note [One kernel route], ``layouts/_kernels.py``): the same value in
+"""One kernel route (Note [Kernel families as ops], ``layouts/kernels/``): the same value in
 every mode.
 
 - The forward value of every reduction and softmax is bitwise the same with and without
@@ -18,6 +18,7 @@ import pytest
 import torch
 from conftest import _to_layout, dense_of
 
+import layouts
 import layouts._native as native
 import masked_sparse as ms
 
@@ -129,13 +130,16 @@ def _assert_ref(out, op, x, m, dim, dtype):
 
 
 @pytest.fixture(params=["native", "torch ops"])
-def implementation(request, monkeypatch):
-    """The native kernels, or the torch-op implementation (``MASKED_SPARSE_NATIVE=0``)."""
+def implementation(request):
+    """The native kernels, or the torch-op implementation (``layouts.native_disabled()``,
+    as ``MASKED_SPARSE_NATIVE=0``: the path of every other device)."""
     if request.param == "native" and not native.status().startswith("available"):
         pytest.skip(f"native kernels: {native.status()}")
-    if request.param == "torch ops":  # every native entry point asks _library()
-        monkeypatch.setattr(native, "_library", lambda: None)
-    return request.param
+    if request.param == "torch ops":
+        with layouts.native_disabled():
+            yield request.param
+    else:
+        yield request.param
 
 
 @pytest.mark.parametrize("layout", LAYOUT_IDS)
@@ -174,11 +178,11 @@ def test_gradients_equal_the_dense_reference(implementation, layout, op, dim):
 
 @pytest.mark.parametrize("layout", ["coo", "csr"])
 @pytest.mark.parametrize("op", ["sum0", "sum1", "var1", "mean0"])
-def test_large_float32_sums_are_exact_with_grad(implementation, layout, op):
-    """3000 x 400 float32 values near 3000: the training route (with grad) and the
-    no-grad route give equal values (no float32 accumulation), and equal the float64 reference
-    rounded once, with the native kernels and with the torch ops (Note [Sparse sums in
-    double])."""
+def test_large_float32_sums_are_the_same_with_grad(implementation, layout, op):
+    """3000 x 400 float32 values near 3000: with and without autograd the same value, bit
+    for bit; with the native kernels (sums in double) the float64 reference rounded once,
+    with the torch ops (float32 accumulation, as torch's own sums) within the rounding of
+    a float32 sum of its length."""
     g = torch.Generator().manual_seed(0)
     x = (3000 + torch.randn(3000, 400, generator=g, dtype=F64)).to(F32)
     m = torch.rand(3000, 400, generator=g) < 0.9
@@ -193,7 +197,10 @@ def test_large_float32_sums_are_exact_with_grad(implementation, layout, op):
     want, spec = _ref(name, x.double(), m, dim)
     got, got_mask = dense_of(out.detach())
     assert torch.equal(got_mask, spec)
-    tol = dict(rtol=2e-7, atol=0) if name in ("sum", "mean") else dict(rtol=1e-6, atol=0)
+    if implementation == "native":
+        tol = dict(rtol=2e-7, atol=0) if name in ("sum", "mean") else dict(rtol=1e-6, atol=0)
+    else:  # float32 accumulation over up to 3000 values (var: over their deviations)
+        tol = dict(rtol=1e-4, atol=0) if name in ("sum", "mean") else dict(rtol=1e-3, atol=0)
     torch.testing.assert_close(got.double(), want, **tol)
 
 
@@ -329,8 +336,6 @@ def test_a_family_backward_without_the_engine_is_the_engines(implementation, mon
     engine's run of the same graph (node_backward switched off), bit for bit, whichever
     outputs are used; a second backward without ``retain_graph`` still raises torch's error,
     and with it gives the same gradient again."""
-    import layouts
-
     mt, x, m = _operand(layout, F64, seed=5 + dim, shape=(11, 13), step=0.5)
     direct: list[bool] = []
     node_backward = layouts.node_backward
@@ -370,23 +375,23 @@ def test_a_family_backward_without_the_engine_is_the_engines(implementation, mon
 @pytest.mark.parametrize("op", ["amax", "amin", "prod", "sumsq"])
 @pytest.mark.parametrize("dim", [0, 1, None])
 def test_a_reduction_zeroes_its_empty_groups_in_the_kernel_output(layout, dtype, op, dim):
-    """``Grouping.masked_reduce_zeroed`` (the kernel's output zeroed in place where a group
+    """``kernels.masked_reduce_zeroed`` (the kernel's output zeroed in place where a group
     holds no specified element) is bit for bit ``where(specified, masked_reduce, 0)``, with
     NaN and inf specified or not, fully masked and empty lines; amax, amin, prod store it,
     the 2-norm its roots."""
-    import layouts
+    from layouts.kernels import masked_reduce, masked_reduce_zeroed
 
     mt, x, m = _operand(layout, dtype, step=0.5)
     s = mt._storage
     dims = (0, 1) if dim is None else (dim,)
     g = layouts.group_by(s, dims, False)
     specified = g.reduce(s.mask, "any")
-    got = g.masked_reduce_zeroed(s.values, s.mask, op, specified)
+    got = masked_reduce_zeroed(g, s.values, s.mask, op, specified)
     if native.status().startswith("available") and layout != "strided":
         assert got is not None
     if got is None:
         return
-    want = torch.where(specified, g.masked_reduce(s.values, s.mask, op),
+    want = torch.where(specified, masked_reduce(g, s.values, s.mask, op),
                        torch.zeros((), dtype=dtype))
     assert torch.equal(_bits(got), _bits(want))
     if op == "sumsq":

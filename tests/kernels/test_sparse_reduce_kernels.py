@@ -9,8 +9,8 @@ their torch-op implementation, and lowers the sizes so that small inputs take th
 - ``argmax`` / ``argmin`` over every dim of COO / CSR through torch's own ``argmax``;
   amax / amin / prod scattered from the identity (``include_self``);
 - the native kernels (Note [Native reductions]: sums, amax/amin and counts in one pass),
-  and without them the torch-op implementation of each kernel family (Note [One kernel
-  route]) -- runs of whole lines
+  and without them the torch-op implementation of each kernel family (Note [Kernel families
+  as ops]) -- runs of whole lines
   (CSR rows, CSC columns, rows of a COO matrix: ordered storage) and scatters into slots
   or group ids (COO / CSR columns, a 3-D COO grouped by ``unique``: unordered storage);
 - the group counts and result masks cached per index and mask object (Note [Facts of a
@@ -31,7 +31,7 @@ import torch
 from conftest import _to_layout, assert_masked_equal, check_invariants, dense_of
 
 import layouts
-import layouts._grouping as grouping
+import layouts._fill as layout_fill
 import layouts._native as native
 import masked_sparse as ms
 from masked_sparse._fill import is_zero_filled
@@ -50,7 +50,7 @@ def fast(request, monkeypatch):
         pytest.skip(f"native kernels: {native.status()}")
     if request.param == "torch ops":  # every native entry point asks _library()
         monkeypatch.setattr(native, "_library", lambda: None)
-    monkeypatch.setattr(grouping, "_FILL_MIN", 1)
+    monkeypatch.setattr(layout_fill, "_FILL_MIN", 1)
 
 
 def _matrix(dtype, shape=(9, 13), seed=0, specials=True):
@@ -122,7 +122,7 @@ def test_fast_paths_match_dense_and_generic(fast, monkeypatch, layout, dtype, op
     got = _call(op, _sparse(data, mask, stored, layout), dim, keepdim)
     check_invariants(got)
     monkeypatch.setattr(native, "_library", lambda: None)
-    monkeypatch.setattr(grouping, "_FILL_MIN", 1 << 62)
+    monkeypatch.setattr(layout_fill, "_FILL_MIN", 1 << 62)
     # References without the fast paths and without cached counts: dense, and the generic
     # route on a freshly built tensor.
     _same(got, _call(op, ms.masked_tensor(data, mask), dim, keepdim))
@@ -214,7 +214,7 @@ def test_cached_counts_follow_in_place_writes(fast, layout, dim):
 
 @pytest.mark.parametrize("layout", list(SPARSE))
 def test_gradients_take_the_fast_paths(fast, layout):
-    """With autograd the same kernels run (Note [One kernel route]), recorded with their
+    """With autograd the same kernels run (Note [Kernel families as ops]), recorded with their
     backwards; the gradients carry the mask and equal the strided route's."""
     data, mask, stored = _matrix(torch.float64)
     data = torch.where(data.isfinite(), data, 1.0)

@@ -77,7 +77,7 @@ def test_arg_extremes_along_each_dim_are_the_dense_reference(shape, layout, dtyp
 @pytest.mark.parametrize("shape,layout", CASES, ids=["coo", "csr", "csc", "coo3d"])
 def test_arg_extremes_take_the_native_kernels(shape, layout, monkeypatch):
     """Every dim of every case runs one native arg kernel, with or without autograd (Note
-    [One kernel route]), and gives the reference's values and indices both ways."""
+    [Kernel families as ops]), and gives the reference's values and indices both ways."""
     calls = []  # the kernels' results: None where they did not apply
 
     def counted(kernel):
