@@ -40,6 +40,8 @@ FUNCTIONS: dict[Any, Handler] = {}
 ATEN: dict[Any, Handler] = {}
 _FALLBACK: list[Callable[[Any, tuple], Handler]] = []
 _ABOVE_CHECK: list[Callable[[Any, tuple], None]] = []
+#: The one rewriter of plain operands that require grad (:func:`plain_operands`).
+PLAIN_OPERANDS: list[Callable[[Any, tuple, Any], Any]] = []
 
 
 def is_aten(op: Any) -> bool:
@@ -88,6 +90,15 @@ def aten_autograd_check(check: Callable[[Any, tuple], None]) -> Callable[[Any, t
     above while grad is enabled: there is one, ``_tensor.check_aten_autograd``."""
     _ABOVE_CHECK[:] = [check]
     return check
+
+
+def plain_operands(lift: Callable[[Any, tuple, Any], Any]) -> Callable[[Any, tuple, Any], Any]:
+    """Register ``lift(op, args, kwargs)``, run on a Python-level call without a handler
+    while grad is enabled: ``(args, kwargs)`` to call the op with instead, or None. There is
+    one, ``ops/plain_operands.lift_plain_operands`` (Note [Plain operands get plain
+    gradients])."""
+    PLAIN_OPERANDS[:] = [lift]
+    return lift
 
 
 def fallback(resolver: Callable[[Any, tuple], Handler]) -> Callable[[Any, tuple], Handler]:

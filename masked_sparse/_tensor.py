@@ -158,6 +158,10 @@ class MaskedTensor(torch.Tensor):
                 if lacking is None:
                     raise
                 raise lacking from exc
+        if _grad_enabled() and _PLAIN_OPERANDS:  # Note [Plain operands get plain gradients]
+            lifted = _PLAIN_OPERANDS[0](func, args, kwargs)
+            if lifted is not None:
+                args, kwargs = lifted
         if torch._C._are_functorch_transforms_active():  # Note [MaskedTensors in torch.func]
             return _func.dispatch_below(func, args, kwargs)
         with DisableTorchFunctionSubclass():
@@ -235,6 +239,8 @@ _compiling = torch.compiler.is_compiling
 _HANDLERS = _registry.FUNCTIONS  # (the dicts ``implements`` fills)
 _ATEN = _registry.ATEN
 _METHODS = _registry.METHODS
+_PLAIN_OPERANDS = _registry.PLAIN_OPERANDS
+_grad_enabled = torch.is_grad_enabled
 _NO_KWARGS: dict = {}  # (never written: ``**`` copies it)
 
 

@@ -4,7 +4,8 @@
 ``conversion`` (get_data, to_tensor, layouts), ``where``, ``reductions``, ``softmax``,
 ``shape`` / ``indexing`` / ``joining`` (ops that move elements), ``exits``, ``foreach``
 (``torch._foreach_*`` lists), ``scans`` and ``order`` (cumulative ops, sorting), ``linalg``
-(matrix products), ``einsum`` (two-operand contractions as matrix products), ``sampled``
+(matrix products), ``einsum`` (two-operand contractions as matrix products),
+``plain_operands`` (plain operands that require grad get plain gradients), ``sampled``
 (the sampled product ``torch.sparse.sampled_addmm``), ``losses`` and ``_class_losses``
 (``torch.nn.functional``'s losses; those over a class dim).
 """
@@ -22,6 +23,7 @@ from . import (  # noqa: F401
     linalg,
     losses,
     order,
+    plain_operands,
     pointwise,
     reductions,
     sampled,

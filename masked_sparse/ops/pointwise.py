@@ -339,12 +339,46 @@ UNTAGGED_POINTWISE = frozenset({
     _aten.masked_fill.Scalar, _aten.masked_fill.Tensor, _aten.masked_fill_.Scalar,
     _aten.masked_fill_.Tensor, _aten.rsub.Tensor, _aten.rsub.Scalar, _aten.frexp.Tensor,
     _aten.ldexp.Tensor, _aten.true_divide.Scalar, _aten.isreal.default,
-    _aten.polar.default,
+    _aten.polar.default, _aten.hardswish.default, _aten.hardswish_.default,
+    _aten.log_sigmoid_forward.default,
 })
+# Forward ops whose ``<name>_backward`` is elementwise though torch tags neither pointwise.
+UNTAGGED_FORWARD = frozenset({"hardswish", "log_sigmoid"})
+
+
+def is_elementwise_backward(func: Any) -> bool:
+    """True for the functional ``<op>_backward`` of an elementwise ``<op>``.
+
+    Note [Elementwise backward ops]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    torch's derivative formulas of many activations call a fused ``<op>_backward`` kernel
+    (``leaky_relu_backward(grad, self, slope, ...)``, ``softplus_backward``, ...) that
+    torch does not tag ``pointwise``. Each is elementwise over tensors of the output's shape
+    when its forward is: the forward is tagged ``pointwise`` (or is in
+    :data:`UNTAGGED_FORWARD`), the overload is the functional one, every tensor argument
+    is a plain ``Tensor`` and it returns one tensor. Served by the generic kernel, the
+    gradient of a masked activation keeps its mask and layout in every layout; a new
+    activation of torch's is covered without a table entry
+    (``tests/autograd/test_pointwise_gradients.py`` checks the rule on torch's registry).
+    """
+    name = func._opname
+    if not name.endswith("_backward") or func._overloadname != "default":
+        return False
+    forward = name[: -len("_backward")]
+    if forward not in UNTAGGED_FORWARD:
+        packet = getattr(_aten, forward, None)
+        if packet is None or not any(torch.Tag.pointwise in getattr(packet, o).tags
+                                     for o in packet.overloads()):
+            return False
+    schema = func._schema
+    tensors = [a for a in schema.arguments if "Tensor" in str(a.type)]
+    return (len(schema.returns) == 1 and str(schema.returns[0].type) == "Tensor"
+            and all(str(a.type) == "Tensor" and a.alias_info is None for a in tensors))
 
 
 def _is_pointwise(func: Any) -> bool:
-    if torch.Tag.pointwise in func.tags or func in UNTAGGED_POINTWISE:
+    if (torch.Tag.pointwise in func.tags or func in UNTAGGED_POINTWISE
+            or is_elementwise_backward(func)):
         return True
     # Some in-place variants (abs_, ...) lack the tag that their functional variant has.
     name = func._opname

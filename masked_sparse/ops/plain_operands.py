@@ -1,0 +1,158 @@
+"""Plain operands of pointwise ops that require grad: read at the masked operand's stored
+positions by one autograd Function, so their gradient comes back plain.
+
+Note [Plain operands get plain gradients]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A plain tensor meeting a MaskedTensor in a pointwise op (``R - b[:, None]``, ``d[:, None]
+* A``, ``w / A``, ``torch.clamp(A, min=t)``) is read at the masked operand's stored
+positions only (docs/semantics.md). Left to torch's own formulas, its gradient would be
+the masked gradient of the result reduced by ``sum_to_size``: a MaskedTensor (sparse COO
+for a sparse operand), which no torch optimizer takes, and on a sparse tensor the view
+formulas before it (``select``, ``slice``) fail. So when such an operand requires grad,
+the Python-level call first replaces it by :func:`plain_at` -- a MaskedTensor over the
+masked operand's index and mask whose values are the plain tensor read at the stored
+positions (``layout.gather``: O(nnz), never densified) -- and the op runs between
+MaskedTensors of one pattern (the pointwise fast path). :class:`_PlainAt`'s backward reads
+the incoming masked gradient at those positions (0 where unspecified) and sums it back
+onto the plain tensor's shape: ``index_add`` by the flat position each stored value was
+read from (a row vector, a column, a same-shape matrix alike; for a strided operand the
+dense ``sum_to_size``), so the plain tensor gets a plain gradient of its own shape, equal
+to the dense reference's, 0 where it met only unspecified elements. Nothing here reads
+device data on the host. The backward is written with differentiable ops, so
+``create_graph=True`` differentiates it again. Inside ``torch.func`` transforms and
+compiled graphs the operand is left to torch's formulas as before.
+
+The decision is taken in ``__torch_function__`` (the only level above autograd for these
+ops, Note [Two levels]); calls that need no gradient pay one ``requires_grad`` read per
+tensor argument.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import layouts
+from layouts import Storage
+
+from .. import _func, _registry
+from .._autograd import grad_values
+from .._shapes import broadcasts_to
+from .._tensor import MaskedTensor, _wrap
+from .pointwise import _is_pointwise, broadcast
+
+
+class _PlainAt(torch.autograd.Function):
+    """``plain`` read at ``storage``'s stored positions, as a MaskedTensor over its index."""
+
+    @staticmethod
+    def forward(ctx, plain: torch.Tensor, storage: Storage) -> Any:  # type: ignore[override]
+        ctx.storage = storage
+        ctx.shape, ctx.dtype = plain.shape, plain.dtype
+        values = storage.layout.gather(storage, plain.detach())
+        return _wrap(storage.with_values(values.expand(storage.values.shape)))
+
+    @staticmethod
+    def backward(ctx, grad: Any) -> Any:  # type: ignore[override]
+        s = ctx.storage
+        values = layouts.zero_unspecified(grad_values(grad, s), s.mask)  # NaN there too
+        return _sum_back(values, s, ctx.shape).to(ctx.dtype), None
+
+
+def _sum_back(values: torch.Tensor, s: Storage, shape: torch.Size) -> torch.Tensor:
+    """The values at ``s``'s stored positions summed onto the plain tensor of ``shape`` they
+    were read from: each value added at the flat position ``gather`` read it from."""
+    if not s.index:  # every position stored: the values are the dense broadcast result
+        return values.sum_to_size(shape)
+    if len(shape) == 0:
+        return values.sum()
+    numel = 1
+    for n in shape:
+        numel *= n
+    ids = torch.arange(numel, device=values.device).view(shape)
+    flat = s.layout.gather(s, ids).expand(values.shape)
+    out = values.new_zeros(numel)
+    return out.index_add(0, flat.reshape(-1), values.reshape(-1)).view(shape)
+
+
+def plain_at(plain: torch.Tensor, storage: Storage) -> MaskedTensor:
+    """``plain`` (broadcastable to ``storage.shape``) read at ``storage``'s stored positions:
+    a MaskedTensor with ``storage``'s index and mask objects, whose gradient reaches
+    ``plain`` as a plain tensor of its shape (Note [Plain operands get plain gradients]).
+
+    >>> import torch, masked_sparse as ms
+    >>> A = ms.masked_tensor(torch.ones(2, 3), torch.tensor([[1, 0, 1], [0, 1, 0]]).bool())
+    >>> b = torch.tensor([1., 2.], requires_grad=True)
+    >>> (A.to_sparse_csr() * b[:, None]).sum().backward()
+    >>> b.grad
+    tensor([2., 1.])
+    """
+    return _PlainAt.apply(plain, storage)
+
+
+# -- which Python-level callables are pointwise -------------------------------------------
+_ALIASES = {"truediv": "div", "rdiv": "div", "idiv": "div_", "itruediv": "div_",
+            "floordiv": "floor_divide", "ifloordiv": "floor_divide_", "mod": "remainder",
+            "imod": "remainder_", "subtract": "sub", "multiply": "mul", "divide": "div",
+            "true_divide": "div", "rpow": "pow", "radd": "add", "rmul": "mul"}
+_KNOWN: dict[Any, tuple[bool, bool]] = {}
+
+
+def _classify(func: Any) -> tuple[bool, bool]:
+    """(pointwise, in place) for a Python-level callable, by its aten op's tags."""
+    try:
+        return _KNOWN[func]
+    except (KeyError, TypeError):
+        pass
+    name = getattr(func, "__name__", "") or ""
+    dunder = name.startswith("__") and name.endswith("__")
+    name = name.strip("_") if dunder else name
+    name = _ALIASES.get(name, name)
+    if dunder and name.startswith("i") and _aten_pointwise(name[1:] + "_"):
+        name = name[1:] + "_"
+    elif dunder and not _aten_pointwise(name) and _aten_pointwise(name[1:]):
+        name = name[1:]  # __rsub__ is aten.rsub; __rpow__ and the like are their op
+    result = (_aten_pointwise(name), name.endswith("_"))
+    try:
+        _KNOWN[func] = result
+    except TypeError:
+        pass
+    return result
+
+
+def _aten_pointwise(name: str) -> bool:
+    packet = getattr(torch.ops.aten, name, None) if name else None
+    if packet is None:
+        return False
+    return any(_is_pointwise(getattr(packet, o)) for o in packet.overloads())
+
+
+def _needs_lift(a: Any) -> bool:
+    return (isinstance(a, torch.Tensor) and not isinstance(a, MaskedTensor) and a.requires_grad
+            and a.layout == torch.strided)
+
+
+@_registry.plain_operands
+def lift_plain_operands(func: Any, args: tuple, kwargs: dict | None) -> tuple | None:
+    """``(args, kwargs)`` with every plain operand that requires grad replaced by
+    :func:`plain_at` over the masked operands' pattern, or None to run the call as it is."""
+    if not (any(map(_needs_lift, args)) or (kwargs and any(map(_needs_lift, kwargs.values())))):
+        return None
+    pointwise, inplace = _classify(func)
+    if not pointwise or _func.active() or torch.compiler.is_compiling():
+        return None
+    values = (*args, *(kwargs or {}).values())
+    storages = [a._storage for a in values if isinstance(a, MaskedTensor)]
+    if not storages or (inplace and not isinstance(args[0], MaskedTensor)):
+        return None  # the op raises its own error
+    ref = storages[0]
+    if any(s.shape != ref.shape for s in storages):
+        ref = broadcast(func, storages)[0]
+
+    def lift(a: Any) -> Any:
+        if _needs_lift(a) and broadcasts_to(a.shape, ref.shape):
+            return plain_at(a, ref)
+        return a
+
+    return tuple(map(lift, args)), {k: lift(v) for k, v in (kwargs or {}).items()}
