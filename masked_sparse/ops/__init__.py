@@ -7,7 +7,8 @@
 (matrix products), ``einsum`` (two-operand contractions as matrix products),
 ``plain_operands`` (plain operands that require grad get plain gradients), ``sampled``
 (the sampled product ``torch.sparse.sampled_addmm``), ``losses`` and ``_class_losses``
-(``torch.nn.functional``'s losses; those over a class dim).
+(``torch.nn.functional``'s losses; those over a class dim), ``zero_derivative`` (pointwise
+ops whose torch derivative is a plain zero).
 """
 
 from . import (  # noqa: F401
@@ -31,4 +32,5 @@ from . import (  # noqa: F401
     shape,
     softmax,
     where,
+    zero_derivative,
 )

@@ -340,7 +340,8 @@ UNTAGGED_POINTWISE = frozenset({
     _aten.masked_fill_.Tensor, _aten.rsub.Tensor, _aten.rsub.Scalar, _aten.frexp.Tensor,
     _aten.ldexp.Tensor, _aten.true_divide.Scalar, _aten.isreal.default,
     _aten.polar.default, _aten.hardswish.default, _aten.hardswish_.default,
-    _aten.log_sigmoid_forward.default,
+    _aten.log_sigmoid_forward.default, _aten.rrelu_with_noise.default,
+    _aten.rrelu_with_noise_backward.default,
 })
 # Forward ops whose ``<name>_backward`` is elementwise though torch tags neither pointwise.
 UNTAGGED_FORWARD = frozenset({"hardswish", "log_sigmoid"})

@@ -154,30 +154,28 @@ def test_to_tensor_backpropagates_to_specified_entries_only(value, layout):
 
 # -- MaskedTensor with plain Tensor --------------------------------------------------------
 @layout_params()
-def test_plain_tensor_grad_carries_the_mask(layout):
+def test_plain_tensor_gets_a_plain_gradient(layout):
+    # Note [Plain operands get plain gradients]: 0 where y met only unspecified elements.
     x, dx, mx = leaf(layout, seed=5)
     y = (torch.rand(SHAPE, dtype=F64) + 1).requires_grad_()
     (dense((x * y).to_tensor(0)) * weights()).sum().backward()
     assert_grad(x, y.detach() * weights(), mx, layout)
-    assert_grad(y, dx * weights(), mx, layout)  # the Tensor broadcasts to the mask
+    assert type(y.grad) is torch.Tensor
+    torch.testing.assert_close(y.grad, torch.where(mx, dx * weights(), 0))
 
 
 @layout_params()
-def test_broadcast_plain_tensor_grad_is_reduced_with_the_mask(layout):
-    # torch's engine reduces the gradient of a broadcast operand with sum_to
-    # (aten.sum.dim_IntList + view) on the MaskedTensor gradient.
+def test_broadcast_plain_tensor_gets_a_reduced_plain_gradient(layout):
     x, dx, mx = leaf(layout, seed=6)
     y = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], dtype=F64, requires_grad=True)
     dense((x * y).to_tensor(0)).sum().backward()
-    assert isinstance(y.grad, ms.MaskedTensor), type(y.grad)
-    assert y.grad.shape == y.shape
-    assert_masked_equal(y.grad.to_dense(), torch.where(mx, dx, 0).sum(0), mx.any(0))
+    assert type(y.grad) is torch.Tensor and y.grad.shape == y.shape
+    torch.testing.assert_close(y.grad, torch.where(mx, dx, 0).sum(0))
 
 
 @layout_params()
 def test_plain_and_masked_gradients_sum_to_a_plain_one(layout):
-    # y reaches the loss through a masked path and a plain path: the plain gradient is fully
-    # specified, so the accumulated gradient is plain (masked contribution filled with 0).
+    # y reaches the loss through a masked path and a plain path: both gradients are plain.
     x, dx, mx = leaf(layout, seed=7)
     y = torch.rand(SHAPE, dtype=F64).requires_grad_()
     (dense((x * y).to_tensor(0)).sum() + (y * 2).sum()).backward()
@@ -185,23 +183,14 @@ def test_plain_and_masked_gradients_sum_to_a_plain_one(layout):
     torch.testing.assert_close(y.grad, 2 + torch.where(mx, dx, 0))
 
 
-def test_plain_gradient_accumulated_into_a_masked_grad():
-    x, dx, mx = leaf(torch.strided, seed=8)
-    y = torch.rand(SHAPE, dtype=F64).requires_grad_()
-    (x * y).to_tensor(0).sum().backward()
-    assert isinstance(y.grad, ms.MaskedTensor)
-    (y * 3).sum().backward()  # .grad += plain: now fully specified
-    assert_grad(y, 3 + torch.where(mx, dx, 0), torch.ones(SHAPE, dtype=torch.bool),
-                torch.strided)
-
-
-@pytest.mark.parametrize("layout", LAYOUTS[1:], ids=LAYOUT_IDS[1:])
-def test_plain_gradient_into_sparse_masked_grad_raises(layout):
-    x, _, _ = leaf(layout, seed=8)
+@layout_params()
+def test_plain_gradients_accumulate_into_a_plain_grad(layout):
+    x, dx, mx = leaf(layout, seed=8)
     y = torch.rand(SHAPE, dtype=F64).requires_grad_()
     dense((x * y).to_tensor(0)).sum().backward()
-    with pytest.raises(NotImplementedError, match="dense gradient into a sparse masked .grad"):
-        (y * 3).sum().backward()
+    (y * 3).sum().backward()
+    assert type(y.grad) is torch.Tensor
+    torch.testing.assert_close(y.grad, 3 + torch.where(mx, dx, 0))
 
 
 def test_masked_gradient_through_plain_history():
