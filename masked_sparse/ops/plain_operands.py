@@ -91,6 +91,18 @@ def plain_at(plain: torch.Tensor, storage: Storage) -> MaskedTensor:
     return _PlainAt.apply(plain, storage)
 
 
+def lift_operands(cond: Any, a: Any, b: Any) -> tuple[Any, Any]:
+    """``torch.where``'s operands ``a`` and ``b``, a plain one that requires grad read by
+    :func:`plain_at` at the first masked one's pattern (``a``, ``b``, then ``cond``)."""
+    if _func.active() or torch.compiler.is_compiling():
+        return a, b
+    ref = next((x._storage for x in (a, b, cond) if isinstance(x, MaskedTensor)), None)
+    if ref is None:
+        return a, b
+    return tuple(plain_at(x, ref) if _needs_lift(x) and broadcasts_to(x.shape, ref.shape)
+                 else x for x in (a, b))  # type: ignore[return-value]
+
+
 # -- which Python-level callables are pointwise -------------------------------------------
 _ALIASES = {"truediv": "div", "rdiv": "div", "idiv": "div_", "itruediv": "div_",
             "floordiv": "floor_divide", "ifloordiv": "floor_divide_", "mod": "remainder",

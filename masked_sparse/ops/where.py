@@ -39,6 +39,7 @@ from .. import _func
 from .._autograd import grad_on
 from .._registry import implements
 from .._tensor import MaskedTensor, _wrap
+from .plain_operands import lift_operands
 from .pointwise import _same_index, read_plain
 
 aten = torch.ops.aten
@@ -184,6 +185,8 @@ def where(condition: Any, input: Any, other: Any, *, out: Any = None) -> MaskedT
                         f"tensor")
     tensors = [x for x in (input, other) if isinstance(x, torch.Tensor)]
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        # Note [Plain operands get plain gradients]
+        input, other = lift_operands(condition, input, other)
         return _Where.apply(condition, input, other, [])
     return _wrap(_result(_operands(condition, input, other)))
 

@@ -187,13 +187,15 @@ def test_gradients_reach_only_chosen_specified_entries(layout):
 
 
 @layout_params()
-def test_gradient_of_plain_operand_carries_the_mask(layout):
+def test_gradient_of_plain_operand_is_plain(layout):
+    # Note [Plain operands get plain gradients]: 1 where t was chosen at a specified
+    # element, 0 elsewhere.
     a, da, ma, _, db, _, cond = operands(layout, seed=9, requires_grad=True)
     t = db.clone().requires_grad_()
     out = torch.where(cond, a, t).to_tensor(0)
     (out if layout == torch.strided else out.to_dense()).sum().backward()
-    assert isinstance(t.grad, ms.MaskedTensor) and t.grad.layout == layout
-    assert_masked_equal(t.grad, torch.ones(SHAPE, dtype=torch.float64), ma & ~cond)
+    assert type(t.grad) is torch.Tensor
+    torch.testing.assert_close(t.grad, (ma & ~cond).double())
     assert_masked_equal(a.grad, torch.ones(SHAPE, dtype=torch.float64), ma & cond)
 
 
