@@ -30,7 +30,7 @@ OPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": ope
        "plain_sub": lambda m, p: p - m, "plain_div": lambda m, p: p / m,
        "plain_mul": lambda m, p: p * m}
 # The plain operand: a function of a (4, 6) base tensor (views of it keep their history).
-PLAIN = {"column": lambda t: t[:, :1], "row": lambda t: t[:1, :], "vector": lambda t: t[0],
+PLAIN = {"row": lambda t: t[:1, :], "vector": lambda t: t[0],
          "same": lambda t: t, "scalar": lambda t: t[0, 0],
          "column_slice": lambda t: t[:, 2:3], "unsqueezed": lambda t: t[:, 0][:, None]}
 
