@@ -215,7 +215,10 @@ def test_overview_autograd():
     print("y.grad: ", y.grad)
     assert_masked(z, torch.tensor([6.0, 4.0]), torch.tensor([True, False]))  # check
     assert_masked(x.grad, torch.tensor([2.0, 0.0]), torch.tensor([True, False]))  # check
-    assert_masked(y.grad, torch.tensor([3.0, 0.0]), torch.tensor([True, False]))  # check
+    # masked_sparse differs here (docs/torch-masked.md): the plain y gets a plain gradient,
+    # 0 where it met only unspecified elements (docs/autograd.md).
+    assert type(y.grad) is torch.Tensor  # check
+    torch.testing.assert_close(y.grad, torch.tensor([3.0, 0.0]))  # check
 
 
 def test_overview_views_and_contiguity():
@@ -501,7 +504,9 @@ def test_advanced_semantics_nansum_softmax_nan_ops():
     c1 = torch.sum(c)
     bgrad1, = torch.autograd.grad(c1, b, retain_graph=True)
     print(bgrad1)  # a notebook cell's value
-    assert_masked(bgrad1, torch.tensor(float(np.nansum(a.numpy()))), torch.tensor(True))
+    # a plain gradient for the plain b (docs/torch-masked.md), the nansum of a
+    assert type(bgrad1) is torch.Tensor  # check
+    torch.testing.assert_close(bgrad1, torch.tensor(float(np.nansum(a.numpy()))))  # check
 
     # safe softmax
     data = torch.randn(3, 3)
@@ -700,7 +705,8 @@ def test_nan_gradients():
     c1 = torch.sum(c)  # or torch.nanmean
     bgrad1, = torch.autograd.grad(c1, b, retain_graph=True)
     print(bgrad1)  # a notebook cell's value
-    assert_masked(bgrad1, torch.tensor(3.0), torch.tensor(True))  # check: 1 + 2
+    # a plain gradient for the plain b (docs/torch-masked.md): 1 + 2, no NaN
+    assert type(bgrad1) is torch.Tensor and bgrad1 == 3.0  # check
 
     # PyTorch Issue 4132 - when using mask, x/0 yields NaN grad
     x = torch.tensor([1., 1.], requires_grad=True)
