@@ -158,10 +158,13 @@ class MaskedTensor(torch.Tensor):
                 if lacking is None:
                     raise
                 raise lacking from exc
-        if _grad_enabled() and _PLAIN_OPERANDS:  # Note [Plain operands get plain gradients]
-            lifted = _PLAIN_OPERANDS[0](func, args, kwargs)
-            if lifted is not None:
-                args, kwargs = lifted
+        if _grad_enabled():  # Note [Plain operands get plain gradients]
+            for a in (*args, *kwargs.values()) if kwargs else args:
+                if type(a) is not MaskedTensor and isinstance(a, torch.Tensor) and a.requires_grad:
+                    lifted = _PLAIN_OPERANDS[0](func, args, kwargs)
+                    if lifted is not None:
+                        args, kwargs = lifted
+                    break
         if torch._C._are_functorch_transforms_active():  # Note [MaskedTensors in torch.func]
             return _func.dispatch_below(func, args, kwargs)
         with DisableTorchFunctionSubclass():

@@ -23,8 +23,8 @@ device data on the host. The backward is written with differentiable ops, so
 compiled graphs the operand is left to torch's formulas as before.
 
 The decision is taken in ``__torch_function__`` (the only level above autograd for these
-ops, Note [Two levels]); calls that need no gradient pay one ``requires_grad`` read per
-tensor argument.
+ops, Note [Two levels]), which calls :func:`lift_plain_operands` only when a plain tensor
+argument requires grad; other calls pay one type check per argument.
 """
 
 from __future__ import annotations
@@ -148,9 +148,8 @@ def _needs_lift(a: Any) -> bool:
 @_registry.plain_operands
 def lift_plain_operands(func: Any, args: tuple, kwargs: dict | None) -> tuple | None:
     """``(args, kwargs)`` with every plain operand that requires grad replaced by
-    :func:`plain_at` over the masked operands' pattern, or None to run the call as it is."""
-    if not (any(map(_needs_lift, args)) or (kwargs and any(map(_needs_lift, kwargs.values())))):
-        return None
+    :func:`plain_at` over the masked operands' pattern, or None to run the call as it is
+    (``__torch_function__`` calls it only when some plain tensor argument requires grad)."""
     pointwise, inplace = _classify(func)
     if not pointwise or _func.active() or torch.compiler.is_compiling():
         return None
