@@ -79,7 +79,8 @@ print("masked gradient wrt a:", torch.autograd.grad(torch.where(b, a / 0, c), a)
 #
 # `nansum` skips the `nan` in the forward pass, but the backward pass of the product
 # before it still sees it: the gradient with respect to `b` is `nan`. Masking the
-# missing value instead of encoding it as `nan` gives the expected `1 + 2 = 3`.
+# missing value instead of encoding it as `nan` gives the expected `1 + 2 = 3`, as a plain
+# gradient: `b` is a plain tensor (plain tensors get plain gradients).
 
 # %%
 a = torch.tensor([1.0, 2.0, float("nan")])

@@ -318,7 +318,7 @@ def test_nan_grad(runs):
 
     a = np.array([1.0, 2.0, np.nan])
     check(printed(out, "plain d nansum(a * b) / db:", 1), [NAN])
-    check(printed(out, "masked d sum(a * b) / db:", 2), [float(np.nansum(a)), True])
+    check(printed(out, "masked d sum(a * b) / db:", 1), [float(np.nansum(a))])  # plain b
 
     check(printed(out, "plain x.grad (4132):", 2), [NAN, 1.0])
     check(printed(out, "masked x.grad (4132):\n", 2), [None, 1.0])
