@@ -406,7 +406,12 @@ class CompressedGrouping(CooGrouping):
         self._coords = value
 
     def _line_facts(self, ptr: torch.Tensor, axis: int) -> dict[str, Any]:
-        offsets, lines, lengths = _lines(ptr)
+        # Note [Lines while tracing]: eagerly the groups are the non-empty lines (the
+        # output stores no empty line); their number depends on the data, and a tracer
+        # would have to guard on it. While tracing every line is a group, an empty one an
+        # unspecified element of the output (its mask, the count of specified elements,
+        # is 0 there): the same masked result, of a size known from the shape alone.
+        offsets, lines, lengths = _lines(ptr) if eager(ptr) else _all_lines(ptr)
         out_coords = [lines]
         if self.keepdim:
             zeros = torch.zeros(lines.shape[0], dtype=torch.long, device=ptr.device)
@@ -490,6 +495,13 @@ def _lines(ptr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     counts = offsets.diff()
     nonempty = counts > 0
     return offsets, nonempty.nonzero().squeeze(1), counts[nonempty]
+
+
+def _all_lines(ptr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(offsets, lines, lengths)`` of a pointer tensor with every line listed, the empty
+    ones included (Note [Lines while tracing])."""
+    offsets = ptr.to(torch.long, copy=True)
+    return offsets, torch.arange(offsets.shape[0] - 1, device=ptr.device), offsets.diff()
 
 
 def coo_grouping(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> Grouping:
