@@ -168,17 +168,36 @@ def sparse_mm(storage: Storage, dense: torch.Tensor, transpose: bool = False) ->
     (differentiable through ``to_coo``). ``dense`` is 2-D with ``S``'s dtype.
     """
     if torch.compiler.is_compiling():
-        # torch's fake tensors cannot build the sparse compressed tensor that the product
-        # runs in (a device error deep in Dynamo otherwise): say what works.
-        raise NotImplementedError(
-            f"matrix product of a {storage.layout.name} MaskedTensor inside torch.compile: "
-            f"torch cannot trace sparse matrix products; compute it outside the compiled "
-            f"function, or compile the strided form (.to_dense())")
+        return _traced_mm(storage, dense, transpose)
     kernel = storage.layout.linalg.get(aten.mm.default)
     if kernel is None:
         storage = storage.layout.to_coo(storage)
         kernel = coo_mm
     return kernel(storage, dense, transpose)
+
+
+def _traced_mm(storage: Storage, dense: torch.Tensor, transpose: bool) -> torch.Tensor:
+    """``sparse_mm`` while torch.compile traces.
+
+    Note [Sparse products under torch.compile]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    torch's fake tensors cannot build the torch sparse tensor that the eager product runs
+    in. Its shape depends on the index sizes alone, though, so the traced product is the
+    same sum written in plain ops over the stored elements: gather the rows of ``dense`` at
+    the elements' columns, scale them by the values, add them into their rows
+    (``index_add``: O(nnz * n), differentiable, one graph with its backward).
+    """
+    coo = storage.layout.to_coo(storage) if storage.index and len(storage.index) != 1 \
+        else storage
+    (indices,) = coo.index
+    if indices.shape[0] != 2 or coo.values.dim() != 1:
+        raise NotImplementedError(
+            f"matrix product: a {storage.layout.name} MaskedTensor operand must be 2-D "
+            f"without dense dims, got shape {tuple(storage.shape)}; use .to_dense()")
+    rows, cols = (indices[1], indices[0]) if transpose else (indices[0], indices[1])
+    nout = storage.shape[1] if transpose else storage.shape[0]
+    terms = coo.values.unsqueeze(1) * dense.index_select(0, cols)
+    return terms.new_zeros(nout, dense.shape[1]).index_add(0, rows, terms)
 
 
 def _specified_coo(storage: Storage) -> tuple[torch.Tensor, torch.Tensor]:

@@ -182,6 +182,10 @@ class MaskedTensor(torch.Tensor):
     def __deepcopy__(self, memo: dict) -> MaskedTensor:
         return _METHODS.deepcopy(self, memo)
 
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata: tuple[str, int],
+                                            expected_type: type | None = None) -> Any:
+        return _METHODS.coerce_tangent(self, expected_metadata, expected_type)
+
     def __tensor_flatten__(self) -> tuple[list[str], tuple[str, int]]:
         n = self._nindex
         return ["_values", "_mask"] + [f"_index{i}" for i in range(n)], (self._layout.name, n)
