@@ -38,7 +38,7 @@ def masked_tensor(data: torch.Tensor, mask: torch.Tensor, *,
 def _masked_tensor(data: torch.Tensor, mask: torch.Tensor, *,
                    requires_grad: bool = False) -> MaskedTensor:
     if isinstance(data, torch.Tensor) and not isinstance(data, MaskedTensor):
-        warn_if_requires_grad(data)
+        warn_if_requires_grad(data, stacklevel=4)  # (from the user's call)
         data = data.detach()
     storage = storage_from_tensors(data, mask, "masked_tensor")
     storage = storage.with_values(storage.values.clone(), storage.mask.clone())

@@ -370,12 +370,12 @@ def storage_from_tensors(data: torch.Tensor, mask: torch.Tensor, op: str) -> Sto
     return storage
 
 
-def warn_if_requires_grad(data: object) -> None:
+def warn_if_requires_grad(data: object, stacklevel: int = 3) -> None:
     """``torch.masked``'s warning for a new MaskedTensor built from data that requires grad."""
     if isinstance(data, torch.Tensor) and data.requires_grad:
         warnings.warn("It is not recommended to create a MaskedTensor with a tensor that "
                       "requires_grad. To avoid this, you can use data.detach().clone()",
-                      UserWarning, stacklevel=3)
+                      UserWarning, stacklevel=stacklevel)
 
 
 _STORAGE_ATTRS = frozenset({"_storage", "_cached", "_layout", "_shape", "_values", "_mask",
