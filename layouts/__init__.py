@@ -25,6 +25,9 @@ from . import (
     kernels,  # the kernel families (registers torch.ops.masked_sparse.*)
     sparse_bsr,  # noqa: F401
 )
+from ._dense_operand import THRESHOLDS as PRODUCT_DENSITY_THRESHOLDS
+from ._dense_operand import chosen as dense_chosen
+from ._dense_operand import dense_buffer, dense_operand, set_product_density_threshold
 from ._fill import (
     SAME_WIDTH_INT,  # dtype -> the integer dtype of its bits
     broadcast_part,
@@ -77,6 +80,9 @@ __all__ = [
     "Storage",
     "check_sparse_input",
     "convert",
+    "dense_buffer",
+    "dense_chosen",
+    "dense_operand",
     "drop_unspecified",
     "expand_specified",
     "fill_unspecified",
@@ -86,12 +92,14 @@ __all__ = [
     "read_at",
     "read_broadcast",
     "sampled_mm",
+    "set_product_density_threshold",
     "group_by",
     "lines_along",
     "linearize",
     "native_disabled",
     "native_status",
     "node_backward",
+    "PRODUCT_DENSITY_THRESHOLDS",
     "plain_eager",
     "register_layout",
     "registered_layouts",
