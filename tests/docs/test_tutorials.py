@@ -9,7 +9,9 @@ numbers.
 
 from __future__ import annotations
 
+import ast
 import math
+import os
 import re
 import subprocess
 import sys
@@ -30,7 +32,8 @@ NAN = float("nan")
 #: Tutorials that need the CPU (``--device`` runs the others there through conftest's
 #: ``OnDevice``: what the tutorial builds goes to the device, as if it said so).
 CPU_ONLY = {"overview": "compares with numpy.ma through .numpy()",
-            "scipy_interop": "scipy.sparse interop", "distributed": "gloo processes"}
+            "scipy_interop": "scipy.sparse interop", "distributed": "gloo processes",
+            "recommender": "scipy.sparse ratings"}
 _ON_DEVICE = """import runpy, sys, torch
 sys.path.insert(0, {tests!r})
 from conftest import OnDevice
@@ -48,9 +51,13 @@ def _command(path: Path) -> list[str]:
 
 @pytest.fixture(scope="session")
 def runs() -> dict[str, subprocess.CompletedProcess]:
+    # The checkout under test, not whichever copy of the package is installed.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
     def run(path: Path) -> subprocess.CompletedProcess:
         return subprocess.run(_command(path), capture_output=True, text=True, timeout=300,
-                              cwd=ROOT)
+                              cwd=ROOT, env=env)
 
     with ThreadPoolExecutor(max_workers=max(1, len(TUTORIALS))) as pool:
         return dict(zip((p.stem for p in TUTORIALS), pool.map(run, TUTORIALS)))
@@ -487,3 +494,64 @@ def test_pruning(runs):
     check(printed(out, "masked output:", 2), [dense[0], None])
     check(printed(out, "with the bias:", 2), [dense[0], b[1].item()])
     check(printed(out, "neuron dropped:", 2), [dense[0], 0.0])
+
+
+# -- recommender -----------------------------------------------------------------------------
+def _definitions(name: str) -> dict:
+    """The imports, constants and functions a tutorial defines at top level, without running
+    the rest of it (its data generator is shared; its training loop is what is checked)."""
+    tree = ast.parse((ROOT / "tutorials" / f"{name}.py").read_text())
+    keep = [node for node in tree.body
+            if isinstance(node, ast.Import | ast.ImportFrom | ast.FunctionDef)
+            or isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple | ast.Constant)]
+    namespace: dict = {}
+    exec(compile(ast.Module(keep, type_ignores=[]), name, "exec"), namespace)
+    return namespace
+
+
+def _dense_adagrad_rmse(train, test, u0, v0, *, lr: float, steps: int) -> float:
+    """The same training on dense tensors: the whole U @ V.T, the squared error where a
+    rating exists (torch.where), divided by the count; torch.optim.Adagrad."""
+    target, where = torch.from_numpy(train.toarray()), torch.from_numpy(train.toarray() != 0)
+    u, v = torch.nn.Parameter(u0.clone()), torch.nn.Parameter(v0.clone())
+    opt = torch.optim.Adagrad([u, v], lr=lr)
+    for _ in range(steps):
+        error = torch.where(where, u @ v.T - target, 0)
+        ((error ** 2).sum() / where.sum()).backward()
+        opt.step()
+        opt.zero_grad()
+    t = test.tocoo()
+    with torch.no_grad():
+        pred = (u[torch.from_numpy(t.row.astype(np.int64))]
+                * v[torch.from_numpy(t.col.astype(np.int64))]).sum(-1).numpy()
+    return float(np.sqrt(np.mean((pred - t.data) ** 2)))
+
+
+@cpu_only(CPU_ONLY["recommender"])
+def test_recommender(runs):
+    out = output(runs, "recommender")
+    defs = _definitions("recommender")
+    train, test = defs["ratings"]()
+    users, items = train.shape
+    check(printed(out, "ratings:", 3),
+          [train.nnz, test.nnz, round(train.nnz / (users * items), 4)])
+    mean = train.data.mean()
+    baseline = np.sqrt(np.mean((test.data - mean) ** 2))
+    check(printed(out, "global mean", 2), [mean, baseline])
+    u0, v0 = defs["factors"]()
+    t = train.tocoo()
+    first = np.mean(((u0.numpy()[t.row] * v0.numpy()[t.col]).sum(1) - t.data) ** 2)
+    check(printed(out, "masked route, first loss:", 1), [first])
+    steps = defs["STEPS"]
+    reference = _dense_adagrad_rmse(train, test, u0, v0, lr=0.3, steps=steps)
+    (masked,) = printed(out, "masked route, test RMSE after", 2)[1:]
+    check([masked], [reference], tol=2e-4)
+    assert masked < 0.8 * baseline  # the model learned something the mean does not know
+    check(printed(out, "gather + sparse Adagrad, test RMSE:", 1), [reference], tol=2e-4)
+    assert printed(out, "largest factor difference to the masked route:", 1)[0] < 1e-4
+    (adam,) = printed(out, "gather + SparseAdam, test RMSE:", 1)
+    assert abs(adam - masked) < 0.05 * masked  # another optimizer, about the same error
+    for label in ("masked / gather + sparse Adagrad:", "masked / gather + SparseAdam:"):
+        assert printed(out, "step time, " + label, 1)[0] > 0
+    assert line_after(out, "prediction layout:") == (
+        "torch.sparse_csr | shares R's column index: True")
