@@ -23,7 +23,7 @@ the route visible and the recipe's semantics unchanged.
 
 >>> import torch, masked_sparse as ms
 >>> q = k = v = torch.ones(1, 2, 3)
->>> mask = torch.tensor([[True, False, False], [False, False, False]])
+>>> mask = torch.tensor([[True, False], [False, False]])  # query 1 attends to nothing
 >>> ms.attention(q, k, v, mask)
 MaskedTensor(
   [
