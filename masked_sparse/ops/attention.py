@@ -42,6 +42,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+import layouts
+
 from .._construct import as_masked_tensor
 from .._tensor import MaskedTensor
 
@@ -93,7 +95,8 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask:
             raise TypeError(f"attention(): {name} must be a plain Tensor, got "
                             f"{type(x).__name__}; pass .to_tensor(0) of a MaskedTensor, or "
                             f"mask the scores with the mask argument")
-    allowed = _mask_of(mask)
+    # The mask at its stored size: a mask expanded over heads is read once, not per head.
+    allowed = layouts.broadcast_part(_mask_of(mask))
     rows = allowed.any(-1, keepdim=True)  # queries that attend to something
     opened = allowed | ~rows  # an empty row attends everywhere: finite, zeroed below
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=opened, scale=scale)
