@@ -21,7 +21,7 @@ The buffer is differentiable with respect to the values: its gradient read at th
 positions (a gather of the dense gradient, ``grad.view(-1)[flat]``), so a product's weight
 gradient is the dense product gathered at the positions -- above the threshold that costs
 less than the sampled product (``python -m benchmarks.bench_products``). Nothing is kept
-under torch.compile, a torch.func transform or in inference mode (a fresh buffer per call).
+under a torch.func transform or in inference mode (a fresh buffer per call).
 
 Where the values come from: ``cpu`` from ``python -m benchmarks.bench_products`` (density
 swept over the 784-512-512-10 MLP's train step and a 4096 x 4096 linear at batch 512,
@@ -29,8 +29,10 @@ one thread: the fraction where the dense route starts to win). ``cuda`` is an es
 from one H200 run of ``python -m benchmarks.gpu`` (a 4096 x 4096 linear, 10% stored:
 cuBLAS on the dense product several times faster than cuSPARSE), to be re-measured with
 the crossover rows of ``python -m benchmarks.gpu``. Other devices (``"other"``) have no
-measurement: their sparse kernels are often missing or slow, so they multiply as dense
-from a low fraction on. Override with :func:`set_product_density_threshold` (or the
+measurement and keep the sparse kernels (a threshold above 1) until one is set. Under
+torch.compile the sparse route runs too (torch cannot trace its sparse products: the
+error says what works), so a compiled function never densifies an operand eager code
+would not. Override with :func:`set_product_density_threshold` (or the
 ``MASKED_SPARSE_PRODUCT_DENSITY`` environment variable, ``"cpu=0.1,cuda=0.02"``, read at
 import); a threshold above 1 keeps every product sparse, 0 makes every one dense.
 
@@ -60,7 +62,7 @@ from .registry import Storage
 THRESHOLDS: dict[str, float] = {
     "cpu": 0.2,
     "cuda": 0.02,  # an estimate from the H200 figures: re-measure
-    "other": 0.02,
+    "other": 2.0,  # not measured: the sparse kernels, as before (set a value to use buffers)
 }
 _DEFAULTS = dict(THRESHOLDS)
 _ENV = "MASKED_SPARSE_PRODUCT_DENSITY"
@@ -147,7 +149,8 @@ def chosen(storage: Storage, threshold: float | None = None) -> bool:
     """True when the 2-D sparse ``storage`` multiplies as dense on its device: its stored
     fraction reaches ``threshold`` (default: the device type's, :data:`THRESHOLDS`)."""
     values = storage.values
-    if not storage.index or len(storage.shape) != 2 or values.dim() != 1:
+    if (not storage.index or len(storage.shape) != 2 or values.dim() != 1
+            or torch.compiler.is_compiling()):
         return False
     m, n = storage.shape
     limit = threshold_for(values.device) if threshold is None else threshold
