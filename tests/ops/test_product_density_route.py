@@ -189,3 +189,19 @@ def test_the_route_follows_the_stored_fraction():
     assert layouts.dense_operand(s, threshold=0.1) is not None
     assert layouts.dense_operand(s, threshold=0.11) is None
     assert torch.equal(layouts.dense_operand(s, threshold=0.0), mask.float())
+
+
+@pytest.mark.usefixtures("native_off")
+def test_strided_masked_linear_forward_and_backward_never_sync(device):
+    g = torch.Generator().manual_seed(2)
+    mask = (torch.rand(6, 8, generator=g) < 0.5).to(device)
+    w = torch.nn.Parameter(ms.masked_tensor(torch.randn(6, 8, generator=g).to(device), mask))
+    x = torch.randn(5, 8, device=device, requires_grad=True)
+    b = torch.zeros(6, device=device, requires_grad=True)
+
+    def step() -> None:
+        F.linear(x, w, b).to_tensor(0).sum().backward()
+
+    step()
+    with no_host_sync(device):
+        step()
