@@ -13,7 +13,7 @@ Baselines (ratio = ms.optim / baseline; below 1 means ms.optim is faster): ``tor
 ``torch.optim.Adagrad`` (its sparse path), ``torch.optim.SparseAdam`` (for ``Adam`` and
 ``SparseAdam``) or ``torch.optim.SGD`` (no momentum: the one sparse SGD torch has) on the
 same gradient; ``floor`` is one ``index_add_`` of the gradient values into the weight.
-Targets: <= 1.2x torch on hybrid COO (issue 39), <= 0.5x torch on 2-D COO and CSR for the
+Targets: <= 1.2x torch on hybrid COO, <= 0.5x torch on 2-D COO and CSR for the
 stateful optimizers; SGD <= 1.0x torch on both COO forms (on the CPU it is torch's own
 ``add_``, Note [SGD without state]). Every step mutates the shared weight and the
 optimizers' states; the work per step does not depend on their values.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole GPU check of issues 33 and 38 in one command, for a machine with an NVIDIA GPU
+# The whole GPU check in one command, for a machine with an NVIDIA GPU
 # and no internet (at most 8 minutes on one H100):
 #   1. checks that torch sees CUDA (else says what to do and stops);
 #   2. installs the project (pip install --no-deps -e ., no download; builds the CPU kernels,
