@@ -38,7 +38,7 @@ from ._fill import (
 )
 from ._grouping import Grouping
 from ._index import all_true, linearize
-from ._linalg import sparse_mm, sparse_sparse_mm, specified_lines
+from ._linalg import per_head_mm, sparse_mm, sparse_sparse_mm, specified_lines
 from ._lines import Lines, lines_along
 from ._native import NativeKernelsWarning
 from ._native import disabled as native_disabled
@@ -87,6 +87,7 @@ __all__ = [
     "expand_specified",
     "fill_unspecified",
     "identity",
+    "per_head_mm",
     "get_layout",
     "kernels",
     "read_at",
