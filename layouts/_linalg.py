@@ -286,3 +286,30 @@ def sparse_sparse_mm(a: Storage, b: Storage, transpose_b: bool = False) -> Stora
     indices = torch.stack([out_keys // n, out_keys % n])
     mask = torch.ones(out_keys.numel(), dtype=torch.bool, device=values.device)
     return get_layout("sparse_coo").build((indices,), values, mask, (a.shape[0], n))
+
+
+def per_head_mm(coo: Storage, values: torch.Tensor, dense: torch.Tensor, *,
+                contract: int = 1) -> torch.Tensor:
+    """``out[i, h..., f...] = sum_j S[i, j, h...] * dense[j, h..., f...]`` for a 2-D COO
+    storage ``S`` with dense dims ``h...`` (a hybrid tensor: one index for every head).
+
+    ``values`` are the storage's values as the caller wants them read (unspecified ones
+    zeroed); ``contract`` is the sparse dim summed over (1: ``S @ dense`` per head, 0:
+    ``S.T @ dense``). O(nnz * numel(h, f)), the index read once; differentiable with respect
+    to ``values`` and ``dense`` (a gather, a product, an ``index_add``).
+
+    >>> import torch, layouts
+    >>> coo = layouts.get_layout("sparse_coo")
+    >>> values = torch.tensor([[1., 10.], [2., 20.]])  # 2 stored entries x 2 heads
+    >>> index = torch.tensor([[0, 1], [0, 1]])          # at (0, 0) and (1, 1)
+    >>> s = coo.build((index,), values, values > 0, torch.Size([2, 2, 2]))
+    >>> per_head_mm(s, s.values, torch.ones(2, 2, 1)).flatten().tolist()
+    [1.0, 10.0, 2.0, 20.0]
+    """
+    (indices,) = coo.index
+    keep, summed = indices[1 - contract], indices[contract]
+    heads = values.shape[1:]
+    free = dense.shape[1 + len(heads):]
+    terms = values.reshape(values.shape + (1,) * len(free)) * dense.index_select(0, summed)
+    out = dense.new_zeros((coo.shape[1 - contract],) + tuple(heads) + tuple(free))
+    return out.index_add(0, keep, terms.to(out.dtype))

@@ -6,11 +6,13 @@
 (``torch._foreach_*`` lists), ``scans`` and ``order`` (cumulative ops, sorting), ``linalg``
 (matrix products), ``einsum`` (two-operand contractions as matrix products), ``sampled``
 (the sampled product ``torch.sparse.sampled_addmm``), ``losses`` and ``_class_losses``
-(``torch.nn.functional``'s losses; those over a class dim).
+(``torch.nn.functional``'s losses; those over a class dim), ``attention`` (masked attention
+through ``F.scaled_dot_product_attention``: ``ms.attention``).
 """
 
 from . import (  # noqa: F401
     _class_losses,
+    attention,
     basic,
     conversion,
     einsum,
