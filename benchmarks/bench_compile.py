@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +35,9 @@ import masked_sparse as ms
 Fn = Callable[..., Any]
 NEG_INF = -math.inf
 LAYOUTS = ("strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr")
+
+
+COMPILE_SECONDS: dict[str, float] = {}  # training case -> first call (compile) time
 
 
 def _compiled(fn: Fn, *args: Any) -> Callable[[], Any]:
@@ -151,6 +155,87 @@ def _sparse(layout: str, n: int, gen: torch.Generator, only: str | None) -> list
     return out
 
 
+def _mf_step(layout: str, n: int, m: int, k: int,
+             gen: torch.Generator) -> tuple[Fn, Fn, list]:
+    """A matrix factorisation step on a masked ``(n, m)`` rating matrix with 2% observed
+    (``layout``): the sampled product minus broadcast plain biases, a masked MSE and its
+    backward: ``(loss, step, params)``, ``step(loss)`` resets the gradients and runs it."""
+    import torch.nn.functional as F
+
+    mask = torch.rand(n, m, generator=gen) < 0.02
+    R = ms.masked_tensor(torch.randn(n, m, generator=gen), mask)
+    R = R if layout == "strided" else ms.to_layout(R, layout)
+    params = [torch.randn(*shape, generator=gen).mul_(0.1).requires_grad_()
+              for shape in ((n, k), (m, k), (n,), (m,))]
+
+    def loss(U: torch.Tensor, V: torch.Tensor, bu: torch.Tensor, bi: torch.Tensor) -> Any:
+        pred = torch.sparse.sampled_addmm(R, U, V.T, beta=0) - bu[:, None] - bi[None, :]
+        return F.mse_loss(pred, R)
+
+    def step(fn: Fn) -> Any:
+        for p in params:
+            p.grad = None
+        out = fn(*params)
+        out.backward()
+        return out
+
+    return loss, step, params
+
+
+def _gat(layout: str, n: int, f: int, gen: torch.Generator) -> tuple[Fn, Fn, list]:
+    """A GAT layer on a masked ``(n, n)`` adjacency with about 10 edges a node: per-edge
+    scores by broadcasting, LeakyReLU, a masked softmax along rows, the product with the
+    features, and the backward to the features."""
+    import torch.nn.functional as F
+
+    adj = torch.rand(n, n, generator=gen) < 10 / n
+    A0 = ms.masked_tensor(torch.zeros(n, n), adj)
+    A0 = A0 if layout == "strided" else ms.to_layout(A0, layout)
+    h = torch.randn(n, f, generator=gen).requires_grad_()
+    a_dst, a_src = torch.randn(f, generator=gen), torch.randn(f, generator=gen)
+
+    def layer(h: torch.Tensor) -> torch.Tensor:
+        hd = h.detach()
+        scores = A0 + (hd @ a_dst)[:, None] + (hd @ a_src)[None, :]
+        att = F.leaky_relu(scores, 0.2).softmax(1)
+        return (att @ h).to_tensor(0).square().sum()
+
+    def step(fn: Fn) -> Any:
+        h.grad = None
+        out = fn(h)
+        out.backward()
+        return out
+
+    return layer, step, [h]
+
+
+def _training(quick: bool, gen: torch.Generator, only: str | None) -> list[tuple]:
+    """Training steps (forward and backward) compiled (Inductor, graph breaks allowed)
+    against the same step run eagerly; the compile time is kept apart (``COMPILE_SECONDS``)."""
+    out = []
+    n, m = (600, 400) if quick else (6000, 3700)
+    ng = 300 if quick else 3000
+    builders = [(f"{lay} matrix factorisation step {n}x{m} 2% observed",
+                 lambda lay=lay: _mf_step(lay, n, m, 32, gen)) for lay in TRAINING_LAYOUTS]
+    builders += [(f"{lay} GAT layer n={ng}", lambda lay=lay: _gat(lay, ng, 16, gen))
+                 for lay in TRAINING_LAYOUTS]
+    for name, build in builders:
+        if only and only not in name:
+            continue
+        fn, step, _ = build()
+        fast = torch.compile(fn, dynamic=False)
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            step(fast)
+        COMPILE_SECONDS[name] = time.perf_counter() - start
+        out.append((name, lambda s=step, c=fast: s(c), {"eager": lambda s=step, f=fn: s(f)}))
+    return out
+
+
+TRAINING_LAYOUTS = ("strided", "sparse_coo", "sparse_csr")
+
+
 def cases(quick: bool = False, only: str | None = None) -> list[tuple]:
     """Compiled vs eager cases; ``quick`` uses smaller operands (same families); ``only``
     builds (and compiles) only the cases whose name contains it."""
@@ -162,7 +247,7 @@ def cases(quick: bool = False, only: str | None = None) -> list[tuple]:
         out.append(_attention(na, 64, gen))
     for layout in LAYOUTS[1:]:
         out += _sparse(layout, 512 if quick else 2048, gen, only)
-    return out
+    return out + _training(quick, gen, only)
 
 
 # -- graph breaks per layout and op family (the README table) ------------------------------
@@ -231,6 +316,10 @@ def main() -> None:
     torch.set_num_threads(1)
     harness.run_cases(cases(args.quick, args.only), "torch.compile (strided, sparse)",
                       min_run_time=0.05 if args.quick else 0.3)
+    if COMPILE_SECONDS:
+        print("\ncompile time of the training steps (first call, Inductor):")
+        for name, seconds in COMPILE_SECONDS.items():
+            print(f"  {name}: {seconds:.1f} s")
 
 
 if __name__ == "__main__":

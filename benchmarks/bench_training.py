@@ -15,8 +15,10 @@ after a collective, or a gradient set by hand; Note [Equal masks without a host 
 Every step mutates the weights and the states; the work per step does not depend on their
 values.
 
-Run by hand: ``python -m benchmarks.bench_training [--quick]`` (one thread, medians of
-paired rounds), or as part of ``python -m benchmarks``.
+Run by hand: ``python -m benchmarks.bench_training [--quick] [--device cuda]`` (one
+thread, medians of paired rounds), or as part of ``python -m benchmarks``. On CUDA the same
+rows (``scripts/gpu_check.sh`` runs them); a CSR weight there multiplies as a dense buffer
+above the device's density threshold (``layouts.PRODUCT_DENSITY_THRESHOLDS``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ STEP_TARGETS = {("CSR", 0.9): 1.0, ("CSR", 0.99): 0.5, ("strided", 0.9): 1.1,
 OPTIMIZERS = {"Adam": dict(lr=1e-3), "SGD": dict(lr=1e-3, momentum=0.9),
               "AdamW": dict(lr=1e-3), "Adagrad": dict(lr=1e-3)}
 OPT_TARGET = 1.2
+#: where the cases run: ``--device`` (the CPU unless given; CUDA timings synchronize, as
+#: ``torch.utils.benchmark`` does)
+DEVICE = torch.device("cpu")
 
 
 def mlp(masked: float, seed: int = 0) -> tuple[list, list, list]:
@@ -50,9 +55,9 @@ def mlp(masked: float, seed: int = 0) -> tuple[list, list, list]:
     g = torch.Generator().manual_seed(seed)
     weights, masks, biases = [], [], []
     for n_in, n_out in zip(SIZES[:-1], SIZES[1:]):
-        weights.append(torch.randn(n_out, n_in, generator=g) / n_in ** 0.5)
-        masks.append(torch.rand(n_out, n_in, generator=g) >= masked)
-        biases.append(torch.zeros(n_out))
+        weights.append((torch.randn(n_out, n_in, generator=g) / n_in ** 0.5).to(DEVICE))
+        masks.append((torch.rand(n_out, n_in, generator=g) >= masked).to(DEVICE))
+        biases.append(torch.zeros(n_out, device=DEVICE))
     return weights, masks, biases
 
 
@@ -92,7 +97,8 @@ def step_cases(quick: bool = False) -> list[tuple]:
         dense_w = [torch.nn.Parameter(w.clone()) for w in weights]
         dense_b = [torch.nn.Parameter(b.clone()) for b in biases]
         for batch in (256, 64):
-            x, y = torch.randn(batch, SIZES[0]), torch.randint(SIZES[-1], (batch,))
+            x = torch.randn(batch, SIZES[0]).to(DEVICE)
+            y = torch.randint(SIZES[-1], (batch,)).to(DEVICE)
             workaround = _train_step(x, y, dense_w + dense_b, dense_w, dense_b, masks)
             for name, layout in LAYOUTS.items():
                 w = masked_params(weights, masks, layout)
@@ -124,7 +130,8 @@ def _with_grads(weights: list, masks: list, biases: list, x: torch.Tensor, y: to
 
 def optimizer_cases(quick: bool = False) -> list[tuple]:
     weights, masks, biases = mlp(0.9, seed=1)
-    x, y = torch.randn(256, SIZES[0]), torch.randint(SIZES[-1], (256,))
+    x = torch.randn(256, SIZES[0]).to(DEVICE)
+    y = torch.randint(SIZES[-1], (256,)).to(DEVICE)
     out = []
     for name, kwargs in OPTIMIZERS.items():
         for equal_mask in (False, True):
@@ -148,7 +155,13 @@ SAFE = ("W*M", "torch foreach")  # plain torch baselines: no crash probe
 
 
 def main() -> None:
-    """Print the table: medians and ratios, paired rounds (``--quick``, ``--only TEXT``)."""
+    """Print the table: medians and ratios, paired rounds (``--quick``, ``--only TEXT``,
+    ``--device DEVICE``)."""
+    global DEVICE
+    if "--device" in sys.argv:
+        at = sys.argv.index("--device")
+        DEVICE = torch.device(sys.argv[at + 1])
+        del sys.argv[at:at + 2]
     harness.module_main(sys.modules[__name__])
 
 

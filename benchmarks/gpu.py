@@ -21,7 +21,11 @@ faster; each time is the median of rounds, every round between two
 - a pruned MLP train step (784-512-512-10, 90% of each weight masked, CSR weights) against
   the dense ``W * M`` step;
 - attention with a key padding mask against ``scaled_dot_product_attention`` and the
-  ``-inf`` recipe (forward + backward);
+  ``-inf`` recipe (forward + backward), the masked recipe and ``ms.attention``;
+- a strided masked 4096 x 4096 linear (90% masked, batch 512) against ``W * M``;
+- the density sweep of ``benchmarks.bench_products``: a CSR weight through the sparse
+  kernels and through a dense buffer, 0.5% to 50% stored -- the crossover is the device's
+  value of ``layouts.PRODUCT_DENSITY_THRESHOLDS``;
 - an Adagrad / SparseAdam step on a 1M x 64 embedding against torch.optim's.
 
 ``--device cpu --quick`` runs every case on tiny operands (the smoke test does). ``--out``
@@ -435,9 +439,45 @@ def attention(timer: Timer, device: torch.device, b: int, h: int, t: int, d: int
     def sdpa() -> None:
         F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
 
-    return {"case": f"attention B={b} H={h} T={t} D={d}, key padding, fwd+bwd",
-            "masked": timed(timer, masked), "dense": timed(timer, recipe),
-            "sdpa": timed(timer, sdpa)}
+    def fused() -> None:
+        ms.attention(q, k, v, mask, scale=scale).to_tensor(0).sum().backward()
+
+    name = f"attention B={b} H={h} T={t} D={d}, key padding, fwd+bwd"
+    dense, fast = timed(timer, recipe), timed(timer, sdpa)
+    return [{"case": name, "masked": timed(timer, masked), "dense": dense, "sdpa": fast},
+            {"case": f"{name}, ms.attention", "masked": timed(timer, fused), "dense": dense,
+             "sdpa": fast}]
+
+
+def strided_linear(timer: Timer, device: torch.device, n: int, batch: int,
+                   masked_fraction: float = 0.9) -> dict:
+    """Forward + backward of ``F.linear(x, W)`` with a strided masked ``n x n`` weight
+    against the dense ``F.linear(x, W * M)``."""
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(n, n, generator=g) / math.sqrt(n)).to(device)
+    m = (torch.rand(n, n, generator=g) >= masked_fraction).to(device)
+    x = torch.randn(batch, n, generator=g).to(device)
+    mw = torch.nn.Parameter(ms.masked_tensor(w.clone(), m))
+    dw = torch.nn.Parameter(w.clone())
+
+    def masked() -> None:
+        mw.grad = None
+        F.linear(x, mw).to_tensor(0).sum().backward()
+
+    def dense() -> None:
+        dw.grad = None
+        F.linear(x, dw * m).sum().backward()
+
+    return {"case": f"linear {n}x{n}, strided, {masked_fraction:.0%} masked, batch {batch}, "
+                    f"fwd+bwd", "masked": timed(timer, masked), "dense": timed(timer, dense)}
+
+
+def products(device: torch.device, quick: bool) -> list[str]:
+    """The density sweep of ``benchmarks.bench_products`` on this device: where a CSR
+    weight should multiply as dense (``layouts.PRODUCT_DENSITY_THRESHOLDS``)."""
+    from benchmarks import bench_products
+
+    return bench_products.report(bench_products.sweep(device, quick), device).splitlines()[2:]
 
 
 def embedding_steps(timer: Timer, device: torch.device, rows: int, dim: int = 64,
@@ -568,8 +608,16 @@ def report(device: torch.device, tests: str | None, sections: dict[str, Any]) ->
             "## Pruned MLP train step", "",
             *(table([sections["mlp"]], ("dense",)) if "mlp" in sections else missing), "",
             "## Attention with a padding mask", "",
-            *(table([sections["attention"]], ("dense", "sdpa")) if "attention" in sections
+            *(table(sections["attention"], ("dense", "sdpa")) if "attention" in sections
               else missing), "",
+            "## Strided masked linear", "",
+            *(table([sections["linear"]], ("dense",)) if "linear" in sections else missing),
+            "",
+            "## Sparse kernels or a dense buffer (the density threshold)", "",
+            "A CSR weight's train step through the sparse kernels and through a dense buffer "
+            "(`python -m benchmarks.bench_products`); the crossover is this device's value "
+            "of `layouts.PRODUCT_DENSITY_THRESHOLDS`.", "",
+            *(sections["products"] if "products" in sections else missing), "",
             "## Optimizer step on an embedding", "",
             *(table(sections["optim"], ("torch",)) if "optim" in sections else missing), ""]
     return "\n".join(out)
@@ -593,6 +641,9 @@ def run(device: torch.device, quick: bool, tests: str | None = None,
              ("softmax", lambda: softmaxes(timer, device, soft)),
              ("mlp", lambda: mlp_step(timer, device, batch)),
              ("attention", lambda: attention(timer, device, *att)),
+             ("linear", lambda: strided_linear(timer, device, 256 if quick else 4096,
+                                               16 if quick else 512)),
+             ("products", lambda: products(device, quick)),
              ("optim", lambda: embedding_steps(timer, device, emb))]
     for name, fn in steps:
         start = time.perf_counter()

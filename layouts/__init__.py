@@ -25,6 +25,9 @@ from . import (
     kernels,  # the kernel families (registers torch.ops.masked_sparse.*)
     sparse_bsr,  # noqa: F401
 )
+from ._dense_operand import THRESHOLDS as PRODUCT_DENSITY_THRESHOLDS
+from ._dense_operand import chosen as dense_chosen
+from ._dense_operand import dense_buffer, dense_operand, set_product_density_threshold
 from ._fill import (
     SAME_WIDTH_INT,  # dtype -> the integer dtype of its bits
     broadcast_part,
@@ -35,7 +38,7 @@ from ._fill import (
 )
 from ._grouping import Grouping
 from ._index import all_true, linearize
-from ._linalg import sparse_mm, sparse_sparse_mm, specified_lines
+from ._linalg import per_head_mm, sparse_mm, sparse_sparse_mm, specified_lines
 from ._lines import Lines, lines_along
 from ._native import NativeKernelsWarning
 from ._native import disabled as native_disabled
@@ -77,21 +80,27 @@ __all__ = [
     "Storage",
     "check_sparse_input",
     "convert",
+    "dense_buffer",
+    "dense_chosen",
+    "dense_operand",
     "drop_unspecified",
     "expand_specified",
     "fill_unspecified",
     "identity",
+    "per_head_mm",
     "get_layout",
     "kernels",
     "read_at",
     "read_broadcast",
     "sampled_mm",
+    "set_product_density_threshold",
     "group_by",
     "lines_along",
     "linearize",
     "native_disabled",
     "native_status",
     "node_backward",
+    "PRODUCT_DENSITY_THRESHOLDS",
     "plain_eager",
     "register_layout",
     "registered_layouts",

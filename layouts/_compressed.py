@@ -91,6 +91,7 @@ class Compressed:
             raise ValueError(f"to_{layout.name}: a {self.short} masked tensor must be 2-D, got "
                              f"shape {tuple(shape)}; use .to_sparse_coo() instead")
 
+    @torch.compiler.disable  # Note [Torch sparse tensors stay outside graphs]
     def from_torch(self, layout: Layout, data: torch.Tensor, mask: torch.Tensor) -> Storage:
         ndim = 3 if self.blocked else 1
         for t, what in ((data, "data"), (mask, "mask")):
@@ -100,7 +101,10 @@ class Compressed:
                                  f"{tuple(t.shape)} with values {tuple(t.values().shape)}; use "
                                  f".to_sparse_coo() for other shapes")
         pattern = _pattern(mask)
-        mvals, dvals = mask.values(), data.values()
+        # (detached unless differentiated: a view of a torch sparse tensor, which Dynamo
+        # cannot wrap -- Note [Torch sparse tensors stay outside graphs])
+        mvals = mask.values().detach()
+        dvals = data.values() if data.requires_grad else data.values().detach()
         dpattern = _pattern(data)
         if (dvals.shape[1:] == mvals.shape[1:] and dpattern[1].shape == pattern[1].shape
                 and all(torch.equal(a, b) for a, b in zip(dpattern, pattern))):

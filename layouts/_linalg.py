@@ -168,17 +168,36 @@ def sparse_mm(storage: Storage, dense: torch.Tensor, transpose: bool = False) ->
     (differentiable through ``to_coo``). ``dense`` is 2-D with ``S``'s dtype.
     """
     if torch.compiler.is_compiling():
-        # torch's fake tensors cannot build the sparse compressed tensor that the product
-        # runs in (a device error deep in Dynamo otherwise): say what works.
-        raise NotImplementedError(
-            f"matrix product of a {storage.layout.name} MaskedTensor inside torch.compile: "
-            f"torch cannot trace sparse matrix products; compute it outside the compiled "
-            f"function, or compile the strided form (.to_dense())")
+        return _traced_mm(storage, dense, transpose)
     kernel = storage.layout.linalg.get(aten.mm.default)
     if kernel is None:
         storage = storage.layout.to_coo(storage)
         kernel = coo_mm
     return kernel(storage, dense, transpose)
+
+
+def _traced_mm(storage: Storage, dense: torch.Tensor, transpose: bool) -> torch.Tensor:
+    """``sparse_mm`` while torch.compile traces.
+
+    Note [Sparse products under torch.compile]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    torch's fake tensors cannot build the torch sparse tensor that the eager product runs
+    in. Its shape depends on the index sizes alone, though, so the traced product is the
+    same sum written in plain ops over the stored elements: gather the rows of ``dense`` at
+    the elements' columns, scale them by the values, add them into their rows
+    (``index_add``: O(nnz * n), differentiable, one graph with its backward).
+    """
+    coo = storage.layout.to_coo(storage) if storage.index and len(storage.index) != 1 \
+        else storage
+    (indices,) = coo.index
+    if indices.shape[0] != 2 or coo.values.dim() != 1:
+        raise NotImplementedError(
+            f"matrix product: a {storage.layout.name} MaskedTensor operand must be 2-D "
+            f"without dense dims, got shape {tuple(storage.shape)}; use .to_dense()")
+    rows, cols = (indices[1], indices[0]) if transpose else (indices[0], indices[1])
+    nout = storage.shape[1] if transpose else storage.shape[0]
+    terms = coo.values.unsqueeze(1) * dense.index_select(0, cols)
+    return terms.new_zeros(nout, dense.shape[1]).index_add(0, rows, terms)
 
 
 def _specified_coo(storage: Storage) -> tuple[torch.Tensor, torch.Tensor]:
@@ -267,3 +286,30 @@ def sparse_sparse_mm(a: Storage, b: Storage, transpose_b: bool = False) -> Stora
     indices = torch.stack([out_keys // n, out_keys % n])
     mask = torch.ones(out_keys.numel(), dtype=torch.bool, device=values.device)
     return get_layout("sparse_coo").build((indices,), values, mask, (a.shape[0], n))
+
+
+def per_head_mm(coo: Storage, values: torch.Tensor, dense: torch.Tensor, *,
+                contract: int = 1) -> torch.Tensor:
+    """``out[i, h..., f...] = sum_j S[i, j, h...] * dense[j, h..., f...]`` for a 2-D COO
+    storage ``S`` with dense dims ``h...`` (a hybrid tensor: one index for every head).
+
+    ``values`` are the storage's values as the caller wants them read (unspecified ones
+    zeroed); ``contract`` is the sparse dim summed over (1: ``S @ dense`` per head, 0:
+    ``S.T @ dense``). O(nnz * numel(h, f)), the index read once; differentiable with respect
+    to ``values`` and ``dense`` (a gather, a product, an ``index_add``).
+
+    >>> import torch, layouts
+    >>> coo = layouts.get_layout("sparse_coo")
+    >>> values = torch.tensor([[1., 10.], [2., 20.]])  # 2 stored entries x 2 heads
+    >>> index = torch.tensor([[0, 1], [0, 1]])          # at (0, 0) and (1, 1)
+    >>> s = coo.build((index,), values, values > 0, torch.Size([2, 2, 2]))
+    >>> per_head_mm(s, s.values, torch.ones(2, 2, 1)).flatten().tolist()
+    [1.0, 10.0, 2.0, 20.0]
+    """
+    (indices,) = coo.index
+    keep, summed = indices[1 - contract], indices[contract]
+    heads = values.shape[1:]
+    free = dense.shape[1 + len(heads):]
+    terms = values.reshape(values.shape + (1,) * len(free)) * dense.index_select(0, summed)
+    out = dense.new_zeros((coo.shape[1 - contract],) + tuple(heads) + tuple(free))
+    return out.index_add(0, keep, terms.to(out.dtype))

@@ -44,6 +44,7 @@ from .kernels._route import eager
 from .registry import Storage, get_layout
 
 _SLOTS_PER_NNZ = 4  # bincount grouping while the kept key space is <= 4 * nnz + 4096
+_compiling = torch.compiler.is_compiling
 
 
 class CooGrouping(Grouping):
@@ -125,16 +126,24 @@ class CooGrouping(Grouping):
             kept_shape = [shape[d] for d in kept]
             keys = linearize([coords[d] for d in kept], kept_shape)
             space = math.prod(kept_shape)
-            if row_major and kept == list(range(len(kept))):  # sorted by the leading dims
+            slots = space <= _SLOTS_PER_NNZ * nnz + 4096
+            if _compiling() and not slots:
+                raise NotImplementedError(_data_dependent(self.source, dims))
+            if row_major and kept == list(range(len(kept))) and not _compiling():
+                # sorted by the leading dims
                 uniq, facts["_gid"] = torch.unique_consecutive(keys, return_inverse=True)
-            elif space <= _SLOTS_PER_NNZ * nnz + 4096:
+            elif slots:
                 # Note [Reducing into key slots]
-                if plain_eager(keys):  # a count: faster than a bool index_put
-                    present = torch.bincount(keys, minlength=space) > 0
-                else:  # compiled: an output size that does not depend on the data
-                    present = torch.zeros(space, dtype=torch.bool, device=device)
-                    present[keys] = True
-                uniq = present.nonzero().squeeze(1)
+                if _compiling():  # every slot a group (Note [Lines while tracing])
+                    present = torch.ones(space, dtype=torch.bool, device=device)
+                    uniq = torch.arange(space, device=device)
+                else:
+                    if plain_eager(keys):  # a count: faster than a bool index_put
+                        present = torch.bincount(keys, minlength=space) > 0
+                    else:  # (a transform)
+                        present = torch.zeros(space, dtype=torch.bool, device=device)
+                        present[keys] = True
+                    uniq = present.nonzero().squeeze(1)
                 facts.update(_present=present, _kept=kept, _kept_shape=kept_shape)
             else:
                 uniq, facts["_gid"] = torch.unique(keys, sorted=True, return_inverse=True)
@@ -406,7 +415,20 @@ class CompressedGrouping(CooGrouping):
         self._coords = value
 
     def _line_facts(self, ptr: torch.Tensor, axis: int) -> dict[str, Any]:
-        offsets, lines, lengths = _lines(ptr)
+        # Note [Lines while tracing]
+        # ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        # Eagerly the groups are the non-empty lines (the output stores no empty line) and
+        # the present key slots (Note [Reducing into key slots]); their number depends on
+        # the data, and torch.compile would have to guard on it (``Could not guard on
+        # data-dependent expression``). While torch.compile traces, every line (every key
+        # slot) is a group, an empty one an unspecified element of the output (its mask,
+        # whether a specified element is there, is False): the same masked result, of a
+        # size known from the shape alone, so a reduction along the lines, a softmax and
+        # a broadcast operand's gradient compile in one graph. Only a key space too large
+        # to list (a hypersparse COO reduced to its kept coordinates) stays data-dependent:
+        # a NotImplementedError naming the way out, which Dynamo turns into a graph break
+        # (or, under ``fullgraph=True``, reports).
+        offsets, lines, lengths = _all_lines(ptr) if _compiling() else _lines(ptr)
         out_coords = [lines]
         if self.keepdim:
             zeros = torch.zeros(lines.shape[0], dtype=torch.long, device=ptr.device)
@@ -490,6 +512,23 @@ def _lines(ptr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     counts = offsets.diff()
     nonempty = counts > 0
     return offsets, nonempty.nonzero().squeeze(1), counts[nonempty]
+
+
+def _data_dependent(storage: Storage, dims: tuple[int, ...]) -> str:
+    """Why a traced reduction of ``storage`` over ``dims`` cannot be compiled, and what
+    works (Note [Lines while tracing])."""
+    return (f"reducing a {storage.layout.name} MaskedTensor of shape {tuple(storage.shape)} "
+            f"over dims {dims} inside torch.compile: the kept coordinates are too many to "
+            f"list every one, and the number that hold an element depends on the data; "
+            f"compile without fullgraph=True (the reduction runs eagerly, one graph break), "
+            f"or reduce a matrix along its rows (CSR / COO, dim 1) or columns (CSC, dim 0)")
+
+
+def _all_lines(ptr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(offsets, lines, lengths)`` of a pointer tensor with every line listed, the empty
+    ones included (Note [Lines while tracing])."""
+    offsets = ptr.to(torch.long, copy=True)
+    return offsets, torch.arange(offsets.shape[0] - 1, device=ptr.device), offsets.diff()
 
 
 def coo_grouping(storage: Storage, dims: tuple[int, ...], keepdim: bool) -> Grouping:

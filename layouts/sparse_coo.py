@@ -32,6 +32,15 @@ def _sparse_shape(storage: Storage) -> tuple[int, ...]:
 
 
 @takes_layout
+# Note [Torch sparse tensors stay outside graphs]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# torch's fake tensors cannot read a sparse tensor's parts (a CSR's ``crow_indices()``
+# has no fake kernel), and Dynamo cannot wrap the parts as graph inputs either (they
+# alias the sparse tensor without strides of their own). Building a storage from a torch
+# sparse tensor therefore never enters a graph: Dynamo runs it eagerly (a graph break
+# where it is called from compiled code; the storage it returns holds plain tensors, which
+# the rest of the graph takes as inputs).
+@torch.compiler.disable
 def _from_torch(layout: Layout, data: torch.Tensor, mask: torch.Tensor) -> Storage:
     same = data is mask  # e.g. an optimizer reading a gradient's own pattern: coalesce once
     mask = coalesce_coo(mask)

@@ -14,6 +14,8 @@ tensor([[0.0000, 1.4142],
 
 from torch.distributed import is_available as _dist_available
 
+from layouts import set_product_density_threshold
+
 from . import _collate, functional, ops, optim  # noqa: F401  (ops registers the op tables)
 from ._autograd import lift
 from ._construct import as_masked_tensor, masked_tensor
@@ -44,6 +46,7 @@ from .functional import (  # noqa: F401
     var,
 )
 from .interop import from_numpy, from_scipy, to_numpy, to_scipy
+from .ops.attention import attention
 from .ops.conversion import get_data, get_mask, to_layout, to_tensor
 from .ops.sampled import sampled_matmul
 
@@ -53,6 +56,7 @@ if _dist_available():  # torch imports torch.distributed already: registering co
 __all__ = [
     "MaskedTensor",
     "as_masked_tensor",
+    "attention",
     "from_numpy",
     "from_scipy",
     "get_data",
@@ -64,6 +68,7 @@ __all__ = [
     "masked_tensor",
     "masked_where",
     "sampled_matmul",
+    "set_product_density_threshold",
     "to_layout",
     "to_numpy",
     "to_scipy",

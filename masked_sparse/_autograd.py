@@ -15,10 +15,11 @@ inner graph only references plain tensors, so no reference cycle forms with the 
 
 The masked gradients live here too: reading an incoming gradient at a storage
 (:func:`grad_on`, :func:`grad_values`) and building one over a storage (:func:`masked_grad`),
-with the two differentiable crossings between a MaskedTensor and plain tensors that they
-take -- ``as_masked_tensor``'s Function (plain data in) and :class:`Lift` (the values out,
-``ms.lift``). They call each other (a backward builds its gradient with ``as_masked_tensor``'s
-Function, whose own backward reads gradients): one module.
+with the differentiable crossings between a MaskedTensor and plain tensors that they take
+-- ``as_masked_tensor``'s Functions (plain data in, of the mask's layout or of another) and
+:class:`Lift` (the values out, ``ms.lift``). They call each other (a backward builds its
+gradient with ``as_masked_tensor``'s Function, whose own backward reads gradients): one
+module.
 """
 
 from __future__ import annotations

@@ -30,8 +30,15 @@ def masked_tensor(data: torch.Tensor, mask: torch.Tensor, *,
       [  1.0000,       --]
     )
     """
+    if _dynamo_compiling() and _torch_sparse(data, mask):
+        return _MASKED_TENSOR_OUTSIDE_GRAPH(data, mask, requires_grad=requires_grad)
+    return _masked_tensor(data, mask, requires_grad=requires_grad)
+
+
+def _masked_tensor(data: torch.Tensor, mask: torch.Tensor, *,
+                   requires_grad: bool = False) -> MaskedTensor:
     if isinstance(data, torch.Tensor) and not isinstance(data, MaskedTensor):
-        warn_if_requires_grad(data)
+        warn_if_requires_grad(data, stacklevel=4)  # (from the user's call)
         data = data.detach()
     storage = storage_from_tensors(data, mask, "masked_tensor")
     storage = storage.with_values(storage.values.clone(), storage.mask.clone())
@@ -53,6 +60,12 @@ def as_masked_tensor(data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:
       [      --,   2.0000]
     )
     """
+    if _dynamo_compiling() and _torch_sparse(data, mask):
+        return _AS_MASKED_TENSOR_OUTSIDE_GRAPH(data, mask)
+    return _as_masked_tensor(data, mask)
+
+
+def _as_masked_tensor(data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:
     if _func.active() and torch._C._functorch.is_functorch_wrapped_tensor(data):
         # Note [MaskedTensors in torch.func]: over the transform's own tracked data.
         if data.layout != torch.strided:
@@ -73,5 +86,21 @@ def as_masked_tensor(data: torch.Tensor, mask: torch.Tensor) -> MaskedTensor:
 # Dynamo cannot trace ``_make_wrapper_subclass``. Both constructors are therefore opaque
 # calls in Dynamo's graph (``allow_in_graph``): AOTAutograd then runs them on fake tensors,
 # where building the wrapper is ordinary Python, and traces the ops they do on the data.
-torch.compiler.allow_in_graph(masked_tensor)
-torch.compiler.allow_in_graph(as_masked_tensor)
+# A graph cannot hold a torch sparse tensor (torch's fake tensors cannot build or read a
+# CSR one: Note [Sparse results under torch.compile]), so a constructor given one -- the
+# mask of a sparse MaskedTensor, ``ms.as_masked_tensor(U @ V.T, R.get_mask())`` -- runs
+# outside the graph: the public functions, which Dynamo traces, send such a call to a
+# ``torch.compiler.disable``-d copy (one graph break; the ops around it compile).
+torch.compiler.allow_in_graph(_masked_tensor)
+torch.compiler.allow_in_graph(_as_masked_tensor)
+_dynamo_compiling = torch.compiler.is_dynamo_compiling
+
+
+def _torch_sparse(*tensors: object) -> bool:
+    """True if one of ``tensors`` is a plain tensor of a torch sparse layout."""
+    return any(isinstance(t, torch.Tensor) and not isinstance(t, MaskedTensor)
+               and t.layout != torch.strided for t in tensors)
+
+
+_MASKED_TENSOR_OUTSIDE_GRAPH = torch.compiler.disable(_masked_tensor)
+_AS_MASKED_TENSOR_OUTSIDE_GRAPH = torch.compiler.disable(_as_masked_tensor)

@@ -141,8 +141,22 @@ class Function(torch.autograd.Function):
     [2.0, 2.0]
     """
 
+    _traced: type[torch.autograd.Function]
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("_is_traced_twin"):
+            return
+        # Note [Functions under Dynamo]
+        # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        # Dynamo traces an autograd.Function's ``apply`` only as torch defines it: it
+        # inlines an overridden one (ours, below) and then fails on its ``super()`` call
+        # (``AutogradFunctionVariable() is not a constant``). So every Function has a twin
+        # with torch's own ``apply`` (the same forward, setup_context and backward), which
+        # ``apply`` calls while Dynamo traces: a graph then records the Function as torch's.
+        cls._traced = type(cls.__name__, (cls,), {
+            "_is_traced_twin": True, "apply": torch.autograd.Function.__dict__["apply"],
+            "__module__": cls.__module__, "__qualname__": cls.__qualname__ + "._traced"})
         params = inspect.signature(cls.forward).parameters.values()
         if any(p.default is not p.empty for p in params):
             raise TypeError(f"{cls.__name__}.forward: a masked_sparse Function takes no "
@@ -150,11 +164,16 @@ class Function(torch.autograd.Function):
 
     @classmethod
     def apply(cls, *args: Any) -> Any:
+        if _dynamo_compiling():  # Note [Functions under Dynamo]
+            return cls._traced.apply(*args)
         if torch._C._are_functorch_transforms_active():
             return super().apply(*args)  # torch.func's custom_function_call
         # torch._C._FunctionBase's apply, as torch's own does after the binding (kept as
         # torch writes it: torch.compile traces this line)
         return super(torch.autograd.Function, cls).apply(*unwrap_dead_wrappers(args))
+
+
+_dynamo_compiling = torch.compiler.is_dynamo_compiling
 
 
 def builds_under_transforms(layout: Any) -> bool:

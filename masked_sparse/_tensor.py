@@ -189,6 +189,10 @@ class MaskedTensor(torch.Tensor):
     def __deepcopy__(self, memo: dict) -> MaskedTensor:
         return _METHODS.deepcopy(self, memo)
 
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata: tuple[str, int],
+                                            expected_type: type | None = None) -> Any:
+        return _METHODS.coerce_tangent(self, expected_metadata, expected_type)
+
     def __tensor_flatten__(self) -> tuple[list[str], tuple[str, int]]:
         n = self._nindex
         return ["_values", "_mask"] + [f"_index{i}" for i in range(n)], (self._layout.name, n)
@@ -375,12 +379,12 @@ def storage_from_tensors(data: torch.Tensor, mask: torch.Tensor, op: str) -> Sto
     return storage
 
 
-def warn_if_requires_grad(data: object) -> None:
+def warn_if_requires_grad(data: object, stacklevel: int = 3) -> None:
     """``torch.masked``'s warning for a new MaskedTensor built from data that requires grad."""
     if isinstance(data, torch.Tensor) and data.requires_grad:
         warnings.warn("It is not recommended to create a MaskedTensor with a tensor that "
                       "requires_grad. To avoid this, you can use data.detach().clone()",
-                      UserWarning, stacklevel=3)
+                      UserWarning, stacklevel=stacklevel)
 
 
 _STORAGE_ATTRS = frozenset({"_storage", "_cached", "_layout", "_shape", "_values", "_mask",

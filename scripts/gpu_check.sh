@@ -11,7 +11,9 @@
 #   4. the device-generic tests on CUDA: pytest -m device_generic --device cuda;
 #   5. benchmarks on CUDA: python -m benchmarks.gpu --device cuda, which writes
 #      benchmarks/RESULTS-cuda.md (GPU model, torch version, test counts, every ratio to
-#      the fastest raw kernel, and the rows of layouts/kernels/_device_table.py it measured).
+#      the fastest raw kernel, and the rows of layouts/kernels/_device_table.py it measured;
+#      ms.attention, the strided masked linear and the density crossover of sparse products);
+#   6. python -m benchmarks.bench_training --device cuda (the pruned MLP and optimizer rows).
 # Logs, the JUnit XML and RESULTS-cuda.md go to $OUT when it is set (the device tool's
 # folder that comes back), else to benchmarks/out/.
 #
@@ -100,5 +102,13 @@ timeout -s INT -k 20 "$BENCH_TIMEOUT" python -m benchmarks.gpu --device "$DEVICE
 status=$?
 cat "$LOGS/bench.log"
 cp "$RESULTS" "$LOGS/" 2>/dev/null || true
+
+# 6. the training rows on the device: pruned MLP steps (CSR and strided, 90% and 99%
+#    masked) and optimizer steps against W * M / torch.optim --------------------------------
+TRAIN_TIMEOUT=${TRAIN_TIMEOUT:-120}
+log "python -m benchmarks.bench_training --device $DEVICE (timeout ${TRAIN_TIMEOUT}s)"
+timeout -s INT -k 20 "$TRAIN_TIMEOUT" python -m benchmarks.bench_training --device "$DEVICE" \
+    ${QUICK:+--quick} > "$LOGS/bench_training.log" 2>&1
+cat "$LOGS/bench_training.log"
 log "benchmarks exit status $status; done in $(( $(date +%s) - START ))s"
 exit $status

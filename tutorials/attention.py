@@ -64,6 +64,17 @@ out = probs @ v
 print("masked attention, sequence 1, head 0:\n", out[1, 0])
 
 # %% [markdown]
+# `ms.attention` computes the same through PyTorch's fused kernel
+# (`F.scaled_dot_product_attention` with the boolean mask): the same values and gradients,
+# the same unspecified padding rows, without forming the `(B, H, T, T)` scores. Use it where
+# speed matters; the written-out formula above is what it means.
+
+# %%
+fused = ms.attention(q, k, v, mask)
+print("ms.attention == the formula:", torch.equal(fused.get_mask(), out.get_mask()),
+      torch.allclose(fused.to_tensor(0), out.to_tensor(0), atol=1e-6))
+
+# %% [markdown]
 # The dense recipes give a number in the padding rows: NaN for `-inf` filling
 # (`softmax` of a row of `-inf` is 0/0), 0 for SDPA.
 

@@ -54,14 +54,13 @@ one gather. The device table says where that beats the atomics (Note [The device
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from .. import _native
-from .._fill import zero_unspecified
+from .._fill import identity, zero_unspecified
 from . import _device_table
 from ._route import traced
 
@@ -180,7 +179,7 @@ def _grouped(g: Any, v: torch.Tensor, op: str) -> torch.Tensor:
     if not (v.requires_grad and torch.is_grad_enabled()) and not traced(v):
         # Nothing to differentiate: starting from the identity, include_self=True saves
         # the initialization pass of False (an empty group reads the identity).
-        init = 1 if op == "prod" else _identity(op, v.dtype)
+        init = 1 if op == "prod" else identity(op, v.dtype)
         return v.new_full(shape, init).scatter_reduce_(0, index, v, op)
     # scatter_reduce's backward shares the gradient of amax/amin with the initial ``self``
     # value when it ties with the result, even with include_self=False; NaN never ties.
@@ -198,15 +197,6 @@ def _segment(g: Any, v: torch.Tensor, op: str) -> torch.Tensor:
     perm, offsets = g.column_order()
     return torch.segment_reduce(v.index_select(0, perm), _SEGMENT[op], offsets=offsets,
                                 unsafe=True)
-
-
-def _identity(op: str, dtype: torch.dtype) -> float | int | bool:
-    if dtype == torch.bool:
-        return op == "amin"
-    if dtype.is_floating_point:
-        return -math.inf if op == "amax" else math.inf
-    info = torch.iinfo(dtype)
-    return info.min if op == "amax" else info.max
 
 
 def raw_expand(g: Any, out: torch.Tensor) -> torch.Tensor:

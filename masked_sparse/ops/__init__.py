@@ -7,12 +7,14 @@
 (matrix products), ``einsum`` (two-operand contractions as matrix products),
 ``plain_operands`` (plain operands that require grad get plain gradients), ``sampled``
 (the sampled product ``torch.sparse.sampled_addmm``), ``losses`` and ``_class_losses``
-(``torch.nn.functional``'s losses; those over a class dim), ``zero_derivative`` (pointwise
+(``torch.nn.functional``'s losses; those over a class dim), ``attention`` (masked attention
+through ``F.scaled_dot_product_attention``: ``ms.attention``), ``zero_derivative`` (pointwise
 ops whose torch derivative is a plain zero).
 """
 
 from . import (  # noqa: F401
     _class_losses,
+    attention,
     basic,
     conversion,
     einsum,

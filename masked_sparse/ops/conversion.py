@@ -360,3 +360,37 @@ def _to_compressed(op: Any, mt: MaskedTensor, *args: Any, **kwargs: Any) -> Mask
     given = dict(zip(params, args), **kwargs)
     target = getattr(torch, name.removeprefix("to_"))  # to_sparse_csr -> torch.sparse_csr
     return to_layout(mt, target, **_options(**given))
+
+
+@method("coerce_tangent")
+def coerce_tangent(mt: MaskedTensor, expected_metadata: tuple[str, int] | None,
+                   expected_type: type | None = None) -> torch.Tensor | None:
+    """``mt``, a gradient reaching a compiled graph's output, in the form that graph's
+    backward was traced for, or None where it cannot be (torch then raises).
+
+    Note [Tangents of compiled graphs]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    AOTAutograd traces a graph's backward before it runs, guessing every output's tangent
+    to be a tensor like the output: a MaskedTensor of the same layout (its
+    ``__tensor_flatten__`` metadata: layout name and number of index tensors). The gradient
+    that arrives at run time can differ -- eager code after a graph break (or a user's
+    ``out.backward(grad)``) may send a COO gradient to a CSR output, a masked gradient to a
+    plain output. Then torch asks the gradient to coerce itself
+    (``__coerce_same_metadata_as_tangent__``): to a MaskedTensor of the expected layout,
+    converted exactly (the same specified elements), or, for a plain output, to a plain
+    tensor with 0 where unspecified (the gradient of the elements nothing read).
+    """
+    if expected_type is not None and expected_type is not MaskedTensor:
+        if not issubclass(expected_type, torch.Tensor) or expected_type.__torch_dispatch__ \
+                is not torch.Tensor.__torch_dispatch__:
+            return None  # (another subclass: nothing to convert to)
+        return to_tensor(mt.to_dense(), 0) if mt._storage.index else to_tensor(mt, 0)
+    name, nindex = expected_metadata
+    s = mt._storage
+    if s.layout.name == name and len(s.index) == nindex:
+        return mt
+    try:
+        out = to_layout(mt, name)
+    except (NotImplementedError, TypeError, ValueError):  # (a block layout: no blocksize)
+        return None
+    return out if len(out._storage.index) == nindex else None

@@ -9,6 +9,11 @@ exists iff one of the summed elements is specified, so the two steps agree). Ope
 permuted / reshaped only when the equation needs it, so ``"ij,jk->ik"`` and
 ``"ik,jk->ij"`` reach a sparse operand unchanged (the second as a transposed product).
 
+A sparse operand with dense dims (a hybrid COO tensor: one index, values ``(nnz, heads)``)
+contracts per head over one of its sparse dims: ``"ijh,jhf->ihf"`` is ``A[:, :, h] @ X[:, h]``
+for every head ``h``, the index read once (:func:`per_head`; Note [One index for every
+head]).
+
 >>> import torch, masked_sparse as ms
 >>> q = ms.masked_tensor(torch.ones(1, 2, 3), torch.tensor([[[True] * 3, [False] * 3]]))
 >>> torch.einsum("bqd,bkd->bqk", q, torch.ones(1, 4, 3)).get_mask()[0, :, 0].tolist()
@@ -22,8 +27,16 @@ from typing import Any
 
 import torch
 
+import layouts
+from layouts import Storage
+
+from .._autograd import on_values
+from .._fill import zero_fill
 from .._registry import implements
+from .._tensor import MaskedTensor
 from .linalg import matmul
+
+_STRIDED = layouts.get_layout(torch.strided)
 
 
 def _unsupported(equation: str, why: str) -> NotImplementedError:
@@ -93,6 +106,9 @@ def einsum(op: Any, equation: str, *operands: Any) -> Any:
         raise _unsupported(equation, f"{len(operands)} operands (two are supported)")
     a, b = operands
     sa, sb, out = _parse(equation, a, b)
+    for sparse, dense, ss, sd in ((a, b, sa, sb), (b, a, sb, sa)):
+        if _has_dense_dims(sparse):
+            return per_head(equation, sparse, ss, dense, sd, out)
     a, sa = _sum_out(a, sa, sb + out)
     b, sb = _sum_out(b, sb, sa + out)
     size = {c: n for spec, x in ((sa, a), (sb, b)) for c, n in zip(spec, x.shape)}
@@ -125,3 +141,79 @@ def _numel(labels: str, size: dict[str, int]) -> int:
     for c in labels:
         n *= size[c]
     return n
+
+
+# Note [One index for every head]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Multi-head attention over a graph has one pattern (the edges) and H values per stored
+# position. torch's hybrid COO tensor stores exactly that: an index over the two sparse
+# dims, values (nnz, H). Its softmax, broadcasting and reductions are the ordinary masked
+# ops (each kernel works on the values, whatever their trailing dims); the product with
+# per-head features is an einsum over the sparse dims with the heads as a batch label:
+# gather the features at the stored column of each entry, multiply by the entry's H
+# values, add into its row -- O(nnz * H * F) with the index stored and read once, not
+# repeated per head as a block-diagonal (H*N x H*N) matrix would. An output element
+# (i, h, f...) is specified iff row i holds a specified entry for head h (a term exists),
+# as in every masked product.
+
+
+def _has_dense_dims(x: Any) -> bool:
+    """True for a sparse MaskedTensor of more than 2 dims whose values have dense dims (a
+    hybrid tensor). A 2-D operand has none to check: the common product pays nothing."""
+    if not isinstance(x, MaskedTensor) or x.dim() <= 2 or not x._storage.index:
+        return False
+    return _coo(x._storage).values.dim() > 1
+
+
+def _coo(storage: Storage) -> Storage:
+    return layouts.convert(storage, "sparse_coo")
+
+
+def per_head(equation: str, a: MaskedTensor, sa: str, b: Any, sb: str, out: str) -> Any:
+    """``einsum`` of a hybrid masked operand ``a`` (2 sparse dims, then dense dims: the
+    heads) and a plain ``b``, contracting one sparse dim per head (Note [One index for
+    every head]).
+
+    >>> import torch, masked_sparse as ms
+    >>> i = torch.tensor([[0, 1], [1, 0]])                  # edges 0 -> 1 and 1 -> 0
+    >>> v = torch.tensor([[1., 2.], [3., 4.]])               # 2 heads
+    >>> def coo(values):
+    ...     return torch.sparse_coo_tensor(i, values, (2, 2, 2), check_invariants=True)
+    >>> a = ms.masked_tensor(coo(v), coo(v > 0))
+    >>> torch.einsum("ijh,jhf->ihf", a, torch.ones(2, 2, 1)).to_tensor(0).flatten().tolist()
+    [1.0, 2.0, 3.0, 4.0]
+    """
+    coo = _coo(a._storage)
+    n_sparse = coo.index[0].shape[0]
+    rows, heads = sa[:n_sparse], sa[n_sparse:]
+    if isinstance(b, MaskedTensor) or n_sparse != 2:
+        raise _unsupported(equation, f"a {n_sparse}-D sparse operand with dense dims times "
+                                     f"a {'masked' if isinstance(b, MaskedTensor) else 'plain'}"
+                                     " operand (per-head products take 2 sparse dims and a "
+                                     "plain operand)")
+    summed = [c for c in rows if c in sb and c not in out]
+    kept = [c for c in rows if c in out]
+    free = "".join(c for c in sb if c not in sa)
+    if (len(summed) != 1 or len(kept) != 1 or any(c not in sb or c not in out for c in heads)
+            or any(c not in out for c in free) or set(sb) - set(summed[0] + heads + free)):
+        raise _unsupported(equation, "a hybrid sparse operand contracts one sparse dim with a "
+                                     "plain operand holding its dense dims as batch labels "
+                                     "(e.g. 'ijh,jhf->ihf')")
+    contract = rows.index(summed[0])
+    right = _arrange_plain(b, sb, summed[0] + heads + free)
+    produced = kept[0] + heads + free
+
+    def kernel(storages: list) -> Storage:
+        s, dense = _coo(storages[0]), storages[1]
+        values = layouts.per_head_mm(s, zero_fill(s.values, s.mask), dense, contract=contract)
+        keep = s.index[0][1 - contract]
+        hits = s.mask.new_zeros((s.shape[1 - contract],) + tuple(s.mask.shape[1:]),
+                                dtype=torch.int32).index_add_(0, keep, s.mask.to(torch.int32))
+        mask = (hits > 0).reshape(hits.shape + (1,) * len(free)).expand(values.shape)
+        return _STRIDED.build((), values, mask.contiguous(), values.shape)
+
+    return _arrange(on_values(kernel, [a, right]), produced, out)
+
+
+def _arrange_plain(x: torch.Tensor, spec: str, order: str) -> torch.Tensor:
+    return x if spec == order else x.permute([spec.index(c) for c in order])

@@ -177,11 +177,21 @@ def _output_mask(a: Operand, b: Operand, transpose_b: bool, shape: torch.Size,
     return cols.unsqueeze(-2).expand(shape)
 
 
+def _as_dense(x: Operand) -> Operand:
+    """A sparse operand dense enough for its device as its dense buffer (Note [Products
+    chosen per device and density] in ``layouts._dense_operand``), else itself."""
+    if not _is_sparse(x):
+        return x
+    dense = layouts.dense_operand(x)
+    return x if dense is None else dense
+
+
 def _product(operands: list[Operand], transpose_b: bool) -> Storage:
     a, b = (_zero_filled(x) for x in operands[:2])
     if _is_sparse(a) and _is_sparse(b):
         out = layouts.sparse_sparse_mm(a, b, transpose_b)
         return out if a.layout.options_of(a) else a.layout.from_coo(out)
+    a, b = _as_dense(a), _as_dense(b)
     if len(operands) == 3 and not _is_sparse(a) and not _is_sparse(b) and \
             _dense(a).dim() == 2 and _dense(b).dim() == 2:
         # linear's plain bias (Note [Linear's bias]) in the product's own kernel, as torch
@@ -211,6 +221,26 @@ def _mat2_grad(g: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> torc
     return torch.mm(left.t(), g)
 
 
+def _plain_if_full(s: Operand) -> Operand:
+    """A strided factor specified everywhere as its plain values, else itself."""
+    return s.values if isinstance(s, Storage) and not s.index and all_specified(s.mask) else s
+
+
+def _buffer_of(f: Operand, s: Operand) -> tuple[Operand, torch.Tensor | None]:
+    """A (filled) sparse factor ``f`` of storage ``s`` as its dense buffer, kept per ``s``'s
+    values object and written when they or the mask change, and the stored positions
+    (Note [Products chosen per device and density] in ``layouts._dense_operand``); any
+    other factor as it is."""
+    if not _is_sparse(f):
+        return f, None
+    return layouts.dense_buffer(f, s.values, (s.values._version, s.mask._version))
+
+
+def _dense_chosen(x: Any) -> bool:
+    """A sparse MaskedTensor operand that multiplies as dense on its device."""
+    return x.dim() == 2 and layouts.dense_chosen(x._storage)
+
+
 class _DenseProduct(torch.autograd.Function):
     """Note [One Function for a dense product]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -233,12 +263,14 @@ class _DenseProduct(torch.autograd.Function):
     def forward(ctx, transpose_b: bool, a: Any, b: Any, bias: Any) -> Any:  # type: ignore[override]
         sa = a._storage if isinstance(a, MaskedTensor) else a
         sb = b._storage if isinstance(b, MaskedTensor) else b
-        # A factor specified everywhere is plain for the fill and the output mask alike
-        # (as in _zero_filled and _output_mask, asked once here).
-        ma = sa.values if isinstance(sa, Storage) and all_specified(sa.mask) else sa
-        mb = sb.values if isinstance(sb, Storage) and all_specified(sb.mask) else sb
+        # A strided factor specified everywhere is plain for the fill and the output mask
+        # alike (as in _zero_filled and _output_mask, asked once here).
+        ma, mb = _plain_if_full(sa), _plain_if_full(sb)
         fa_in, fb_in = ma, mb
         fa, fb = _zero_filled(ma), _zero_filled(mb)
+        filled = (fa is not fa_in, fb is not fb_in)
+        # A sparse factor (dense enough for its device) as its kept dense buffer.
+        (fa, flat_a), (fb, flat_b) = _buffer_of(fa, sa), _buffer_of(fb, sb)
         left, right = _dense(fa), _dense(fb, transpose_b)
         values = torch.mm(left, right) if bias is None else torch.addmm(bias, left, right)
         count_dtype = torch.float64 if values.dtype == torch.float64 else torch.float32
@@ -248,7 +280,7 @@ class _DenseProduct(torch.autograd.Function):
                                                       count_dtype), values.shape)
         ctx.save_for_backward(left, right)
         ctx.storages, ctx.out, ctx.transpose_b = (sa, sb), out, transpose_b
-        ctx.filled = (fa is not fa_in, fb is not fb_in)
+        ctx.filled, ctx.flats = filled, (flat_a, flat_b)
         ctx.tensors = (a, b, bias)
         return _wrap(out)
 
@@ -269,18 +301,25 @@ class _DenseProduct(torch.autograd.Function):
                              g.sum(0) if need_bias else None]
         if need_b and ctx.transpose_b:
             result[2] = result[2].mT
-        for i, (s, filled) in enumerate(zip(ctx.storages, ctx.filled), start=1):
+        for i, (s, filled, flat) in enumerate(zip(ctx.storages, ctx.filled, ctx.flats),
+                                              start=1):
             if result[i] is not None and isinstance(s, Storage):
-                gv = zero_fill(result[i], s.mask) if filled else result[i]
+                gv = result[i]
+                if flat is not None:  # a sparse factor's buffer: read at its stored positions
+                    gv = gv.reshape(-1).index_select(0, flat)
+                gv = zero_fill(gv, s.mask) if filled else gv
                 result[i] = _wrap(s.with_values(gv))
         return tuple(result)
 
 
 def _fuses(a: torch.Tensor, b: torch.Tensor, bias: Any) -> bool:
     """True for :class:`_DenseProduct`: two 2-D strided operands, eager autograd."""
+    sparse_a = isinstance(a, MaskedTensor) and bool(a._storage.index)
+    sparse_b = isinstance(b, MaskedTensor) and bool(b._storage.index)
     return (a.dim() == 2 and b.dim() == 2 and torch.is_grad_enabled()
-            and not (isinstance(a, MaskedTensor) and a._storage.index)
-            and not (isinstance(b, MaskedTensor) and b._storage.index)
+            and not (sparse_a and sparse_b)
+            and not (sparse_a and not _dense_chosen(a))
+            and not (sparse_b and not _dense_chosen(b))
             and not torch.compiler.is_compiling()
             and not torch._C._are_functorch_transforms_active()
             and (requires_grad_of(a) or requires_grad_of(b)
@@ -290,7 +329,7 @@ def _fuses(a: torch.Tensor, b: torch.Tensor, bias: Any) -> bool:
 def _operand(x: Any) -> bool:
     """A 2-D strided operand of :class:`_DenseProduct` (read without ``__torch_function__``)."""
     if isinstance(x, MaskedTensor):
-        return not x._storage.index and x.dim() == 2
+        return x.dim() == 2 and (not x._storage.index or _dense_chosen(x))
     return type(x) in _PLAIN and x.layout == torch.strided and x.dim() == 2
 
 

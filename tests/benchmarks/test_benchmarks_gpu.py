@@ -53,8 +53,10 @@ def test_quick_cpu_run_writes_every_section(tmp_path):
     assert "- `tests.test_x::test_y`: AssertionError: off by one\n" in text
     for heading in ("## Reductions", "### Raw kernels", "## Softmax", "## Pruned MLP",
                     "## Attention", "## Optimizer step", "## Full reductions",
-                    "### Table for layouts/kernels/_device_table.py"):
+                    "### Table for layouts/kernels/_device_table.py", "## Strided masked linear",
+                    "## Sparse kernels or a dense buffer"):
         assert heading in text
+    assert "ms.attention" in text and "current threshold (cpu)" in text
     table = text.split("```python\n")[1].split("```")[0]
     rows = eval("{" + table + "}")  # the form of _device_table.TABLE
     from layouts.kernels import _device_table
@@ -74,7 +76,7 @@ def test_a_stopped_run_reports_what_it_measured():
     text = gpu.report(torch.device("cpu"), None, {"mlp": {
         "case": "MLP", "masked": {"s": 2e-3}, "dense": {"s": 1e-3}}})
     assert "| MLP | 2.000 ms | 2.00 |" in text
-    assert text.count("not run (the run stopped before it)") == 7  # the other sections
+    assert text.count("not run (the run stopped before it)") == 9  # the other sections
     assert "- tests: not run" in text
 
 
@@ -94,3 +96,14 @@ def test_cuda_absent_is_reported_not_crashed(capsys):
         pytest.skip("CUDA is here")
     assert gpu.main(["--device", "cuda", "--quick"]) == 2
     assert "is_available() is False" in capsys.readouterr().err
+
+
+def test_product_sweep_finds_a_crossover_and_reports_the_threshold():
+    from benchmarks import bench_products
+
+    rows = [{"workload": "w", "density": d, "sparse": s, "dense buffer": 1.0, "W*M": 1.0}
+            for d, s in ((0.01, 0.5), (0.1, 0.9), (0.2, 1.5), (0.5, 3.0))]
+    assert bench_products.crossover(rows, "w") == 0.2
+    assert bench_products.crossover([{**r, "sparse": 0.1} for r in rows], "w") is None
+    text = bench_products.report(rows, torch.device("cpu"))
+    assert "dense from 20.0% stored" in text and "current threshold (cpu)" in text

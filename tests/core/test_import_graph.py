@@ -183,14 +183,7 @@ _FILES = module_files()
 _GRAPH = import_graph(_FILES)
 
 
-@pytest.mark.parametrize("package", [
-    "masked_sparse",
-    pytest.param("layouts", marks=pytest.mark.xfail(
-        strict=False, reason="layouts' kernel families import each other until they are "
-                             "reshaped (_custom_ops, _grouping, _kernels, _native, "
-                             "_reduce_sparse)")),
-    "benchmarks",
-])
+@pytest.mark.parametrize("package", ["masked_sparse", "layouts", "benchmarks"])
 def test_no_import_circle(package):
     inside = {m: {t for t in e if t == package or t.startswith(package + ".")}
               for m, e in _GRAPH.items() if m == package or m.startswith(package + ".")}

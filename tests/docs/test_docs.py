@@ -41,3 +41,15 @@ def test_page_examples_run(page):
             assert result.failed == 0, f"{name}: {result.failed} failed examples"
         else:
             exec(compile(code, name, "exec"), namespace)
+
+
+def test_the_compile_table_names_tests_that_exist():
+    """Every test that ``docs/compile.md``'s layout table names is defined in ``tests/``."""
+    page = (DOCS / "compile.md").read_text()
+    table = page.split("## What each layout compiles", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`(test_\w+)`", table))
+    assert named, "the table names no test"
+    defined = set()
+    for path in (DOCS.parent / "tests").rglob("test_*.py"):
+        defined.update(re.findall(r"^def (test_\w+)\(", path.read_text(), re.MULTILINE))
+    assert named <= defined, sorted(named - defined)

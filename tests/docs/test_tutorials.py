@@ -434,6 +434,7 @@ def test_attention(runs):
     sdpa = printed(out, "SDPA, sequence 1, head 0:\n", 20)
     assert sdpa[12:] == [0.0] * 8
     assert printed(out, "max |masked - SDPA| where defined:", 1)[0] < 1e-5
+    assert line_after(out, "ms.attention == the formula:") == "True True"
     assert line_after(out, "dense -inf recipe: NaN in q.grad, k.grad, v.grad:") == \
         "[False, False, True]"
     check(printed(out, "masked q.grad, sequence 1, head 0:\n", 20),

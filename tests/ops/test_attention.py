@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from host_sync import native_off, no_host_sync  # noqa: F401  (native_off: a fixture)
 
 import masked_sparse as ms
 
@@ -214,3 +215,86 @@ def test_eager_attention_takes_no_where_over_the_scores():
     refs = torch.autograd.grad((torch.where(defined, ref, 0) * w).sum(), (q, k, v))
     for got, want in zip(grads, refs):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+# -- ms.attention: the same through F.scaled_dot_product_attention ---------------------------
+def _masks(kind):
+    """A (B, H, T, T) pair mask, a (B, 1, 1, T) key-padding mask, or a MaskedTensor's mask."""
+    q, k, v, mask = inputs(causal=kind == "causal pair")
+    if kind == "key padding":
+        mask = mask[:, :1, :1, :]  # queries of sequence 1 keep their 3 keys: no empty row
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", ["pair", "causal pair", "key padding"])
+def test_attention_equals_the_masked_recipe(kind, dtype):
+    q, k, v, mask = _masks(kind)
+    q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    got = ms.attention(q, k, v, mask)
+    want = masked_attention(q, k, v, mask.expand(B, H, T, T))
+    assert torch.equal(got.get_mask(), want.get_mask())
+    assert not got.get_data().isnan().any()
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else {}
+    torch.testing.assert_close(got.to_tensor(0), want.to_tensor(0), **tol)
+    w = weights(dtype)
+    g_got = torch.autograd.grad((got.to_tensor(0) * w).sum(), (q, k, v))
+    g_want = torch.autograd.grad((want.to_tensor(0) * w).sum(), (q, k, v))
+    for a, b in zip(g_got, g_want):
+        assert not a.isnan().any()
+        torch.testing.assert_close(a, b, **tol)
+
+
+def test_attention_leaves_fully_masked_queries_unspecified_and_their_gradient_zero():
+    q, k, v, mask = inputs()
+    mask = mask.clone()
+    mask[0, 0, 2] = False  # one more query with no key
+    out = ms.attention(q, k, v, mask)
+    rows = mask.any(-1)
+    assert torch.equal(out.get_mask(), rows[..., None].expand(B, H, T, D))
+    assert torch.equal(out.to_tensor(0)[~rows], torch.zeros_like(out.to_tensor(0)[~rows]))
+    (gq,) = torch.autograd.grad(out.to_tensor(0).sum(), q)
+    assert torch.equal(gq[~rows], torch.zeros_like(gq[~rows]))
+
+
+def test_attention_takes_the_mask_of_a_masked_tensor_and_a_scale():
+    q, k, v, mask = inputs()
+    scores = ms.as_masked_tensor(torch.zeros(B, H, T, T), mask)
+    got = ms.attention(q, k, v, scores, scale=0.5)
+    s = q @ k.transpose(-2, -1) * 0.5
+    want = torch.softmax(ms.as_masked_tensor(s, mask), -1) @ v
+    torch.testing.assert_close(got.to_tensor(0), want.to_tensor(0))
+
+
+def test_attention_rejects_what_it_cannot_read():
+    q, k, v, mask = inputs()
+    with pytest.raises(TypeError, match="mask must be a bool tensor"):
+        ms.attention(q, k, v, mask.float())
+    with pytest.raises(TypeError, match="query must be a plain Tensor"):
+        ms.attention(ms.masked_tensor(q.detach(), torch.ones_like(q, dtype=torch.bool)), k, v,
+                     mask)
+
+
+def test_attention_compiles_fullgraph_and_equals_eager():
+    q, k, v, mask = inputs(torch.float32)
+
+    def fused(q, k, v, mask):
+        return ms.attention(q, k, v, mask).to_tensor(0)
+
+    compiled = torch.compile(fused, fullgraph=True, dynamic=False, backend="aot_eager")
+    got, want = compiled(q, k, v, mask), fused(q, k, v, mask)
+    torch.testing.assert_close(got, want)
+    w = weights(torch.float32)
+    g_got = torch.autograd.grad((got * w).sum(), (q, k, v))
+    g_want = torch.autograd.grad((want * w).sum(), (q, k, v))
+    for a, b in zip(g_got, g_want):
+        torch.testing.assert_close(a, b)
+
+
+def test_attention_never_syncs(native_off):  # noqa: F811
+    q, k, v, mask = inputs(torch.float32)
+    step = lambda: torch.autograd.grad(  # noqa: E731
+        ms.attention(q, k, v, mask).to_tensor(0).sum(), (q, k, v))
+    step()
+    with no_host_sync():
+        step()
