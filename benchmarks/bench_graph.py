@@ -75,11 +75,8 @@ class Weights:
 def _masked_layer(a0: ms.MaskedTensor, x: torch.Tensor, w, a_dst, a_src, bias, heads: int):
     wh = (x @ w).view(x.shape[0], heads, -1)                        # (N, H, F)
     e_dst, e_src = (wh * a_dst).sum(-1), (wh * a_src).sum(-1)       # (N, H)
-    if e_dst.requires_grad:
-        e_dst.register_hook(_plain)
-        e_src.register_hook(_plain)
     scores = a0 + e_dst[:, None, :] + e_src[None, :, :]             # at the edges only
-    scores = torch.maximum(scores, SLOPE * scores)                  # LeakyReLU
+    scores = F.leaky_relu(scores, SLOPE)
     out = torch.einsum("ijh,jhf->ihf", scores.softmax(1), wh)       # (N, H, F), masked
     return out.to_tensor(0).reshape(x.shape[0], -1) + bias
 
@@ -102,21 +99,6 @@ def _gather_layer(edges: torch.Tensor, x: torch.Tensor, w, a_dst, a_src, bias, h
 def model(layer: Callable, graph, x: torch.Tensor, params: list, heads: int) -> torch.Tensor:
     h = F.elu(layer(graph[0], x, *params[:4], heads))
     return layer(graph[1], h, *params[4:], 1)
-
-
-def _plain(grad: torch.Tensor) -> torch.Tensor:
-    """The gradient of a plain vector broadcast against a sparse masked tensor as a plain
-    tensor. A stopgap until broadcast operands get plain gradients of their own (then the
-    gradient arrives plain and this returns it unchanged)."""
-    if isinstance(grad, ms.MaskedTensor):
-        grad = grad.to_tensor(0)
-        return grad.to_dense() if grad.is_sparse else grad
-    return grad
-
-
-def _plain_grads(params: list[torch.Tensor]) -> None:
-    for p in params:
-        p.grad = _plain(p.grad)
 
 
 def graphs(nodes: int, heads: int, device: torch.device):
@@ -145,7 +127,6 @@ def step(layer: Callable, graph, x, labels, weights: Weights, heads: int,
     def run() -> None:
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(model(layer, graph, x, params, heads), labels).backward()
-        _plain_grads(params)
         opt.step()
         sync()
 
@@ -166,7 +147,6 @@ def check(nodes: int = 60, heads: int = 4, device: str = "cpu") -> float:
         params = w.copy()
         out = model(layer, graph, x, params, heads)
         F.cross_entropy(out, labels).backward()
-        _plain_grads(params)
         outs.append([out.detach()] + [p.grad for p in params])
     for mine, ref in zip(*outs):
         worst = max(worst, (mine - ref).abs().max().item())

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
+import torch.nn.functional as F
 from conftest import DEVICE, cpu_only
 
 pytestmark = pytest.mark.device_generic
@@ -503,7 +504,8 @@ def _definitions(name: str) -> dict:
     tree = ast.parse((ROOT / "tutorials" / f"{name}.py").read_text())
     keep = [node for node in tree.body
             if isinstance(node, ast.Import | ast.ImportFrom | ast.FunctionDef)
-            or isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple | ast.Constant)]
+            or isinstance(node, ast.Assign) and all(
+                isinstance(v, ast.Constant) for v in getattr(node.value, "elts", [node.value]))]
     namespace: dict = {}
     exec(compile(ast.Module(keep, type_ignores=[]), name, "exec"), namespace)
     return namespace
@@ -555,3 +557,47 @@ def test_recommender(runs):
         assert printed(out, "step time, " + label, 1)[0] > 0
     assert line_after(out, "prediction layout:") == (
         "torch.sparse_csr | shares R's column index: True")
+
+
+# -- graph attention -------------------------------------------------------------------------
+def _gat_by_loops(x, edges, p, heads, hidden):
+    """The two GAT layers node by node and head by head: a softmax over the node's
+    neighbours (none: the empty sum), the weighted sum of their features, the bias."""
+    n = x.shape[0]
+    neighbours = [edges[1][edges[0] == i].tolist() for i in range(n)]
+
+    def layer(wh, dst, src):  # wh (n, f) of one head, dst / src (f,)
+        out = torch.zeros_like(wh)
+        for i, js in enumerate(neighbours):
+            if js:
+                e = F.leaky_relu(wh[i] @ dst + wh[js] @ src, 0.2)
+                out[i] = torch.softmax(e, 0) @ wh[js]
+        return out
+
+    wh = (x @ p["W1"]).view(n, heads, hidden)
+    h = torch.cat([layer(wh[:, k], p["dst1"][k], p["src1"][k]) for k in range(heads)], 1)
+    wh2 = F.elu(h + p["b1"]) @ p["W2"]
+    return layer(wh2, p["dst2"], p["src2"]) + p["b2"]
+
+
+def test_graph_attention(runs):
+    out = output(runs, "graph_attention")
+    defs = _definitions("graph_attention")
+    edges, labels = defs["power_law_graph"](8)
+    params = {k: v.detach() for k, v in defs["parameters"]().items()}
+    with torch.no_grad():
+        ref = _gat_by_loops(defs["features"](labels), edges, params, defs["HEADS"],
+                            defs["HIDDEN"])
+    check(printed(out, "small graph output, node 0:", 3), ref[0].tolist())
+    check(printed(out, "isolated node, masked:", 3), ref[-1].tolist())
+    check(printed(out, "isolated node, output bias:", 3), params["b2"].tolist())
+    assert torch.equal(ref[-1], params["b2"])  # the reference's empty sum: the bias alone
+    assert printed(out, "max |masked - careful dense|:", 1)[0] < 1e-5
+    check(printed(out, "nodes the -inf recipe gives NaN:", 2), [8, 8])
+    (first,) = printed(out, "step 0: loss", 1)
+    (last,) = printed(out, "step 39: loss", 1)
+    assert last < 0.8 * first
+    big_edges, _ = defs["power_law_graph"](600)
+    n_edges, accuracy = printed(out, "edges", 2)
+    assert n_edges == big_edges.shape[1] and accuracy > 0.45  # 3 classes: chance is 1/3
+    assert line_after(out, "the weights' gradients are plain tensors:") == "True"
