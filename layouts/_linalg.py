@@ -323,8 +323,8 @@ def per_head_mm(coo: Storage, values: torch.Tensor, dense: torch.Tensor, *,
 
 
 #: The widest row (heads x features) a segment sum takes: ``segment_reduce`` walks the
-#: columns one by one, so past a few dozen it loses to ``index_add`` (measured on CPU with
-#: ``python -m benchmarks.bench_graph``'s sizes: 3x faster at 8 wide, even at 32, slower at 64).
+#: columns one by one, so past a few dozen columns it loses to ``index_add`` (measured on
+#: CPU at ``python -m benchmarks.bench_graph``'s sizes; the crossover lies between 24 and 32).
 _SEGMENT_WIDEST = 24
 
 
