@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import pytest
 import torch
@@ -279,3 +280,14 @@ def assert_masked_equal(mt, data, mask, *, rtol=None, atol=None, equal_nan=True)
                       torch.zeros((), dtype=got_data.dtype, device=got_data.device))
     assert got.dtype == ref.dtype, (got.dtype, ref.dtype)
     torch.testing.assert_close(got, ref, rtol=rtol, atol=atol, equal_nan=equal_nan)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """A clean torch.compile state around a test (graphs, guards and caches reset), with
+    Dynamo's cache chatter silenced."""
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Dynamo / AOT cache chatter
+        yield
+    torch._dynamo.reset()

@@ -9,13 +9,14 @@ around every test. Speed is measured in ``benchmarks/bench_compile.py``, never h
 from __future__ import annotations
 
 import math
-import warnings
 
 import pytest
 import torch
 from conftest import dense_of, make_masked
 
 import masked_sparse as ms
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # a clean Dynamo state per test
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 SPARSE = ["sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr"]
@@ -24,15 +25,6 @@ SPARSE = ["sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr"]
 @pytest.fixture(params=DEVICES)
 def device(request):
     return request.param
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Dynamo / AOT cache chatter
-        yield
-    torch._dynamo.reset()
 
 
 def compiled(fn, fullgraph=True, backend="aot_eager"):

@@ -14,16 +14,6 @@ from conftest import (
 )
 
 
-@pytest.fixture
-def fresh_dynamo():
-    import warnings
-    torch._dynamo.reset()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Dynamo / AOT cache chatter
-        yield
-    torch._dynamo.reset()
-
-
 @pytest.mark.parametrize("fullgraph", [False, True], ids=["graph", "fullgraph"])
 def test_inductor_compiles_a_pruned_mlp_of_strided_masked_weights(fresh_dynamo, fullgraph):
     w1, d1, m1 = make_masked((8, 6), seed=1)

@@ -11,25 +11,16 @@ eager's (itself tested against dense references elsewhere). Kept small: tiny sha
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 import masked_sparse as ms
 
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # a clean Dynamo state per test
+
 LAYOUTS = ["strided", "sparse_coo", "sparse_csr"]
 N, M, K = 6, 5, 3
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Dynamo / AOT cache chatter
-        yield
-    torch._dynamo.reset()
 
 
 def compiled(fn, fullgraph=False):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import warnings
 
 import pytest
 import torch
@@ -165,15 +164,6 @@ def test_opcheck(name, arg, dtype, requires_grad):
 
 
 # -- torch.compile: the ops in the graph, eager's bits ------------------------------------
-@pytest.fixture
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
-    torch._dynamo.reset()
-
-
 def _graphs_of(fn, fullgraph=True):
     """``fn`` compiled with AOTAutograd (no Inductor), and the list of its graphs' code."""
     from functorch.compile import make_boxed_func
@@ -216,7 +206,7 @@ def _same_masked(got, ref, ulps=0):
 
 
 @cpu_only("the C kernels in a compiled graph")
-@pytest.mark.usefixtures("_fresh_dynamo")
+@pytest.mark.usefixtures("fresh_dynamo")
 @pytest.mark.skipif(not _native.available(), reason="the native kernels are not built")
 @pytest.mark.parametrize("layout", ["sparse_csr", "sparse_coo"])
 @pytest.mark.parametrize("family", list(FULL))
@@ -237,7 +227,7 @@ def test_compiled_full_reduction_runs_the_op_bit_for_bit(layout, family):
 
 
 @cpu_only("the C kernels in a compiled graph")
-@pytest.mark.usefixtures("_fresh_dynamo")
+@pytest.mark.usefixtures("fresh_dynamo")
 @pytest.mark.parametrize("layout", ["sparse_csr", "sparse_coo"])
 def test_compiled_softmax_and_dim_reductions_equal_eager(layout):
     # A softmax or reduction along a dim of a sparse layout traces every line (Note [Lines
@@ -261,7 +251,7 @@ def test_compiled_softmax_and_dim_reductions_equal_eager(layout):
 
 
 @cpu_only("Inductor's CPU backend")
-@pytest.mark.usefixtures("_fresh_dynamo")
+@pytest.mark.usefixtures("fresh_dynamo")
 @pytest.mark.skipif(not _native.available(), reason="the native kernels are not built")
 def test_inductor_calls_the_op():
     from torch._inductor.utils import run_and_get_code
@@ -396,7 +386,7 @@ def _cumsum_leaf(layout, dtype, seed=3):
 
 
 @cpu_only("the C kernels in a compiled graph")
-@pytest.mark.usefixtures("_fresh_dynamo")
+@pytest.mark.usefixtures("fresh_dynamo")
 @pytest.mark.skipif(not _native.available(), reason="the native kernels are not built")
 @pytest.mark.parametrize(("layout", "dim"), [("sparse_csr", 1), ("sparse_csc", 0)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
@@ -433,7 +423,7 @@ def test_compiled_cumsum_along_stored_lines_runs_the_op(layout, dim, dtype):
 
 
 @cpu_only("Inductor's CPU backend")
-@pytest.mark.usefixtures("_fresh_dynamo")
+@pytest.mark.usefixtures("fresh_dynamo")
 @pytest.mark.skipif(not _native.available(), reason="the native kernels are not built")
 def test_inductor_cumsum_calls_the_op():
     from torch._inductor.utils import run_and_get_code

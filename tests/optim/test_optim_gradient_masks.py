@@ -16,6 +16,7 @@ import warnings
 
 import pytest
 import torch
+from optim_configs import CONFIGS
 from torch.profiler import profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -24,21 +25,6 @@ from masked_sparse.optim import _scatter
 
 ROWS, COLS, STEPS = 16, 12, 5
 LAYOUTS = {"strided": torch.strided, "coo": torch.sparse_coo, "csr": torch.sparse_csr}
-
-CONFIGS = {
-    "adam": (ms.optim.Adam, torch.optim.Adam, dict(lr=0.05)),
-    "adam-decay-amsgrad-max": (ms.optim.Adam, torch.optim.Adam,
-                               dict(lr=0.05, weight_decay=0.1, amsgrad=True, maximize=True)),
-    "adamw": (ms.optim.AdamW, torch.optim.AdamW, dict(lr=0.05, weight_decay=0.1)),
-    "sgd": (ms.optim.SGD, torch.optim.SGD, dict(lr=0.1)),
-    "sgd-momentum-decay": (ms.optim.SGD, torch.optim.SGD,
-                           dict(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01)),
-    "sgd-nesterov-max": (ms.optim.SGD, torch.optim.SGD,
-                         dict(lr=0.1, momentum=0.9, nesterov=True, maximize=True)),
-    "adagrad": (ms.optim.Adagrad, torch.optim.Adagrad,
-                dict(lr=0.1, lr_decay=0.01, weight_decay=0.1, initial_accumulator_value=0.1)),
-}
-
 
 @pytest.fixture(params=["cpu path", "device path"])
 def path(request, monkeypatch):

@@ -13,26 +13,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from optim_configs import CONFIGS
 from torch.profiler import profile
 
 import masked_sparse as ms
 
 ROWS, COLS, STEPS = 24, 20, 6
-
-CONFIGS = {
-    "adam": (ms.optim.Adam, torch.optim.Adam, dict(lr=0.05)),
-    "adam-decay-amsgrad-max": (ms.optim.Adam, torch.optim.Adam,
-                               dict(lr=0.05, weight_decay=0.1, amsgrad=True, maximize=True)),
-    "adamw": (ms.optim.AdamW, torch.optim.AdamW, dict(lr=0.05, weight_decay=0.1)),
-    "sgd": (ms.optim.SGD, torch.optim.SGD, dict(lr=0.1)),
-    "sgd-momentum-decay": (ms.optim.SGD, torch.optim.SGD,
-                           dict(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01)),
-    "sgd-nesterov-max": (ms.optim.SGD, torch.optim.SGD,
-                         dict(lr=0.1, momentum=0.9, nesterov=True, maximize=True)),
-    "adagrad": (ms.optim.Adagrad, torch.optim.Adagrad,
-                dict(lr=0.1, lr_decay=0.01, weight_decay=0.1, initial_accumulator_value=0.1)),
-}
-
 
 def _data(seed: int = 0):
     g = torch.Generator().manual_seed(seed)
