@@ -200,7 +200,7 @@ def per_head(equation: str, a: MaskedTensor, sa: str, b: Any, sb: str, out: str)
                                      "plain operand holding its dense dims as batch labels "
                                      "(e.g. 'ijh,jhf->ihf')")
     contract = rows.index(summed[0])
-    right = _arrange_plain(b, sb, summed[0] + heads + free)
+    right = _arrange(b, sb, summed[0] + heads + free)
     produced = kept[0] + heads + free
 
     def kernel(storages: list) -> Storage:
@@ -214,6 +214,3 @@ def per_head(equation: str, a: MaskedTensor, sa: str, b: Any, sb: str, out: str)
 
     return _arrange(on_values(kernel, [a, right]), produced, out)
 
-
-def _arrange_plain(x: torch.Tensor, spec: str, order: str) -> torch.Tensor:
-    return x if spec == order else x.permute([spec.index(c) for c in order])

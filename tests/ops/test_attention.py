@@ -73,21 +73,22 @@ def test_softmax_of_fully_masked_rows_is_masked_and_not_nan():
     assert torch.equal(scores.grad[~mask], torch.zeros_like(scores.grad[~mask]))
 
 
-def test_compiles_fullgraph_and_equals_eager():
+def _compiled_equals_eager(attention) -> None:
+    """``attention(q, k, v, mask)`` compiled with ``fullgraph=True``: eager's values and
+    gradients of q, k and v."""
     q, k, v, mask = inputs(torch.float32)
-
-    def attention(q, k, v, mask):
-        return masked_attention(q, k, v, mask).to_tensor(0)
-
     compiled = torch.compile(attention, fullgraph=True, dynamic=False, backend="aot_eager")
-    got = compiled(q, k, v, mask)
-    want = attention(q, k, v, mask)
+    got, want = compiled(q, k, v, mask), attention(q, k, v, mask)
     torch.testing.assert_close(got, want)
     w = weights(torch.float32)
     g_got = torch.autograd.grad((got * w).sum(), (q, k, v))
     g_want = torch.autograd.grad((want * w).sum(), (q, k, v))
     for a, b in zip(g_got, g_want):
         torch.testing.assert_close(a, b)
+
+
+def test_compiles_fullgraph_and_equals_eager():
+    _compiled_equals_eager(lambda q, k, v, mask: masked_attention(q, k, v, mask).to_tensor(0))
 
 
 def test_forward_fills_nothing_after_the_softmax(monkeypatch):
@@ -276,19 +277,7 @@ def test_attention_rejects_what_it_cannot_read():
 
 
 def test_attention_compiles_fullgraph_and_equals_eager():
-    q, k, v, mask = inputs(torch.float32)
-
-    def fused(q, k, v, mask):
-        return ms.attention(q, k, v, mask).to_tensor(0)
-
-    compiled = torch.compile(fused, fullgraph=True, dynamic=False, backend="aot_eager")
-    got, want = compiled(q, k, v, mask), fused(q, k, v, mask)
-    torch.testing.assert_close(got, want)
-    w = weights(torch.float32)
-    g_got = torch.autograd.grad((got * w).sum(), (q, k, v))
-    g_want = torch.autograd.grad((want * w).sum(), (q, k, v))
-    for a, b in zip(g_got, g_want):
-        torch.testing.assert_close(a, b)
+    _compiled_equals_eager(lambda q, k, v, mask: ms.attention(q, k, v, mask).to_tensor(0))
 
 
 def test_attention_never_syncs(native_off):  # noqa: F811
