@@ -38,11 +38,12 @@ from ._fill import (
 )
 from ._grouping import Grouping
 from ._index import all_true, linearize
-from ._linalg import per_head_mm, sparse_mm, sparse_sparse_mm, specified_lines
+from ._linalg import sparse_mm, sparse_sparse_mm, specified_lines
 from ._lines import Lines, lines_along
 from ._native import NativeKernelsWarning
 from ._native import disabled as native_disabled
 from ._native import status as native_status
+from ._per_head import per_head_mm, per_head_specified
 from ._reduce_sparse import group_by
 from ._sampled import sampled_mm
 from ._size import storage_nbytes
@@ -88,6 +89,7 @@ __all__ = [
     "fill_unspecified",
     "identity",
     "per_head_mm",
+    "per_head_specified",
     "get_layout",
     "kernels",
     "read_at",

@@ -33,7 +33,6 @@ from __future__ import annotations
 import torch
 
 from ._index import cached, crow_from_rows, linearize, rows_from_crow, sort_key
-from .kernels import _device_table
 from .registry import Storage, get_layout
 
 aten = torch.ops.aten
@@ -287,53 +286,3 @@ def sparse_sparse_mm(a: Storage, b: Storage, transpose_b: bool = False) -> Stora
     indices = torch.stack([out_keys // n, out_keys % n])
     mask = torch.ones(out_keys.numel(), dtype=torch.bool, device=values.device)
     return get_layout("sparse_coo").build((indices,), values, mask, (a.shape[0], n))
-
-
-def per_head_mm(coo: Storage, values: torch.Tensor, dense: torch.Tensor, *,
-                contract: int = 1) -> torch.Tensor:
-    """``out[i, h..., f...] = sum_j S[i, j, h...] * dense[j, h..., f...]`` for a 2-D COO
-    storage ``S`` with dense dims ``h...`` (a hybrid tensor: one index for every head).
-
-    ``values`` are the storage's values as the caller wants them read (unspecified ones
-    zeroed); ``contract`` is the sparse dim summed over (1: ``S @ dense`` per head, 0:
-    ``S.T @ dense``). O(nnz * numel(h, f)), the index read once; differentiable with respect
-    to ``values`` and ``dense`` (a gather, a product, an ``index_add``).
-
-    >>> import torch, layouts
-    >>> coo = layouts.get_layout("sparse_coo")
-    >>> values = torch.tensor([[1., 10.], [2., 20.]])  # 2 stored entries x 2 heads
-    >>> index = torch.tensor([[0, 1], [0, 1]])          # at (0, 0) and (1, 1)
-    >>> s = coo.build((index,), values, values > 0, torch.Size([2, 2, 2]))
-    >>> per_head_mm(s, s.values, torch.ones(2, 2, 1)).flatten().tolist()
-    [1.0, 10.0, 2.0, 20.0]
-    """
-    (indices,) = coo.index
-    keep, summed = indices[1 - contract], indices[contract]
-    heads = values.shape[1:]
-    free = dense.shape[1 + len(heads):]
-    terms = values.reshape(values.shape + (1,) * len(free)) * dense.index_select(0, summed)
-    shape = (coo.shape[1 - contract],) + tuple(heads) + tuple(free)
-    if contract == 1 and _sums_along_rows(terms):
-        # The rows of a coalesced COO index are sorted: a segment sum over row pointers
-        # (kept per index tensor) where the device table says it beats index_add.
-        offsets = cached(indices, "row pointers", lambda: crow_from_rows(keep, shape[0]))
-        flat = terms.reshape(terms.shape[0], -1).to(dense.dtype)
-        return torch.segment_reduce(flat, "sum", offsets=offsets, unsafe=True).view(shape)
-    return dense.new_zeros(shape).index_add(0, keep, terms.to(dense.dtype))
-
-
-#: The widest row (heads x features) a segment sum takes: ``segment_reduce`` walks the
-#: columns one by one, so past a few dozen columns it loses to ``index_add`` (measured on
-#: CPU at ``python -m benchmarks.bench_graph``'s sizes; the crossover lies between 24 and 32).
-_SEGMENT_WIDEST = 24
-
-
-def _sums_along_rows(terms: torch.Tensor) -> bool:
-    """True where a segment sum over the rows is the device's faster raw kernel and runs:
-    float32/64, narrow rows, eager (``segment_reduce`` has no batching rule for torch.func
-    transforms)."""
-    return (terms.dtype in (torch.float32, torch.float64) and terms.shape[0] > 0
-            and terms[0].numel() <= _SEGMENT_WIDEST
-            and not torch.compiler.is_compiling()
-            and not torch._C._are_functorch_transforms_active()
-            and _device_table.kernel("sum", "lines", terms.device, terms.numel()) == "segment")

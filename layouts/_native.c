@@ -1689,3 +1689,57 @@ TIES_STREAM(f32)
     }
 BACKWARD_KERNELS(f64)
 BACKWARD_KERNELS(f32)
+
+/* -- the per-head product (layouts/_per_head.py) ---------------------------------------
+ * One sparse index for H heads: entry e joins output line keep[e] to input line summed[e],
+ * with H values v[e, :]; a line holds H heads of W features (the caller's dense operand,
+ * row-major).
+ * - mm: out[keep[e], h, :] += v[e, h] * d[summed[e], h, :], in storage order (the caller
+ *   zeroed out): the product S @ d per head (keep the rows, sum the columns), its
+ *   transpose S.T @ d (the roles swapped) and the product's gradient of d;
+ * - dot: out[e, h] = sum_w a[keep[e], h, w] * b[summed[e], h, w], in T in feature order (as
+ *   the torch ops' sum of the terms; rows are a few dozen features wide, so that a double
+ *   sum bought no accuracy worth its conversions): the gradient of the product's values (a
+ *   sampled dot).
+ * Every index is checked first, in a pass of its own: nothing is written before a bad one
+ * is found. The output is a buffer of its own (restrict). */
+#define PER_HEAD_CHECK                                                                   \
+    uint64_t bad = 0;                                                                    \
+    for (int64_t e = 0; e < nnz; e++)                                                    \
+        bad |= ((uint64_t)keep[e] >= (uint64_t)nkeep) |                                  \
+               ((uint64_t)summed[e] >= (uint64_t)nsummed);                               \
+    if (bad) return -1;
+#define PER_HEAD_KERNELS(T)                                                              \
+    int ms_per_head_mm_##T(const int64_t *keep, const int64_t *summed, int64_t nnz,      \
+                           int64_t nkeep, int64_t nsummed, const T *v, const T *d,       \
+                           int64_t heads, int64_t width, T *restrict out) {              \
+        PER_HEAD_CHECK                                                                   \
+        const int64_t line = heads * width;                                              \
+        for (int64_t e = 0; e < nnz; e++) {                                              \
+            T *restrict o = out + keep[e] * line;                                        \
+            const T *x = d + summed[e] * line, *w = v + e * heads;                       \
+            for (int64_t h = 0; h < heads; h++) {                                        \
+                const T c = w[h];                                                        \
+                PRAGMA(omp simd)                                                         \
+                for (int64_t f = 0; f < width; f++) o[h * width + f] += c * x[h * width + f]; \
+            }                                                                            \
+        }                                                                                \
+        return 0;                                                                        \
+    }                                                                                    \
+    int ms_per_head_dot_##T(const int64_t *keep, const int64_t *summed, int64_t nnz,     \
+                            int64_t nkeep, int64_t nsummed, const T *a, const T *b,      \
+                            int64_t heads, int64_t width, T *restrict out) {             \
+        PER_HEAD_CHECK                                                                   \
+        const int64_t line = heads * width;                                              \
+        for (int64_t e = 0; e < nnz; e++) {                                              \
+            const T *x = a + keep[e] * line, *y = b + summed[e] * line;                  \
+            for (int64_t h = 0; h < heads; h++) {                                        \
+                T s = 0;                                                                 \
+                for (int64_t f = 0; f < width; f++) s += x[h * width + f] * y[h * width + f]; \
+                out[e * heads + h] = s;                                                  \
+            }                                                                            \
+        }                                                                                \
+        return 0;                                                                        \
+    }
+PER_HEAD_KERNELS(f64)
+PER_HEAD_KERNELS(f32)

@@ -322,6 +322,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         _SOFTMAX["lines", dtype] = _declared(lib, f"ms_lines_softmax_{suffix}",
                                              [p, p, n, p, n, p, n, flag, p])
         _CUMSUM[dtype] = _declared(lib, f"ms_lines_cumsum_{suffix}", [p, n, p, n, p])
+        for kind in ("mm", "dot"):
+            _PER_HEAD[kind, dtype] = _declared(lib, f"ms_per_head_{kind}_{suffix}",
+                                               [p, p, n, n, n, p, p, n, n, p])
         _SOFTMAX["scatter", dtype] = {
             index: _declared(lib, f"ms_scatter_softmax_{suffix}_{i}",
                              [p, p, n, p, flag, p, p, p, n])
@@ -380,13 +383,16 @@ _LSE: dict[tuple[str, torch.dtype], Any] = {}  # (kind, dtype) -> logsumexp, as 
 _SOFTMAX: dict[tuple[str, torch.dtype], ctypes._CFuncPtr] = {}  # (kind, dtype) -> softmax
 _MOMENTS: dict[tuple[str, torch.dtype], Any] = {}  # (kind, dtype) -> mean / var, as _LSE
 _CUMSUM: dict[torch.dtype, ctypes._CFuncPtr] = {}  # dtype -> running sums along lines
+# (kind, dtype) -> the per-head product's kernels (kind "mm" or "dot": layouts/_per_head.py)
+_PER_HEAD: dict[tuple[str, torch.dtype], ctypes._CFuncPtr] = {}
 # op ("sum", "sumsq") -> {index dtype: scatter of float32 values written as float32}, and
 # "stack" -> the most groups those take (ms_scatter_stack: their double sums on the stack)
 _SCATTER_TO: dict[str, Any] = {}
 _BACKWARD: dict[tuple[str, torch.dtype], Any] = {}  # (kind, dtype) -> backward, as _LSE
 #: the tables :func:`_declare` fills (a test that loads another build swaps them all)
 _TABLES = ("_KERNELS", "_COUNT_SCATTER", "_NARROW", "_FIRST", "_ARG", "_FILL", "_DEV",
-           "_LSE", "_SOFTMAX", "_MOMENTS", "_CUMSUM", "_BACKWARD", "_SCATTER_TO")
+           "_LSE", "_SOFTMAX", "_MOMENTS", "_CUMSUM", "_BACKWARD", "_SCATTER_TO",
+           "_PER_HEAD")
 
 
 @contextlib.contextmanager

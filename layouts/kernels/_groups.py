@@ -54,6 +54,7 @@ one gather. The device table says where that beats the atomics (Note [The device
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -61,6 +62,7 @@ import torch
 
 from .. import _native
 from .._fill import identity, zero_unspecified
+from .._index import cached
 from . import _device_table
 from ._route import traced
 
@@ -350,6 +352,41 @@ def native_backward(g: Any, op: str, mask: torch.Tensor, a: torch.Tensor,
     if ids is None:
         ids = g.ids
     return _native.backward(op, mask, a, index=ids, n=g.n, **operands)
+
+
+def per_head(g: Any, values: torch.Tensor) -> Groups | None:
+    """``g``'s groups over the elements of hybrid ``values`` ``(nnz, h...)`` with every head
+    a group of its own, as a :class:`Groups` record over the flat ``nnz * H`` elements (the
+    values read as ``values.reshape(-1)``), so that the 1-D kernels, native ones included,
+    serve several heads over one index in one call; None where ``values`` are 1-D, ``g``
+    reduces dense dims too, or its kind is not lines or scatter.
+
+    Note [Heads as groups]
+    ~~~~~~~~~~~~~~~~~~~~~~
+    A hybrid COO tensor's softmax over a sparse dim groups each head apart: element
+    ``(e, h)`` joins group ``(group(e), h)``. One head reads ``g``'s own lines or group ids
+    over ``nnz`` elements; ``H`` heads read the flat group ids ``group(e) * H + h``, built
+    once per index (cached on ``g``'s ids, which the grouping caches per index tensor).
+    The results are the per-element ones of the 2-D kernels, head by head.
+
+    >>> g = Groups(2, index=torch.tensor([1, 0]), n=2)
+    >>> per_head(g, torch.zeros(2, 3)).index.tolist()
+    [3, 4, 5, 0, 1, 2]
+    """
+    if values.dim() == 1 or g.value_dims or g.kind not in ("lines", "scatter"):
+        return None
+    heads = values[0].numel() if values.shape[0] else math.prod(values.shape[1:])
+    size = values.shape[0] * heads
+    if heads == 1:
+        if g.kind == "lines":
+            return Groups(size, offsets=g.offsets, which=g.which)
+        return Groups(size, index=g.ids, n=g.n)
+    ids = g.ids
+
+    def flat() -> torch.Tensor:
+        return (ids[:, None] * heads + torch.arange(heads, device=ids.device)).reshape(-1)
+
+    return Groups(size, index=cached(ids, ("heads as groups", heads), flat), n=g.n * heads)
 
 
 # -- a record of plain tensors ---------------------------------------------------------------

@@ -39,9 +39,9 @@ import torch
 
 from .. import _native
 from .._fill import fill_constant, fill_unspecified, zero_unspecified, zero_unspecified_
-from ._groups import native_backward, native_ids
+from ._groups import native_backward, native_ids, per_head
 from ._ops import LIB, describe, groups, register_autograd
-from ._route import Family, direct, run
+from ._route import Family, direct, run, traced
 from .reduce import masked_reduce, masked_sum
 
 Tensor = torch.Tensor
@@ -137,6 +137,10 @@ def masked_softmax(g: Any, values: Tensor, mask: Tensor, log: bool) -> tuple[Ten
             return _MaskedSoftmax.apply(values, mask, dim), True
         filled = fill_unspecified(values, mask, -math.inf)  # weighs nothing
         return (torch.log_softmax if log else torch.softmax)(filled, dim), False
+    flat = None if traced(values) else per_head(g, values)
+    if flat is not None:  # Note [Heads as groups]
+        out, zeroed = masked_softmax(flat, values.reshape(-1), mask.reshape(-1), log)
+        return out.view(values.shape), zeroed
     if direct(values):
         out = _cpu(g, values, mask, log) if values.is_cpu else None
         return (out if out is not None else _torch(g, values, mask, log)), True

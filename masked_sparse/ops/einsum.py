@@ -206,10 +206,8 @@ def per_head(equation: str, a: MaskedTensor, sa: str, b: Any, sb: str, out: str)
     def kernel(storages: list) -> Storage:
         s, dense = _coo(storages[0]), storages[1]
         values = layouts.per_head_mm(s, zero_fill(s.values, s.mask), dense, contract=contract)
-        keep = s.index[0][1 - contract]
-        hits = s.mask.new_zeros((s.shape[1 - contract],) + tuple(s.mask.shape[1:]),
-                                dtype=torch.int32).index_add_(0, keep, s.mask.to(torch.int32))
-        mask = (hits > 0).reshape(hits.shape + (1,) * len(free)).expand(values.shape)
+        hits = layouts.per_head_specified(s, contract=contract)
+        mask = hits.reshape(hits.shape + (1,) * len(free)).expand(values.shape)
         return _STRIDED.build((), values, mask.contiguous(), values.shape)
 
     return _arrange(on_values(kernel, [a, right]), produced, out)
