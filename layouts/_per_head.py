@@ -40,6 +40,7 @@ have no vmap rule), differentiated by autograd.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -147,7 +148,7 @@ def _mm(keep: torch.Tensor, summed: torch.Tensor, n_keep: int, values: torch.Ten
     shape = (n_keep,) + dense.shape[1:]
     kernel = _native_kernel("mm", values, dense)
     if kernel is not None:
-        heads = values[0].numel() if values.shape[0] else 1
+        heads = math.prod(values.shape[1:])
         out = dense.new_zeros(shape)
         _run(kernel, keep, summed, n_keep, dense.shape[0], values, dense, heads, out)
         return out
@@ -166,8 +167,7 @@ def _dot(keep: torch.Tensor, summed: torch.Tensor, a: torch.Tensor, b: torch.Ten
     kernel = _native_kernel("dot", a, b)
     if kernel is not None:
         out = a.new_empty(shape)
-        _run(kernel, keep, summed, a.shape[0], b.shape[0], a, b, out[0].numel() if out.numel()
-             else 1, out)
+        _run(kernel, keep, summed, a.shape[0], b.shape[0], a, b, math.prod(shape[1:]), out)
         return out
     terms = a.index_select(0, keep) * b.index_select(0, summed)
     if terms.dim() == 1 + heads:  # no feature dims
@@ -187,8 +187,8 @@ def _native_kernel(kind: str, x: torch.Tensor, y: torch.Tensor):
 
 def _run(kernel, keep: torch.Tensor, summed: torch.Tensor, n_keep: int, n_summed: int,
          x: torch.Tensor, y: torch.Tensor, heads: int, out: torch.Tensor) -> None:
-    keep, summed, x, y = (t.contiguous() for t in (keep, summed, x, y))
-    width = y[0].numel() // heads if y.shape[0] and heads else 0
+    keep, summed, x, y = keep.contiguous(), summed.contiguous(), x.contiguous(), y.contiguous()
+    width = math.prod(y.shape[1:]) // heads if heads else 0
     status = kernel(keep.data_ptr(), summed.data_ptr(), keep.shape[0], n_keep, n_summed,
                     x.data_ptr(), y.data_ptr(), heads, width, out.data_ptr())
     if status != 0:
