@@ -55,6 +55,7 @@ from .convert import (
     read_at,
     read_broadcast,
     stack_storages,
+    sum_back,
 )
 from .registry import (
     Kernel,
@@ -110,6 +111,7 @@ __all__ = [
     "sparse_sparse_mm",
     "specified_lines",
     "stack_storages",
+    "sum_back",
     "storage_nbytes",
     "takes_layout",
     "unregister_layout",

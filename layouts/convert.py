@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ._index import linearize, lookup
+from ._index import cached, linearize, lookup
 from .registry import Layout, Storage, get_layout
 
 
@@ -105,6 +105,35 @@ def read_at(source: Storage, like: Storage) -> tuple[torch.Tensor, torch.Tensor]
     out_values[flat_ids] = values.expand(target.values.shape).reshape(-1)
     out_mask[flat_ids] = mask.expand(target.values.shape).reshape(-1)
     return out_values.view(like.values.shape), out_mask.view(like.values.shape)
+
+
+def sum_back(storage: Storage, values: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """The adjoint of the layout's ``gather``: ``values`` (one per stored element, shaped
+    like ``storage.values``) summed onto a dense tensor of ``shape`` (which broadcasts to
+    ``storage.shape``), each added at the position ``gather`` reads it from. The gradient
+    of a plain operand read at the stored positions: O(nnz), one ``index_add``; the flat
+    positions are built once per index tensor and ``shape`` (cached).
+
+    >>> import torch, layouts
+    >>> coo = layouts.get_layout("sparse_coo")
+    >>> s = coo.from_strided(torch.ones(2, 3), torch.tensor([[1, 0, 1], [0, 1, 0]]).bool())
+    >>> sum_back(s, torch.tensor([1., 2., 3.]), torch.Size([2, 1])).tolist()
+    [[3.0], [3.0]]
+    """
+    if not storage.index:  # every position stored: the values are the dense broadcast result
+        return values.sum_to_size(shape)
+    numel = math.prod(shape)
+    if not shape:
+        return values.sum()
+
+    def positions() -> torch.Tensor:
+        ids = torch.arange(numel, device=values.device).view(shape)
+        return storage.layout.gather(storage, ids).expand(values.shape).reshape(-1)
+
+    index = storage.index
+    flat = cached(index[0], ("gather positions", tuple(shape), tuple(values.shape)), positions,
+                  data=index[-1])
+    return values.new_zeros(numel).index_add(0, flat, values.reshape(-1)).view(shape)
 
 
 def element_coords(coo: Storage) -> torch.Tensor:

@@ -57,23 +57,7 @@ class _PlainAt(torch.autograd.Function):
     def backward(ctx, grad: Any) -> Any:  # type: ignore[override]
         s = ctx.storage
         values = layouts.zero_unspecified(grad_values(grad, s), s.mask)  # NaN there too
-        return _sum_back(values, s, ctx.shape).to(ctx.dtype), None
-
-
-def _sum_back(values: torch.Tensor, s: Storage, shape: torch.Size) -> torch.Tensor:
-    """The values at ``s``'s stored positions summed onto the plain tensor of ``shape`` they
-    were read from: each value added at the flat position ``gather`` read it from."""
-    if not s.index:  # every position stored: the values are the dense broadcast result
-        return values.sum_to_size(shape)
-    if len(shape) == 0:
-        return values.sum()
-    numel = 1
-    for n in shape:
-        numel *= n
-    ids = torch.arange(numel, device=values.device).view(shape)
-    flat = s.layout.gather(s, ids).expand(values.shape)
-    out = values.new_zeros(numel)
-    return out.index_add(0, flat.reshape(-1), values.reshape(-1)).view(shape)
+        return layouts.sum_back(s, values, ctx.shape).to(ctx.dtype), None
 
 
 def plain_at(plain: torch.Tensor, storage: Storage) -> MaskedTensor:
