@@ -31,10 +31,9 @@ import layouts
 from layouts import Storage
 
 from .._autograd import on_values
-from .._fill import zero_fill
 from .._registry import implements
 from .._tensor import MaskedTensor
-from .linalg import matmul
+from .linalg import matmul, zero_filled_operand
 
 _STRIDED = layouts.get_layout(torch.strided)
 
@@ -204,8 +203,8 @@ def per_head(equation: str, a: MaskedTensor, sa: str, b: Any, sb: str, out: str)
     produced = kept[0] + heads + free
 
     def kernel(storages: list) -> Storage:
-        s, dense = _coo(storages[0]), storages[1]
-        values = layouts.per_head_mm(s, zero_fill(s.values, s.mask), dense, contract=contract)
+        s, dense = _coo(zero_filled_operand(storages[0])), storages[1]
+        values = layouts.per_head_mm(s, s.values, dense, contract=contract)
         hits = layouts.per_head_specified(s, contract=contract)
         mask = hits.reshape(hits.shape + (1,) * len(free)).expand(values.shape)
         return _STRIDED.build((), values, mask.contiguous(), values.shape)
