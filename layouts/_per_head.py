@@ -70,8 +70,9 @@ def per_head_mm(coo: Storage, values: torch.Tensor, dense: torch.Tensor, *,
     # The rows of a coalesced COO index are sorted: their pointers, kept per index tensor.
     offsets = ((lambda: cached(indices, "row pointers", lambda: crow_from_rows(keep, n_keep)))
                if contract == 1 else None)
-    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
-        return _mm(keep, summed, n_keep, values, dense, offsets)
+    if (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+            or not (torch.is_grad_enabled() and (values.requires_grad or dense.requires_grad))):
+        return _mm(keep, summed, n_keep, values, dense, offsets)  # (nothing to record)
     return _Product.apply(keep, summed, n_keep, values, dense, offsets)
 
 

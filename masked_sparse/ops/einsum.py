@@ -22,6 +22,7 @@ head]).
 
 from __future__ import annotations
 
+import functools
 import string
 from typing import Any
 
@@ -57,16 +58,23 @@ def _expand_ellipsis(spec: str, ndim: int, width: int, spare: str, equation: str
 
 
 def _parse(equation: str, a: torch.Tensor, b: torch.Tensor) -> tuple[str, str, str]:
+    return _parse_dims(equation, a.dim(), b.dim())
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_dims(equation: str, a_dim: int, b_dim: int) -> tuple[str, str, str]:
+    """The operands' and the output's labels, ellipses expanded (a function of the
+    equation and the operands' dims alone: cached, it runs on every call)."""
     eq = equation.replace(" ", "")
     lhs, arrow, out = eq.partition("->")
     specs = lhs.split(",")
     if len(specs) != 2:
         raise ValueError(f"einsum({equation!r}): expected subscripts for 2 operands")
     spare = "".join(c for c in string.ascii_uppercase + string.ascii_lowercase if c not in eq)
-    width = max(a.dim() - (len(specs[0]) - 3) if "..." in specs[0] else 0,
-                b.dim() - (len(specs[1]) - 3) if "..." in specs[1] else 0)
-    sa = _expand_ellipsis(specs[0], a.dim(), width, spare, equation)
-    sb = _expand_ellipsis(specs[1], b.dim(), width, spare, equation)
+    width = max(a_dim - (len(specs[0]) - 3) if "..." in specs[0] else 0,
+                b_dim - (len(specs[1]) - 3) if "..." in specs[1] else 0)
+    sa = _expand_ellipsis(specs[0], a_dim, width, spare, equation)
+    sb = _expand_ellipsis(specs[1], b_dim, width, spare, equation)
     if not arrow:  # torch's implicit output: labels seen once, in alphabetical order
         once = sorted(c for c in set(sa + sb) if (sa + sb).count(c) == 1 and c not in spare)
         out = spare[:width] + "".join(once)
