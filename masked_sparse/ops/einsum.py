@@ -31,9 +31,11 @@ import torch
 import layouts
 from layouts import Storage
 
-from .._autograd import on_values
+from .. import _func
+from .._autograd import _backward_with_graph, grad_values, on_values
+from .._fill import all_specified
 from .._registry import implements
-from .._tensor import MaskedTensor
+from .._tensor import MaskedTensor, _wrap, requires_grad_of
 from .linalg import matmul, zero_filled_operand
 
 _STRIDED = layouts.get_layout(torch.strided)
@@ -209,13 +211,58 @@ def per_head(equation: str, a: MaskedTensor, sa: str, b: Any, sb: str, out: str)
     contract = rows.index(summed[0])
     right = _arrange(b, sb, summed[0] + heads + free)
     produced = kept[0] + heads + free
+    if (torch.is_grad_enabled() and (requires_grad_of(a) or requires_grad_of(right))
+            and not torch.compiler.is_compiling() and not _func.active()
+            and coo is a._storage):  # (its gradient is a's storage with new values)
+        result = _PerHeadProduct.apply(a, right, contract, len(free))
+    else:  # nothing to record, or a tracer: the generic route
+        result = on_values(_per_head_kernel, [a, right], contract, len(free))
+    return _arrange(result, produced, out)
 
-    def kernel(storages: list) -> Storage:
-        s, dense = _coo(zero_filled_operand(storages[0])), storages[1]
-        values = layouts.per_head_mm(s, s.values, dense, contract=contract)
-        hits = layouts.per_head_specified(s, contract=contract)
-        mask = hits.reshape(hits.shape + (1,) * len(free)).expand(values.shape)
-        return _STRIDED.build((), values, mask.contiguous(), values.shape)
 
-    return _arrange(on_values(kernel, [a, right]), produced, out)
+def _per_head_kernel(storages: list, contract: int, n_free: int) -> Storage:
+    """The per-head product of a hybrid COO storage and a plain tensor of ``n_free``
+    feature dims: a strided storage whose mask says which output lines hold a term."""
+    s, dense = _coo(zero_filled_operand(storages[0])), storages[1]
+    values = layouts.per_head_mm(s, s.values, dense, contract=contract)
+    hits = layouts.per_head_specified(s, contract=contract)
+    mask = hits.reshape(hits.shape + (1,) * n_free).expand(values.shape)
+    return _STRIDED.build((), values, mask.contiguous(), values.shape)
+
+
+class _PerHeadProduct(_func.Function):
+    """:func:`per_head` recorded as one node whose backward is the per-head kernels (the
+    values' gradient a sampled dot, the plain operand's a transposed product: Note [The
+    per-head product's kernels]), not an inner graph run by the engine, as ``on_values``
+    would record it: on a small graph that run cost more than the kernels. With
+    ``create_graph`` the backward is ``on_values``' own (Note [Double backward])."""
+
+    @staticmethod
+    def forward(a: MaskedTensor, right: torch.Tensor, contract: int, n_free: int) -> Any:
+        return _wrap(_per_head_kernel([a._storage, right], contract, n_free))
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output: MaskedTensor) -> None:
+        a, right, ctx.contract, ctx.n_free = inputs
+        ctx.inputs, ctx.out = (a, right), output._storage
+        with torch.no_grad():  # (known zero filled: no second fill)
+            ctx.storage = _coo(zero_filled_operand(a._storage))
+
+    @staticmethod
+    def backward(ctx, grad: Any) -> tuple:
+        extra = (ctx.contract, ctx.n_free)
+        if torch.is_grad_enabled():  # create_graph=True
+            return (*_backward_with_graph(_per_head_kernel, extra, ctx.inputs, [ctx.out],
+                                          [grad]), None, None)
+        s, (a, right) = ctx.storage, ctx.inputs
+        g = grad_values(grad, ctx.out)
+        grad_a = grad_right = None
+        if ctx.needs_input_grad[0]:
+            values = layouts.per_head_dot(s, g, right, contract=ctx.contract)
+            if not all_specified(s.mask):
+                values = layouts.zero_unspecified(values, s.mask)
+            grad_a = _wrap(a._storage.with_values(values.to(s.values.dtype)))
+        if ctx.needs_input_grad[1]:
+            grad_right = layouts.per_head_mm(s, s.values, g, contract=1 - ctx.contract)
+        return grad_a, grad_right, None, None
 
