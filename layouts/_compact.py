@@ -35,18 +35,24 @@ def compact_rows(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor
     >>> flat.tolist(), offsets.tolist()
     ([4, 6, 8], [0, 2])
     """
-    if values.dim() != 2 or mask.shape != values.shape or mask.dtype is not torch.bool:
+    shape = values.shape
+    if len(shape) != 2 or mask.shape != shape or mask.dtype is not torch.bool:
         raise ValueError(f"compact_rows: expected 2-D values and a bool mask of their shape, "
-                         f"got values {tuple(values.shape)} and a {mask.dtype} mask "
+                         f"got values {tuple(shape)} and a {mask.dtype} mask "
                          f"{tuple(mask.shape)}")
     kernel = (_native._COMPACT.get(values.dtype) if _native._eager_cpu(values)
               and type(mask) is torch.Tensor and mask.is_cpu
               and _native._library() is not None else None)
     if kernel is not None:
         values, mask = values.contiguous(), mask.contiguous()
-        rows, length = values.shape
-        out = torch.empty(rows * length, dtype=values.dtype)
-        offsets = torch.empty(rows, dtype=torch.int64)
+        rows, length = shape
+        n = rows * length
+        if values.dtype is torch.int64:  # one buffer: the ids, then the offsets
+            buffer = torch.empty(n + rows, dtype=torch.int64)
+            out, offsets = buffer[:n], buffer[n:]
+        else:
+            out, offsets = torch.empty(n, dtype=values.dtype), torch.empty(rows,
+                                                                           dtype=torch.int64)
         kept = kernel(values.data_ptr(), mask.data_ptr(), rows, length, out.data_ptr(),
                       offsets.data_ptr())
         return out[:kept], offsets

@@ -122,7 +122,7 @@ def _embedding(op: Any, input: Any, weight: Any, padding_idx: int | None = None,
 def compacts_on_host(t: torch.Tensor) -> bool:
     """True where selecting the specified ids costs no device sync: the CPU (Note [Bags
     without a host sync]). The tests turn it off to run the device route on the CPU."""
-    return t.device.type == "cpu"
+    return t.is_cpu
 
 
 def _dense_ids(s: Storage) -> tuple[torch.Tensor, torch.Tensor]:
