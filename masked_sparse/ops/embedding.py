@@ -17,8 +17,9 @@ adds nothing to the gradient of ``weight`` (which is a plain tensor, as in torch
 Note [Bags without a host sync]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 torch's ``embedding_bag`` takes flat ids and the offset of each bag. On the CPU the
-specified ids are selected (``masked_select``: one pass over the ids, its size decided by
-the data) and the offsets are the running count of specified ids per row -- the inputs of
+specified ids are selected and the offsets are the running count of specified ids per row
+(for dense ids both in one pass, ``layouts.compact_rows``: Note [Compacting rows in one
+pass]; its size is decided by the data) -- the inputs of
 ``embedding_bag(flat_ids, weight, offsets)``, so its numbers, reading the fewest rows. On
 another device that selection would wait for the device (its output size is a host read),
 so the ids are *reordered* instead, at a size known beforehand: the specified ones first, in

@@ -11,6 +11,10 @@ one of three routes, and all of them end in torch's own functional optimizer
   gradient -- is gathered at the entries its gradient specifies, stepped, and written back
   (Note [Lazy steps on gathered entries] in ``_entries.py``).
 
+SGD with momentum on the CPU steps the second kind in one native pass instead, the fill
+included (Note [SGD momentum in one pass] in ``layouts/_sgd.py``): torch's operations in
+torch's order where the parameter's mask holds.
+
 Nothing asks for the layout, so dense, torch sparse COO (uncoalesced, hybrid) and
 MaskedTensor gradients in strided, COO, CSR -- or any registered layout -- go through the
 same lines, and no route reads a value on the host (Note [No host sync in a step]).
@@ -285,7 +289,9 @@ def sgd(params: list[torch.Tensor], d_p_list: list[torch.Tensor],
     back into the list, as torch does. A lazy step keeps the buffer at the specified
     entries only, so an entry the gradient skips keeps its buffer. Every route ends in
     ``torch.optim.sgd.sgd`` with ``foreach`` / ``fused``, but the stateless lazy step, which
-    adds the gradient where it is specified (Note [SGD without state]).
+    adds the gradient where it is specified (Note [SGD without state]), and with momentum
+    on the CPU the masked parameters whose gradient covers their pattern, stepped in one
+    native pass (:func:`_sgd_in_one_pass`).
 
     >>> import torch, masked_sparse as ms
     >>> param = torch.ones(3)
