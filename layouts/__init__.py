@@ -44,7 +44,7 @@ from ._lines import Lines, lines_along
 from ._native import NativeKernelsWarning
 from ._native import disabled as native_disabled
 from ._native import status as native_status
-from ._per_head import per_head_mm, per_head_specified
+from ._per_head import per_head_dot, per_head_mm, per_head_specified
 from ._reduce_sparse import group_by
 from ._sampled import sampled_mm
 from ._sgd import sgd_momentum_
@@ -92,6 +92,7 @@ __all__ = [
     "expand_specified",
     "fill_unspecified",
     "identity",
+    "per_head_dot",
     "per_head_mm",
     "per_head_specified",
     "get_layout",

@@ -70,9 +70,34 @@ def per_head_mm(coo: Storage, values: torch.Tensor, dense: torch.Tensor, *,
     # The rows of a coalesced COO index are sorted: their pointers, kept per index tensor.
     offsets = ((lambda: cached(indices, "row pointers", lambda: crow_from_rows(keep, n_keep)))
                if contract == 1 else None)
-    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
-        return _mm(keep, summed, n_keep, values, dense, offsets)
+    if (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+            or not (torch.is_grad_enabled() and (values.requires_grad or dense.requires_grad))):
+        return _mm(keep, summed, n_keep, values, dense, offsets)  # (nothing to record)
     return _Product.apply(keep, summed, n_keep, values, dense, offsets)
+
+
+def per_head_dot(coo: Storage, grad: torch.Tensor, dense: torch.Tensor, *,
+                 contract: int = 1) -> torch.Tensor:
+    """The gradient of :func:`per_head_mm`'s values: per stored entry and head, the dot
+    product over the features of ``grad`` (the output's gradient) at the entry's kept line
+    and ``dense`` at its summed line; ``(nnz, h...)``, differentiable in both (Note [The
+    per-head product's kernels]).
+
+    >>> import torch, layouts
+    >>> coo = layouts.get_layout("sparse_coo")
+    >>> s = coo.build((torch.tensor([[0, 1], [1, 0]]),), torch.ones(2, 1),
+    ...               torch.ones(2, 1, dtype=torch.bool), torch.Size([2, 2, 1]))
+    >>> grad, dense = torch.ones(2, 1, 3), torch.arange(6.).view(2, 1, 3)
+    >>> per_head_dot(s, grad, dense).flatten().tolist()  # rows 0, 1 read columns 1, 0
+    [12.0, 3.0]
+    """
+    (indices,) = coo.index
+    keep, summed = indices[1 - contract], indices[contract]
+    heads = coo.values.dim() - 1
+    if (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+            or not (torch.is_grad_enabled() and (grad.requires_grad or dense.requires_grad))):
+        return _dot(keep, summed, grad, dense, heads)
+    return _SampledDot.apply(keep, summed, grad, dense, heads)
 
 
 def per_head_specified(coo: Storage, *, contract: int = 1) -> torch.Tensor:

@@ -84,21 +84,25 @@ def _gather(storage: Storage, dense: torch.Tensor) -> torch.Tensor:
     if dense.dim() == 0:
         return dense
     (index,) = storage.index
-    k = index.shape[0]
-    dense = dense.reshape((1,) * (len(storage.shape) - dense.dim()) + tuple(dense.shape))
+    shape, k = storage.shape, index.shape[0]
+    sizes = (1,) * (len(shape) - dense.dim()) + tuple(dense.shape)
     # Only the sparse dims the operand varies along are read: a per-row vector (a keepdim
     # reduction, a broadcast score) is one index_select by its coordinate. A small operand
     # is never expanded to the full shape.
-    varies = [d for d in range(k) if dense.shape[d] != 1]
-    at = dense[tuple(slice(None) if d in varies else 0 for d in range(k))]
-    if len(varies) == 1:  # (a 1-D index_select is the fastest, where there is one column)
-        flat = at.reshape(-1) if math.prod(at.shape[1:]) == 1 else at
-        out = flat.index_select(0, index[varies[0]]).view((-1,) + tuple(at.shape[1:]))
+    varies = [d for d in range(k) if sizes[d] != 1]
+    inner = sizes[k:]
+    if len(varies) == 1:
+        d = varies[0]
+        if math.prod(inner) == 1:  # (a 1-D index_select is the fastest)
+            out = dense.reshape(-1).index_select(0, index[d]).view((-1,) + inner)
+        else:
+            out = dense.reshape((sizes[d],) + inner).index_select(0, index[d])
     elif varies:
+        at = dense.reshape(sizes)[tuple(slice(None) if d in varies else 0 for d in range(k))]
         out = at[tuple(index[d] for d in varies)]
     else:
-        out = at.unsqueeze(0)
-    return out.expand((index.shape[1],) + tuple(storage.shape[k:]))
+        out = dense.reshape((1,) + inner)
+    return out.expand((index.shape[1],) + tuple(shape[k:]))
 
 
 def _coords(storage: Storage, i: int) -> list[int]:

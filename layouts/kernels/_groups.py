@@ -375,7 +375,7 @@ def per_head(g: Any, values: torch.Tensor) -> Groups | None:
     """
     if values.dim() == 1 or g.value_dims or g.kind not in ("lines", "scatter"):
         return None
-    heads = values[0].numel() if values.shape[0] else math.prod(values.shape[1:])
+    heads = math.prod(values.shape[1:])
     size = values.shape[0] * heads
     if heads == 1:
         if g.kind == "lines":

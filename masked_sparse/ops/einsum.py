@@ -22,6 +22,7 @@ head]).
 
 from __future__ import annotations
 
+import functools
 import string
 from typing import Any
 
@@ -30,11 +31,12 @@ import torch
 import layouts
 from layouts import Storage
 
-from .._autograd import on_values
-from .._fill import zero_fill
+from .. import _func
+from .._autograd import _backward_with_graph, grad_values, on_values
+from .._fill import all_specified
 from .._registry import implements
-from .._tensor import MaskedTensor
-from .linalg import matmul
+from .._tensor import MaskedTensor, _wrap, requires_grad_of
+from .linalg import matmul, zero_filled_operand
 
 _STRIDED = layouts.get_layout(torch.strided)
 
@@ -58,16 +60,23 @@ def _expand_ellipsis(spec: str, ndim: int, width: int, spare: str, equation: str
 
 
 def _parse(equation: str, a: torch.Tensor, b: torch.Tensor) -> tuple[str, str, str]:
+    return _parse_dims(equation, a.dim(), b.dim())
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_dims(equation: str, a_dim: int, b_dim: int) -> tuple[str, str, str]:
+    """The operands' and the output's labels, ellipses expanded (a function of the
+    equation and the operands' dims alone: cached, it runs on every call)."""
     eq = equation.replace(" ", "")
     lhs, arrow, out = eq.partition("->")
     specs = lhs.split(",")
     if len(specs) != 2:
         raise ValueError(f"einsum({equation!r}): expected subscripts for 2 operands")
     spare = "".join(c for c in string.ascii_uppercase + string.ascii_lowercase if c not in eq)
-    width = max(a.dim() - (len(specs[0]) - 3) if "..." in specs[0] else 0,
-                b.dim() - (len(specs[1]) - 3) if "..." in specs[1] else 0)
-    sa = _expand_ellipsis(specs[0], a.dim(), width, spare, equation)
-    sb = _expand_ellipsis(specs[1], b.dim(), width, spare, equation)
+    width = max(a_dim - (len(specs[0]) - 3) if "..." in specs[0] else 0,
+                b_dim - (len(specs[1]) - 3) if "..." in specs[1] else 0)
+    sa = _expand_ellipsis(specs[0], a_dim, width, spare, equation)
+    sb = _expand_ellipsis(specs[1], b_dim, width, spare, equation)
     if not arrow:  # torch's implicit output: labels seen once, in alphabetical order
         once = sorted(c for c in set(sa + sb) if (sa + sb).count(c) == 1 and c not in spare)
         out = spare[:width] + "".join(once)
@@ -202,13 +211,58 @@ def per_head(equation: str, a: MaskedTensor, sa: str, b: Any, sb: str, out: str)
     contract = rows.index(summed[0])
     right = _arrange(b, sb, summed[0] + heads + free)
     produced = kept[0] + heads + free
+    if (torch.is_grad_enabled() and (requires_grad_of(a) or requires_grad_of(right))
+            and not torch.compiler.is_compiling() and not _func.active()
+            and coo is a._storage):  # (its gradient is a's storage with new values)
+        result = _PerHeadProduct.apply(a, right, contract, len(free))
+    else:  # nothing to record, or a tracer: the generic route
+        result = on_values(_per_head_kernel, [a, right], contract, len(free))
+    return _arrange(result, produced, out)
 
-    def kernel(storages: list) -> Storage:
-        s, dense = _coo(storages[0]), storages[1]
-        values = layouts.per_head_mm(s, zero_fill(s.values, s.mask), dense, contract=contract)
-        hits = layouts.per_head_specified(s, contract=contract)
-        mask = hits.reshape(hits.shape + (1,) * len(free)).expand(values.shape)
-        return _STRIDED.build((), values, mask.contiguous(), values.shape)
 
-    return _arrange(on_values(kernel, [a, right]), produced, out)
+def _per_head_kernel(storages: list, contract: int, n_free: int) -> Storage:
+    """The per-head product of a hybrid COO storage and a plain tensor of ``n_free``
+    feature dims: a strided storage whose mask says which output lines hold a term."""
+    s, dense = _coo(zero_filled_operand(storages[0])), storages[1]
+    values = layouts.per_head_mm(s, s.values, dense, contract=contract)
+    hits = layouts.per_head_specified(s, contract=contract)
+    mask = hits.reshape(hits.shape + (1,) * n_free).expand(values.shape)
+    return _STRIDED.build((), values, mask.contiguous(), values.shape)
+
+
+class _PerHeadProduct(_func.Function):
+    """:func:`per_head` recorded as one node whose backward is the per-head kernels (the
+    values' gradient a sampled dot, the plain operand's a transposed product: Note [The
+    per-head product's kernels]), not an inner graph run by the engine, as ``on_values``
+    would record it: on a small graph that run cost more than the kernels. With
+    ``create_graph`` the backward is ``on_values``' own (Note [Double backward])."""
+
+    @staticmethod
+    def forward(a: MaskedTensor, right: torch.Tensor, contract: int, n_free: int) -> Any:
+        return _wrap(_per_head_kernel([a._storage, right], contract, n_free))
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output: MaskedTensor) -> None:
+        a, right, ctx.contract, ctx.n_free = inputs
+        ctx.inputs, ctx.out = (a, right), output._storage
+        with torch.no_grad():  # (known zero filled: no second fill)
+            ctx.storage = _coo(zero_filled_operand(a._storage))
+
+    @staticmethod
+    def backward(ctx, grad: Any) -> tuple:
+        extra = (ctx.contract, ctx.n_free)
+        if torch.is_grad_enabled():  # create_graph=True
+            return (*_backward_with_graph(_per_head_kernel, extra, ctx.inputs, [ctx.out],
+                                          [grad]), None, None)
+        s, (a, right) = ctx.storage, ctx.inputs
+        g = grad_values(grad, ctx.out)
+        grad_a = grad_right = None
+        if ctx.needs_input_grad[0]:
+            values = layouts.per_head_dot(s, g, right, contract=ctx.contract)
+            if not all_specified(s.mask):
+                values = layouts.zero_unspecified(values, s.mask)
+            grad_a = _wrap(a._storage.with_values(values.to(s.values.dtype)))
+        if ctx.needs_input_grad[1]:
+            grad_right = layouts.per_head_mm(s, s.values, g, contract=1 - ctx.contract)
+        return grad_a, grad_right, None, None
 

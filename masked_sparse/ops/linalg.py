@@ -67,7 +67,9 @@ def _is_sparse(x: Operand) -> bool:
     return isinstance(x, Storage) and bool(x.index)
 
 
-def _zero_filled(x: Operand) -> Operand:
+def zero_filled_operand(x: Operand) -> Operand:
+    """A product's operand with its unspecified values read as 0: filled, unless nothing is
+    unspecified or the values are known zero filled (Note [Known zero fill])."""
     if (not isinstance(x, Storage) or is_zero_filled(x.values, x.mask)
             or all_specified(x.mask)):  # nothing to fill: one pass and its backward saved
         return x
@@ -187,7 +189,7 @@ def _as_dense(x: Operand) -> Operand:
 
 
 def _product(operands: list[Operand], transpose_b: bool) -> Storage:
-    a, b = (_zero_filled(x) for x in operands[:2])
+    a, b = (zero_filled_operand(x) for x in operands[:2])
     if _is_sparse(a) and _is_sparse(b):
         out = layouts.sparse_sparse_mm(a, b, transpose_b)
         return out if a.layout.options_of(a) else a.layout.from_coo(out)
@@ -248,7 +250,7 @@ class _DenseProduct(torch.autograd.Function):
     bias -- a pruned ``nn.Linear`` with a strided masked weight -- is differentiated by hand
     instead of through :func:`on_values`' inner graph, which costs a nested autograd run
     and an autograd node per fill at every layer of every step. Forward: each masked factor
-    filled once (:func:`_zero_filled`), then ``addmm`` / ``mm``; the output mask as
+    filled once (:func:`zero_filled_operand`), then ``addmm`` / ``mm``; the output mask as
     :func:`_output_mask` says. Backward: the incoming gradient read at the output as
     ``on_values`` reads it, then torch's own ``mm`` backward formulas, each masked factor's
     gradient filled with its mask exactly when its forward was filled, wrapped over the
@@ -264,10 +266,10 @@ class _DenseProduct(torch.autograd.Function):
         sa = a._storage if isinstance(a, MaskedTensor) else a
         sb = b._storage if isinstance(b, MaskedTensor) else b
         # A strided factor specified everywhere is plain for the fill and the output mask
-        # alike (as in _zero_filled and _output_mask, asked once here).
+        # alike (as in zero_filled_operand and _output_mask, asked once here).
         ma, mb = _plain_if_full(sa), _plain_if_full(sb)
         fa_in, fb_in = ma, mb
-        fa, fb = _zero_filled(ma), _zero_filled(mb)
+        fa, fb = zero_filled_operand(ma), zero_filled_operand(mb)
         filled = (fa is not fa_in, fb is not fb_in)
         # A sparse factor (dense enough for its device) as its kept dense buffer.
         (fa, flat_a), (fb, flat_b) = _buffer_of(fa, sa), _buffer_of(fb, sb)

@@ -135,8 +135,27 @@ def lift_plain_operands(func: Any, args: tuple, kwargs: dict | None) -> tuple | 
     :func:`plain_at` over the masked operands' pattern, or None to run the call as it is
     (``__torch_function__`` calls it only when some plain tensor argument requires grad)."""
     pointwise, inplace = _classify(func)
-    if not pointwise or _func.active() or torch.compiler.is_compiling():
+    if not pointwise or _func.active():
         return None
+    if torch.compiler.is_compiling():  # Note [Plain operands under torch.compile]
+        return _lift_eagerly(func, args, kwargs)
+    return _lift(func, args, kwargs)
+
+
+# Note [Plain operands under torch.compile]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``plain_at`` is an autograd Function over a Storage (not a tensor argument), which Dynamo
+# does not trace. Under torch.compile the lift runs eagerly, outside the graph: one graph
+# break per lifted call (``fullgraph=True`` refuses it, naming the break), so that the plain
+# operand still gets its plain gradient -- the GAT scores ``A0 + d[:, None] + s[None, :]``
+# train compiled as they do eagerly.
+@torch.compiler.disable
+def _lift_eagerly(func: Any, args: tuple, kwargs: dict | None) -> tuple | None:
+    return _lift(func, args, kwargs)
+
+
+def _lift(func: Any, args: tuple, kwargs: dict | None) -> tuple | None:
+    _, inplace = _classify(func)
     values = (*args, *(kwargs or {}).values())
     storages = [a._storage for a in values if isinstance(a, MaskedTensor)]
     if not storages or (inplace and not isinstance(args[0], MaskedTensor)):

@@ -156,3 +156,37 @@ def test_activation_on_the_scores_then_softmax():
     ref = torch.where(full, torch.where(full, F.leaky_relu(data, 0.2), -torch.inf).softmax(1),
                       0)
     torch.testing.assert_close(got, ref)
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_product_gradients_of_both_operands_and_a_second_derivative(create_graph):
+    """The per-head product's gradients of the hybrid values and the plain features, and
+    (``create_graph``) a gradient of the features' gradient, against ``einsum`` on the
+    dense data where the unspecified entries are 0 (the plain values as the leaf)."""
+    index, values, mask = graph(3, torch.float64, seed=6)
+    g = torch.Generator().manual_seed(7)
+    x0 = torch.randn(N, 3, F_OUT, generator=g, dtype=torch.float64)
+    w = torch.randn(N, 3, F_OUT, generator=g, dtype=torch.float64)
+
+    a = hybrid(index, values, mask, requires_grad=True)
+    x = x0.clone().requires_grad_()
+    loss = (torch.einsum("ijh,jhf->ihf", a, x).to_tensor(0) * w).sum()
+
+    leaf = torch.where(mask, values, 0).requires_grad_()
+    rx = x0.clone().requires_grad_()
+    data = torch.zeros(N, N, 3, dtype=torch.float64).index_put((index[0], index[1]), leaf)
+    ref = (torch.einsum("ijh,jhf->ihf", data, rx) * w).sum()
+    if create_graph:
+        (gx,) = torch.autograd.grad(loss, x, create_graph=True)
+        (gx ** 2).sum().backward()
+        (rgx,) = torch.autograd.grad(ref, rx, create_graph=True)
+        (rgx ** 2).sum().backward()
+        torch.testing.assert_close(gx, rgx)
+    else:
+        loss.backward()
+        ref.backward()
+        torch.testing.assert_close(x.grad, rx.grad)
+    assert isinstance(a.grad, ms.MaskedTensor) and a.grad.layout == torch.sparse_coo
+    grad = a.grad.to_tensor(0).coalesce()
+    assert torch.equal(grad.indices(), index)
+    torch.testing.assert_close(grad.values(), torch.where(mask, leaf.grad, 0))
