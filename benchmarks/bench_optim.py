@@ -216,7 +216,8 @@ def masked_cases() -> list[tuple]:
     out = []
     masks = _mlp()[1]
     rows = [("strided, equal mask", torch.strided, "equal", MASKED_OPTIMIZERS),
-            ("strided, equal mask, new tensor", torch.strided, "new", {"Adam": dict(lr=1e-3)}),
+            ("strided, equal mask, new tensor", torch.strided, "new",
+             {"Adam": dict(lr=1e-3), "SGD": dict(lr=1e-3, momentum=0.9)}),
             ("strided, autograd", torch.strided, "autograd", {"Adam": dict(lr=1e-3)}),
             ("COO", torch.sparse_coo, "autograd", MASKED_OPTIMIZERS),
             ("COO, equal pattern", torch.sparse_coo, "equal", {"Adam": dict(lr=1e-3)}),

@@ -25,6 +25,7 @@ from . import (
     kernels,  # the kernel families (registers torch.ops.masked_sparse.*)
     sparse_bsr,  # noqa: F401
 )
+from ._compact import compact_rows
 from ._dense_operand import THRESHOLDS as PRODUCT_DENSITY_THRESHOLDS
 from ._dense_operand import chosen as dense_chosen
 from ._dense_operand import dense_buffer, dense_operand, set_product_density_threshold
@@ -46,6 +47,7 @@ from ._native import status as native_status
 from ._per_head import per_head_dot, per_head_mm, per_head_specified
 from ._reduce_sparse import group_by
 from ._sampled import sampled_mm
+from ._sgd import sgd_momentum_
 from ._size import storage_nbytes
 from ._validate import check_sparse_input
 from .convert import (
@@ -73,6 +75,7 @@ node_backward = kernels.node_backward
 __all__ = [
     "all_true",
     "broadcast_part",
+    "compact_rows",
     "Grouping",
     "Kernel",
     "Layout",
@@ -103,6 +106,7 @@ __all__ = [
     "linearize",
     "native_disabled",
     "native_status",
+    "sgd_momentum_",
     "node_backward",
     "PRODUCT_DENSITY_THRESHOLDS",
     "plain_eager",

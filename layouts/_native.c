@@ -1743,3 +1743,64 @@ BACKWARD_KERNELS(f32)
     }
 PER_HEAD_KERNELS(f64)
 PER_HEAD_KERNELS(f32)
+
+/* -- compacting (B, L) rows by their mask (layouts/_compact.py) --------------------------
+ * One pass over row-major ids and their mask: the ids the mask keeps, in order, written
+ * contiguously into out (room for B * L), and offsets[b] the number kept before row b;
+ * returns how many were kept. Branch-free: every id is stored at the next free slot and
+ * the slot moves on by its mask byte, so a kept id stays and a dropped one is overwritten
+ * (the slot written is never past the ids read: out needs no more room than the input). */
+#define COMPACT_ROWS_KERNEL(T)                                                           \
+    int64_t ms_compact_rows_##T(const T *restrict ids, const uint8_t *restrict m,         \
+                                int64_t rows, int64_t length, T *restrict out,           \
+                                int64_t *restrict offsets) {                             \
+        int64_t k = 0;                                                                   \
+        for (int64_t r = 0; r < rows; r++) {                                             \
+            const T *x = ids + r * length;                                               \
+            const uint8_t *keep = m + r * length;                                        \
+            offsets[r] = k;                                                              \
+            for (int64_t j = 0; j < length; j++) {                                       \
+                out[k] = x[j];                                                           \
+                k += keep[j] != 0;                                                       \
+            }                                                                            \
+        }                                                                                \
+        return k;                                                                        \
+    }
+typedef int32_t i32;
+typedef int64_t i64;
+COMPACT_ROWS_KERNEL(i32)
+COMPACT_ROWS_KERNEL(i64)
+
+/* -- SGD with momentum on the specified entries (layouts/_sgd.py) -----------------------
+ * torch.optim.sgd's foreach step, operation for operation, on the n elements where m is
+ * 1, in one pass (the gradient's unspecified values are never read into a result: a
+ * select, not arithmetic, so NaN or inf there cannot leak); the elements where m is 0
+ * keep their parameter and buffer bits. In torch's order, each in the value type:
+ *   d = maximize ? -g : g;  d = d + weight_decay * p   (when weight_decay != 0)
+ *   b = first ? d : momentum * b + (1 - dampening) * d
+ *   u = nesterov ? d + momentum * b : b;  p = p + (-lr) * u
+ * where torch's vector kernels compute `x + alpha * y` as one fused multiply-add (fma
+ * here too; a scalar tail of torch's may round the two apart: within an ulp). */
+#define SGD_MOMENTUM_KERNEL(T, FMA)                                                      \
+    int ms_sgd_momentum_##T(T *restrict p, const T *restrict g, T *restrict buf,          \
+                            const uint8_t *restrict m, int64_t n, double lr,              \
+                            double momentum, double dampening, double weight_decay,       \
+                            int nesterov, int maximize, int first) {                     \
+        const T neg_lr = (T)(-lr), mom = (T)momentum, damp = (T)(1 - dampening);         \
+        const T wd = (T)weight_decay, sign = maximize ? (T)-1 : (T)1;                    \
+        const int decay = weight_decay != 0;                                             \
+        PRAGMA(omp simd)                                                                 \
+        for (int64_t i = 0; i < n; i++) {                                                \
+            const T pi = p[i], bi = buf[i];                                              \
+            T d = sign * g[i];                                                           \
+            d = decay ? FMA(pi, wd, d) : d;                                              \
+            const T b = first ? d : FMA(d, damp, mom * bi);                              \
+            const T u = nesterov ? FMA(b, mom, d) : b;                                   \
+            const T np = FMA(u, neg_lr, pi);                                             \
+            buf[i] = m[i] ? b : bi;                                                      \
+            p[i] = m[i] ? np : pi;                                                       \
+        }                                                                                \
+        return 0;                                                                        \
+    }
+SGD_MOMENTUM_KERNEL(f64, fma)
+SGD_MOMENTUM_KERNEL(f32, fmaf)

@@ -353,6 +353,13 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     for width, unsigned in ((1, ctypes.c_uint8), (2, ctypes.c_uint16), (4, ctypes.c_uint32),
                             (8, ctypes.c_uint64)):
         _FILL[width] = _declared(lib, f"ms_fill_u{8 * width}", [p, p, n, unsigned, p])
+    for index, suffix in ((torch.int32, "i32"), (torch.int64, "i64")):
+        _COMPACT[index] = _declared(lib, f"ms_compact_rows_{suffix}", [p, p, n, n, p, p])
+        _COMPACT[index].restype = ctypes.c_int64
+    for dtype, suffix in _SUFFIX.items():
+        c, flag = ctypes.c_double, ctypes.c_int
+        _SGD[dtype] = _declared(lib, f"ms_sgd_momentum_{suffix}",
+                                [p, p, p, p, n, c, c, c, c, flag, flag, flag])
     lib.ms_all_count.argtypes = [p, n, p]
     lib.ms_lines_count.argtypes = [p, n, p, n, p, n, p]
     for index, i in _INDEX.items():
@@ -389,10 +396,12 @@ _PER_HEAD: dict[tuple[str, torch.dtype], ctypes._CFuncPtr] = {}
 # "stack" -> the most groups those take (ms_scatter_stack: their double sums on the stack)
 _SCATTER_TO: dict[str, Any] = {}
 _BACKWARD: dict[tuple[str, torch.dtype], Any] = {}  # (kind, dtype) -> backward, as _LSE
+_COMPACT: dict[torch.dtype, ctypes._CFuncPtr] = {}  # id dtype -> compaction (_compact.py)
+_SGD: dict[torch.dtype, ctypes._CFuncPtr] = {}  # value dtype -> SGD momentum step (_sgd.py)
 #: the tables :func:`_declare` fills (a test that loads another build swaps them all)
 _TABLES = ("_KERNELS", "_COUNT_SCATTER", "_NARROW", "_FIRST", "_ARG", "_FILL", "_DEV",
            "_LSE", "_SOFTMAX", "_MOMENTS", "_CUMSUM", "_BACKWARD", "_SCATTER_TO",
-           "_PER_HEAD")
+           "_PER_HEAD", "_COMPACT", "_SGD")
 
 
 @contextlib.contextmanager

@@ -17,8 +17,9 @@ adds nothing to the gradient of ``weight`` (which is a plain tensor, as in torch
 Note [Bags without a host sync]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 torch's ``embedding_bag`` takes flat ids and the offset of each bag. On the CPU the
-specified ids are selected (``masked_select``: one pass over the ids, its size decided by
-the data) and the offsets are the running count of specified ids per row -- the inputs of
+specified ids are selected and the offsets are the running count of specified ids per row
+(for dense ids both in one pass, ``layouts.compact_rows``: Note [Compacting rows in one
+pass]; its size is decided by the data) -- the inputs of
 ``embedding_bag(flat_ids, weight, offsets)``, so its numbers, reading the fewest rows. On
 another device that selection would wait for the device (its output size is a host read),
 so the ids are *reordered* instead, at a size known beforehand: the specified ones first, in
@@ -122,7 +123,15 @@ def _embedding(op: Any, input: Any, weight: Any, padding_idx: int | None = None,
 def compacts_on_host(t: torch.Tensor) -> bool:
     """True where selecting the specified ids costs no device sync: the CPU (Note [Bags
     without a host sync]). The tests turn it off to run the device route on the CPU."""
-    return t.device.type == "cpu"
+    return t.is_cpu
+
+
+def _dense_ids(s: Storage) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(B, L)`` ids and mask of a dense storage (broadcast views expanded)."""
+    ids, mask = s.values, s.mask
+    if mask.shape != s.shape or ids.shape != s.shape:  # broadcast views
+        ids, mask = ids.expand(s.shape), mask.expand(s.shape)
+    return ids, mask
 
 
 def _bag_ids(s: Storage) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
@@ -132,9 +141,7 @@ def _bag_ids(s: Storage) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
     number of specified ids per bag, and each stored id's position in the ``(B, L)`` grid
     (None: every position is stored, in order)."""
     if not s.index:
-        ids, mask = s.values, s.mask
-        if mask.shape != s.shape or ids.shape != s.shape:  # broadcast views
-            ids, mask = ids.expand(s.shape), mask.expand(s.shape)
+        ids, mask = _dense_ids(s)
         # (a byte sum: torch's bool sum takes a slower path on CPU)
         counts = (mask.view(torch.uint8) if mask.is_contiguous() else mask.to(torch.uint8)
                   ).sum(1, dtype=torch.int64)
@@ -187,20 +194,28 @@ def _embedding_bag(op: Any, input: Any, weight: Any, offsets: Any = None,
                                            or per_sample_weights.shape != s.shape):
         raise ValueError(f"embedding_bag: per_sample_weights must be a plain tensor of "
                          f"the ids' shape {tuple(s.shape)} (read at the specified ids)")
-    ids, keep, counts, where = _bag_ids(s)
-    bags = s.shape[0]
-    starts = torch.cumsum(counts, 0).sub_(counts)
-    if per_sample_weights is not None and where is not None:  # read at the stored ids
-        per_sample_weights = per_sample_weights[where[0], where[1]]
-    trash = (not scale_grad_by_freq and not compacts_on_host(ids) and bags > 0
-             and ids.numel() > 0)
-    if trash:  # Note [Bags without a host sync]
-        ids, starts, per_sample_weights = _trash_bags(ids, keep, starts, per_sample_weights,
-                                                      weight.shape[0])
-    elif where is None or int(counts.sum()) != ids.numel():  # (some) unspecified ids
-        ids = torch.masked_select(ids, keep)
+    bags, trash = s.shape[0], False
+    if not s.index and compacts_on_host(s.values):
+        # The CPU's selection, ids and offsets in one pass (Note [Compacting rows in one
+        # pass] in layouts/_compact.py).
+        ids, keep = _dense_ids(s)
+        ids, starts = layouts.compact_rows(ids, keep)
         if per_sample_weights is not None:
             per_sample_weights = torch.masked_select(per_sample_weights, keep)
+    else:
+        ids, keep, counts, where = _bag_ids(s)
+        starts = torch.cumsum(counts, 0).sub_(counts)
+        if per_sample_weights is not None and where is not None:  # read at the stored ids
+            per_sample_weights = per_sample_weights[where[0], where[1]]
+        trash = (not scale_grad_by_freq and not compacts_on_host(ids) and bags > 0
+                 and ids.numel() > 0)
+        if trash:  # Note [Bags without a host sync]
+            ids, starts, per_sample_weights = _trash_bags(ids, keep, starts,
+                                                          per_sample_weights, weight.shape[0])
+        elif where is None or int(counts.sum()) != ids.numel():  # (some) unspecified ids
+            ids = torch.masked_select(ids, keep)
+            if per_sample_weights is not None:
+                per_sample_weights = torch.masked_select(per_sample_weights, keep)
     if max_norm is not None or per_sample_weights is not None or mode not in _MODES:
         out = F.embedding_bag(ids, weight, starts, max_norm=max_norm, norm_type=norm_type,
                               scale_grad_by_freq=scale_grad_by_freq, mode=mode, sparse=sparse,

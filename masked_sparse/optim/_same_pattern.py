@@ -26,6 +26,10 @@ gradient does not move:
   param``: torch's own op) and AdamW's decoupled decay multiplies by a factor that is 1 at
   the unspecified entries, so torch is called with ``weight_decay=0``.
 
+(SGD with momentum on the CPU takes the same pairs through one native pass instead, which
+reads no unspecified gradient value and needs no fill: Note [SGD momentum in one pass] in
+``layouts/_sgd.py``.)
+
 So on the specified entries the numbers are torch's on the dense weights (the tests compare
 against ``torch.optim`` at 1e-5 and hold the unspecified entries, values and states,
 exactly fixed), at torch's speed (``benchmarks/bench_training.py``). Anything else -- a

@@ -11,6 +11,10 @@ one of three routes, and all of them end in torch's own functional optimizer
   gradient -- is gathered at the entries its gradient specifies, stepped, and written back
   (Note [Lazy steps on gathered entries] in ``_entries.py``).
 
+SGD with momentum on the CPU steps the second kind in one native pass instead, the fill
+included (Note [SGD momentum in one pass] in ``layouts/_sgd.py``): torch's operations in
+torch's order where the parameter's mask holds.
+
 Nothing asks for the layout, so dense, torch sparse COO (uncoalesced, hybrid) and
 MaskedTensor gradients in strided, COO, CSR -- or any registered layout -- go through the
 same lines, and no route reads a value on the host (Note [No host sync in a step]).
@@ -82,6 +86,8 @@ import torch
 from torch.optim import adagrad as _torch_adagrad
 from torch.optim import adam as _torch_adam
 from torch.optim import sgd as _torch_sgd
+
+import layouts
 
 from .._tensor import MaskedTensor
 from . import _same_pattern, _scatter
@@ -253,6 +259,25 @@ def adagrad(params: list[torch.Tensor], grads: list[torch.Tensor],
     lazy.write_back()
 
 
+def _sgd_in_one_pass(params: list[torch.Tensor], full: list[int],
+                     values: dict[int, torch.Tensor],
+                     buffers: list[torch.Tensor | None], **hyper: Any) -> list[int]:
+    """Steps the full masked parameters (Note [Gradients over the parameter's pattern])
+    that the native SGD momentum step takes (Note [SGD momentum in one pass] in
+    ``layouts/_sgd.py``: no fill of the gradient, which it never reads where the mask is
+    False) and returns the others, for torch's step."""
+    left: list[int] = []
+    for i in full:
+        target, mask = _same_pattern.target_and_mask(params[i])
+        buf = layouts.sgd_momentum_(target, values[i], buffers[i], mask, **hyper)
+        if buf is None:
+            left.append(i)
+        else:
+            buffers[i] = buf
+            _same_pattern.mark(buf, mask)
+    return left
+
+
 def sgd(params: list[torch.Tensor], d_p_list: list[torch.Tensor],
         momentum_buffer_list: list[torch.Tensor | None], foreach: bool | None = None,
         fused: bool | None = None, *, weight_decay: float, momentum: float, lr: float,
@@ -264,7 +289,9 @@ def sgd(params: list[torch.Tensor], d_p_list: list[torch.Tensor],
     back into the list, as torch does. A lazy step keeps the buffer at the specified
     entries only, so an entry the gradient skips keeps its buffer. Every route ends in
     ``torch.optim.sgd.sgd`` with ``foreach`` / ``fused``, but the stateless lazy step, which
-    adds the gradient where it is specified (Note [SGD without state]).
+    adds the gradient where it is specified (Note [SGD without state]), and with momentum
+    on the CPU the masked parameters whose gradient covers their pattern, stepped in one
+    native pass (:func:`_sgd_in_one_pass`).
 
     >>> import torch, masked_sparse as ms
     >>> param = torch.ones(3)
@@ -278,6 +305,11 @@ def sgd(params: list[torch.Tensor], d_p_list: list[torch.Tensor],
     full, rest, values = _same_pattern.full_pairs(params, d_p_list, rest)
     full, held = _ready(params, full, [momentum_buffer_list] if momentum else [])
     rest = sorted(rest + held)
+    if momentum != 0 and fused is not True and not isinstance(lr, torch.Tensor):
+        full = _sgd_in_one_pass(params, full, values, momentum_buffer_list, lr=lr,
+                                momentum=momentum, dampening=dampening,
+                                weight_decay=weight_decay, nesterov=nesterov,
+                                maximize=maximize)
     if momentum == 0 and weight_decay == 0:  # Note [SGD without state]
         added = [i for i in rest if _is_plain_coo_pair(params[i], d_p_list[i])
                  and _scatter.on_cpu(d_p_list[i])]

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from conftest import make_masked
 from host_sync import forbid_host_sync
 
+import layouts
 import masked_sparse as ms
 from masked_sparse.ops import embedding
 
@@ -25,11 +26,15 @@ ROWS, DIM = 15, 4
 LAYOUTS = [torch.strided, torch.sparse_coo, torch.sparse_csr]
 
 
-@pytest.fixture(params=["cpu route", "device route"])
+@pytest.fixture(params=["cpu route", "cpu route, native off", "device route"])
 def route(request, monkeypatch):
+    """The CPU's selection (with its native one-pass compaction, and with the torch ops
+    that replace it when the native kernels are off) and the device's reordering."""
     if request.param == "device route":
         monkeypatch.setattr(embedding, "compacts_on_host", lambda t: False)
-    return request.param
+    with layouts.native_disabled() if request.param.endswith("native off") else (
+            contextlib.nullcontext()):
+        yield request.param
 
 
 def ids_of(layout, seed=0, shape=(5, 7), stored_masked=0.5):
@@ -54,7 +59,7 @@ def flat_bags(ids, mask):
 
 
 def assert_grads_equal(grad, ref, route):
-    if route == "cpu route":
+    if route.startswith("cpu route"):
         assert torch.equal(grad, ref)
     else:
         torch.testing.assert_close(grad, ref, rtol=1e-6, atol=1e-6)

@@ -12,6 +12,7 @@ without a host sync]).
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import pytest
@@ -20,6 +21,7 @@ from optim_configs import CONFIGS
 from torch.profiler import profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import layouts
 import masked_sparse as ms
 from masked_sparse.optim import _scatter
 
@@ -129,9 +131,13 @@ def test_equal_but_distinct_mask_takes_the_multi_tensor_step_on_the_cpu(config, 
         with profile() as prof:
             opt.step()
     names = {e.name for e in prof.events()}
-    assert any(n.startswith("aten::_foreach_") for n in names), sorted(names)
+    # (SGD with momentum on the CPU: the native one-pass step, no torch op on the values,
+    # Note [SGD momentum in one pass])
+    one_pass = "momentum" in kwargs and layouts.native_status().startswith("available")
+    assert one_pass or any(n.startswith("aten::_foreach_") for n in names), sorted(names)
     assert not names & {"aten::clone", "aten::index_select", "aten::index_copy_",
                         "aten::scatter_"}, sorted(names)
+    assert not (one_pass and names & {"aten::where", "aten::bitwise_and"}), sorted(names)
     assert "PythonSubclass" not in names
 
 
@@ -242,3 +248,51 @@ def test_another_mask_updates_only_where_both_masks_hold(config, layout, grad_la
             assert torch.equal(got[mask], value[mask]), key
             if not ps.index:  # never written outside the mask
                 assert torch.equal(opt.state[param][key][~mask], value[~mask]), key
+
+
+_MOMENTUM_CONFIGS = {
+    "nesterov-decay": dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.05),
+    "dampening-decay-max": dict(lr=0.1, momentum=0.8, dampening=0.3, weight_decay=0.05,
+                                maximize=True),
+    "foreach-off": dict(lr=0.05, momentum=0.5, foreach=False),
+}
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "native off"])
+@pytest.mark.parametrize("garbage", [float("nan"), 1e30, float("-inf")])
+@pytest.mark.parametrize("layout", ["strided", "csr"])
+@pytest.mark.parametrize("config", list(_MOMENTUM_CONFIGS))
+def test_sgd_momentum_equal_but_distinct_mask_ignores_unspecified_gradient_values(
+        config, layout, garbage, native):
+    """SGD with momentum, an equal-but-distinct gradient mask whose unspecified gradient
+    values are garbage: against ``torch.optim.SGD`` on the dense weights with the gradient
+    ``torch.where(mask, grad, 0)``, the entries outside the mask put back after each step
+    (the lazy rule); the garbage never reaches a parameter or the momentum buffer."""
+    kwargs = _MOMENTUM_CONFIGS[config]
+    start, mask, weights = _data(4)
+    param = _param(start, mask, layout)
+    opt = ms.optim.SGD([param], **kwargs)
+    dense = torch.nn.Parameter(start.clone())
+    ref = torch.optim.SGD([dense], **{"foreach": True, **kwargs})
+    with warnings.catch_warnings(), (contextlib.nullcontext() if native
+                                     else layouts.native_disabled()):
+        warnings.simplefilter("ignore")
+        for weight in weights:
+            opt.zero_grad()
+            values = torch.where(mask, weight, garbage)
+            grad = ms.to_layout(ms.masked_tensor(values, mask.clone()), LAYOUTS[layout])
+            param.grad = grad
+            opt.step()
+            dense.grad = torch.where(mask, weight, 0.0)
+            ref.step()
+            with torch.no_grad():
+                dense[~mask] = start[~mask]
+                ref.state[dense]["momentum_buffer"][~mask] = 0
+    got = ms.to_layout(param.detach(), torch.strided)._storage
+    buf = opt.state[param]["momentum_buffer"]
+    assert torch.equal(got.mask, mask)
+    torch.testing.assert_close(got.values[mask], dense.detach()[mask], rtol=0, atol=0)
+    if layout == "strided":
+        assert got.values[~mask].isnan().all()  # the parameter's own unspecified values
+        assert torch.equal(buf, ref.state[dense]["momentum_buffer"])
+    assert buf.isfinite().all()

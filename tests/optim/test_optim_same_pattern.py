@@ -11,11 +11,14 @@ exactly.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from optim_configs import CONFIGS
 from torch.profiler import profile
 
+import layouts
 import masked_sparse as ms
 
 ROWS, COLS, STEPS = 24, 20, 6
@@ -72,16 +75,25 @@ def test_masked_parameter_matches_torch_on_dense_weights(config, layout):
 
 @pytest.mark.parametrize("layout", [torch.strided, torch.sparse_csr], ids=["strided", "csr"])
 @pytest.mark.parametrize("config", ["adam", "sgd-momentum-decay", "adagrad", "adamw"])
-def test_masked_step_is_torch_multi_tensor_step(config, layout):
-    """The step runs torch's foreach kernels on the values, no masked op per element."""
+@pytest.mark.parametrize("native", [True, False], ids=["native", "native off"])
+def test_masked_step_is_torch_multi_tensor_step(config, layout, native):
+    """The step runs torch's foreach kernels on the values, no masked op per element; SGD
+    with momentum on the CPU runs the native one-pass step instead (Note [SGD momentum in
+    one pass]): no torch op on the values at all."""
     cls, _, kwargs = CONFIGS[config]
     start, mask, weights = _data(1)
     param, opt = _masked_run(cls, kwargs, start, mask, weights[:2], layout=layout)
     (param * weights[2]).sum().backward()
-    with profile() as prof:
-        opt.step()
+    with contextlib.nullcontext() if native else layouts.native_disabled():
+        with profile() as prof:
+            opt.step()
     names = {e.name for e in prof.events()}
-    assert any(n.startswith("aten::_foreach_") for n in names), sorted(names)
+    if native and "momentum" in kwargs and layouts.native_status().startswith("available"):
+        assert not any(n.startswith("aten::_foreach_") for n in names), sorted(names)
+        assert not names & {"aten::where", "aten::bitwise_and", "aten::clone",
+                            "aten::copy_", "aten::add", "aten::mul"}, sorted(names)
+    else:
+        assert any(n.startswith("aten::_foreach_") for n in names), sorted(names)
     assert "PythonSubclass" not in names  # no MaskedTensor op in the step
 
 
