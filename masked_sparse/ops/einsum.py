@@ -245,7 +245,7 @@ class _PerHeadProduct(_func.Function):
     def setup_context(ctx, inputs: tuple, output: MaskedTensor) -> None:
         a, right, ctx.contract, ctx.n_free = inputs
         ctx.inputs, ctx.out = (a, right), output._storage
-        with torch.no_grad():  # (known zero filled: no second fill)
+        with torch.no_grad():  # (free where the values are known zero filled or all specified)
             ctx.storage = _coo(zero_filled_operand(a._storage))
 
     @staticmethod
