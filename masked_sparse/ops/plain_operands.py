@@ -145,10 +145,10 @@ def lift_plain_operands(func: Any, args: tuple, kwargs: dict | None) -> tuple | 
 # Note [Plain operands under torch.compile]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # ``plain_at`` is an autograd Function over a Storage (not a tensor argument), which Dynamo
-# does not trace. Under torch.compile the lift runs eagerly, outside the graph: one graph
-# break per lifted call (``fullgraph=True`` refuses it, naming the break), so that the plain
-# operand still gets its plain gradient -- the GAT scores ``A0 + d[:, None] + s[None, :]``
-# train compiled as they do eagerly.
+# does not trace. Under torch.compile the lift runs eagerly, outside the graph (a graph
+# break where Dynamo reaches it), so that the plain operand still gets its plain gradient --
+# the GAT scores ``A0 + d[:, None] + s[None, :]`` train compiled as they do eagerly
+# (``tests/compile/test_compile_training.py``).
 @torch.compiler.disable
 def _lift_eagerly(func: Any, args: tuple, kwargs: dict | None) -> tuple | None:
     return _lift(func, args, kwargs)
