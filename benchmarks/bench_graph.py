@@ -13,7 +13,7 @@ cross-entropy over the nodes, backward and one Adam step:
   ``index_select`` of the node scores at the edge endpoints, a ``scatter_reduce`` (amax)
   softmax with ``exp`` and ``index_add``, and an ``index_add`` aggregation.
 
-Both start from the same weights; ``check`` asserts their outputs and gradients agree.
+Both start from the same weights; ``agreement`` measures how far their outputs and gradients differ.
 Targets: the masked step <= 0.5x the gather recipe at 20,000 nodes and <= 1.2x at 300.
 Run by hand: ``python -m benchmarks.bench_graph [--device cuda] [--quick]``; one thread,
 medians of paired rounds (benchmarks/harness.py).
@@ -133,7 +133,7 @@ def step(layer: Callable, graph, x, labels, weights: Weights, heads: int,
     return run
 
 
-def check(nodes: int = 60, heads: int = 4, device: str = "cpu") -> float:
+def agreement(nodes: int = 60, heads: int = 4, device: str = "cpu") -> float:
     """The largest difference between the two recipes' outputs and gradients (float64)."""
     dev = torch.device(device)
     edges, (a_h, a_1) = graphs(nodes, heads, dev)
@@ -174,21 +174,7 @@ def cases(quick: bool = False, device: str = "cpu") -> list[tuple]:
 
 
 def main() -> None:
-    import argparse
-    import warnings
-
-    parser = argparse.ArgumentParser(description=TITLE)
-    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, ...")
-    parser.add_argument("--quick", action="store_true", help="smaller graphs, short timing")
-    parser.add_argument("--only", help="the cases whose name contains this text")
-    args = parser.parse_args()
-    torch.set_num_threads(1)  # (the harness times with one thread)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        print(f"recipes agree to {check(device=args.device):.2e}")
-        harness.run_cases(cases(args.quick, args.device), TITLE,
-                          min_run_time=0.05 if args.quick else MIN_RUN_TIME, only=args.only,
-                          safe=SAFE)
+    harness.module_main(sys.modules[__name__])
 
 
 if __name__ == "__main__":

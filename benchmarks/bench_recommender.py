@@ -171,21 +171,7 @@ def cases(quick: bool = False, device: str = "cpu") -> list[tuple]:
 
 
 def main() -> None:
-    import argparse
-    import warnings
-
-    parser = argparse.ArgumentParser(description=TITLE)
-    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, ...")
-    parser.add_argument("--quick", action="store_true", help="a 1/10-scale matrix, short timing")
-    parser.add_argument("--only", help="the cases whose name contains this text")
-    args = parser.parse_args()
-    torch.set_num_threads(1)  # (the harness times with one thread)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        harness.run_cases(cases(args.quick, args.device),
-                          TITLE,
-                          min_run_time=0.05 if args.quick else MIN_RUN_TIME, only=args.only,
-                          safe=SAFE)
+    harness.module_main(sys.modules[__name__])
 
 
 if __name__ == "__main__":

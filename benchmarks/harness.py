@@ -265,10 +265,12 @@ def _check(measured: float | None, limit: float) -> str:
     return "met" if measured <= limit else "missed"
 
 
-def cases_of(module: Any, quick: bool) -> list[Sequence[Any]]:
-    """``module.cases()``, passing ``quick=`` when its signature takes it."""
+def cases_of(module: Any, quick: bool, device: str = "cpu") -> list[Sequence[Any]]:
+    """``module.cases()``, passing ``quick=`` and ``device=`` where its signature takes
+    them."""
     params = inspect.signature(module.cases).parameters
-    return list(module.cases(quick=quick) if "quick" in params else module.cases())
+    kwargs = {k: v for k, v in (("quick", quick), ("device", device)) if k in params}
+    return list(module.cases(**kwargs))
 
 
 # -- formatting ------------------------------------------------------------------------------
@@ -407,18 +409,26 @@ def module_main(module: Any) -> None:
     """``main()`` for a benchmark module run on its own: its cases, one table, one thread.
 
     A module may set ``MIN_RUN_TIME`` (seconds a case, default 0.3) and ``SAFE`` (the
-    baselines that skip the crash probe, as :func:`run_cases` takes them).
+    baselines that skip the crash probe, as :func:`run_cases` takes them). Where its
+    ``cases`` takes a ``device``, ``--device`` chooses it; a module's ``agreement(device=)``
+    (the largest difference between its recipes' results) is printed first.
     """
     import argparse
 
     parser = argparse.ArgumentParser(description=(module.__doc__ or "").split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="shorter timing (0.05 s a case)")
     parser.add_argument("--only", help="the cases whose name contains this text")
+    if "device" in inspect.signature(module.cases).parameters:
+        parser.add_argument("--device", default="cpu", help="cpu (default), cuda, ...")
     args = parser.parse_args()
+    device = getattr(args, "device", "cpu")
     torch.set_num_threads(1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run_cases(cases_of(module, args.quick), getattr(module, "TITLE", module.__name__),
+        if hasattr(module, "agreement"):
+            print(f"recipes agree to {module.agreement(device=device):.2e}")
+        run_cases(cases_of(module, args.quick, device),
+                  getattr(module, "TITLE", module.__name__),
                   min_run_time=0.05 if args.quick else getattr(module, "MIN_RUN_TIME", 0.3),
                   only=args.only, safe=getattr(module, "SAFE", ()))
 

@@ -19,7 +19,7 @@ def test_power_law_edges_are_unique_sorted_with_self_loops():
 
 
 def test_masked_and_gather_recipes_agree():
-    assert bench_graph.check(nodes=40, heads=3) < 1e-5
+    assert bench_graph.agreement(nodes=40, heads=3) < 1e-5
 
 
 def test_one_case_runs():
