@@ -70,9 +70,8 @@ def per_head_mm(coo: Storage, values: torch.Tensor, dense: torch.Tensor, *,
     # The rows of a coalesced COO index are sorted: their pointers, kept per index tensor.
     offsets = ((lambda: cached(indices, "row pointers", lambda: crow_from_rows(keep, n_keep)))
                if contract == 1 else None)
-    if (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
-            or not (torch.is_grad_enabled() and (values.requires_grad or dense.requires_grad))):
-        return _mm(keep, summed, n_keep, values, dense, offsets)  # (nothing to record)
+    if not _records(values, dense):
+        return _mm(keep, summed, n_keep, values, dense, offsets)
     return _Product.apply(keep, summed, n_keep, values, dense, offsets)
 
 
@@ -94,10 +93,18 @@ def per_head_dot(coo: Storage, grad: torch.Tensor, dense: torch.Tensor, *,
     (indices,) = coo.index
     keep, summed = indices[1 - contract], indices[contract]
     heads = coo.values.dim() - 1
-    if (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
-            or not (torch.is_grad_enabled() and (grad.requires_grad or dense.requires_grad))):
+    if not _records(grad, dense):
         return _dot(keep, summed, grad, dense, heads)
     return _SampledDot.apply(keep, summed, grad, dense, heads)
+
+
+def _records(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """True where the raw operation runs as its Function: a gradient is wanted and no
+    tracer runs (under torch.compile and torch.func the torch ops are differentiated as
+    they are: the Functions have no vmap rule); elsewhere nothing is recorded."""
+    return (torch.is_grad_enabled() and (x.requires_grad or y.requires_grad)
+            and not torch.compiler.is_compiling()
+            and not torch._C._are_functorch_transforms_active())
 
 
 def per_head_specified(coo: Storage, *, contract: int = 1) -> torch.Tensor:

@@ -214,7 +214,9 @@ def per_head(equation: str, a: MaskedTensor, sa: str, b: Any, sb: str, out: str)
     if (torch.is_grad_enabled() and (requires_grad_of(a) or requires_grad_of(right))
             and not torch.compiler.is_compiling() and not _func.active()
             and coo is a._storage):  # (its gradient is a's storage with new values)
-        result = _PerHeadProduct.apply(a, right, contract, len(free))
+        with torch.no_grad():  # filled once, for the product and its backward
+            filled = zero_filled_operand(coo)
+        result = _PerHeadProduct.apply(a, right, contract, len(free), filled)
     else:  # nothing to record, or a tracer: the generic route
         result = on_values(_per_head_kernel, [a, right], contract, len(free))
     return _arrange(result, produced, out)
@@ -238,22 +240,23 @@ class _PerHeadProduct(_func.Function):
     ``create_graph`` the backward is ``on_values``' own (Note [Double backward])."""
 
     @staticmethod
-    def forward(a: MaskedTensor, right: torch.Tensor, contract: int, n_free: int) -> Any:
-        return _wrap(_per_head_kernel([a._storage, right], contract, n_free))
+    def forward(a: MaskedTensor, right: torch.Tensor, contract: int, n_free: int,
+                filled: Storage) -> Any:
+        # ``filled``: a's COO storage with its unspecified values zeroed (known zero filled,
+        # so the kernel fills nothing again)
+        return _wrap(_per_head_kernel([filled, right], contract, n_free))
 
     @staticmethod
     def setup_context(ctx, inputs: tuple, output: MaskedTensor) -> None:
-        a, right, ctx.contract, ctx.n_free = inputs
+        a, right, ctx.contract, ctx.n_free, ctx.storage = inputs
         ctx.inputs, ctx.out = (a, right), output._storage
-        with torch.no_grad():  # (free where the values are known zero filled or all specified)
-            ctx.storage = _coo(zero_filled_operand(a._storage))
 
     @staticmethod
     def backward(ctx, grad: Any) -> tuple:
         extra = (ctx.contract, ctx.n_free)
         if torch.is_grad_enabled():  # create_graph=True
             return (*_backward_with_graph(_per_head_kernel, extra, ctx.inputs, [ctx.out],
-                                          [grad]), None, None)
+                                          [grad]), None, None, None)
         s, (a, right) = ctx.storage, ctx.inputs
         g = grad_values(grad, ctx.out)
         grad_a = grad_right = None
@@ -264,5 +267,5 @@ class _PerHeadProduct(_func.Function):
             grad_a = _wrap(a._storage.with_values(values.to(s.values.dtype)))
         if ctx.needs_input_grad[1]:
             grad_right = layouts.per_head_mm(s, s.values, g, contract=1 - ctx.contract)
-        return grad_a, grad_right, None, None
+        return grad_a, grad_right, None, None, None
 
