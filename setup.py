@@ -38,8 +38,12 @@ MANIFEST = "_native_kernels.json"
 # that an edit elsewhere in the file does not move a hot loop across one (an unrelated
 # change slowed a scatter backward kernel by its placement alone, visibly in
 # benchmarks.bench_training_reductions across lines).
-FLAGS = ["-O3", "-g0", "-std=gnu11", "-fopenmp-simd", "-falign-functions=64",
-         "-falign-loops=64"]
+# -fno-trapping-math: the kernels never read the floating-point exception flags, and
+# without it GCC keeps a loop with a clamp such as `x < lo ? lo : x` (Note [Native exp])
+# scalar -- if-converting the comparison would raise its flag unconditionally -- so the
+# builds without explicit AVX-512 passes ran exp one double at a time. It changes no value.
+FLAGS = ["-O3", "-g0", "-std=gnu11", "-fopenmp-simd", "-fno-trapping-math",
+         "-falign-functions=64", "-falign-loops=64"]
 AVX2 = ["-mavx2", "-mfma", "-mbmi", "-mbmi2", "-mpopcnt"]  # = ms_cpu_isa()'s checks
 # instruction set -> its flags; the loader picks by ms_built_isa() / ms_cpu_isa()
 VARIANTS = {"portable": []}
