@@ -56,8 +56,8 @@ class _PlainAt(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Any) -> Any:  # type: ignore[override]
         s = ctx.storage
-        values = layouts.zero_unspecified(grad_values(grad, s), s.mask)  # NaN there too
-        return layouts.sum_back(s, values, ctx.shape).to(ctx.dtype), None
+        # only the specified values are summed (an unspecified NaN too is never read)
+        return layouts.sum_back(s, grad_values(grad, s), ctx.shape, s.mask).to(ctx.dtype), None
 
 
 def plain_at(plain: torch.Tensor, storage: Storage) -> MaskedTensor:
