@@ -140,6 +140,7 @@ class _FamilyOp(torch.autograd.Function):
 
 
 _OP_NODE = _FamilyOp._backward_cls  # the type of a family node in a graph (its grad_fn)
+_VIEW_NODE = type(torch.empty(1, requires_grad=True).view(1).grad_fn)  # ViewBackward0
 _APPLY = super(torch.autograd.Function, _FamilyOp).apply  # torch._C._FunctionBase.apply
 
 
@@ -178,7 +179,10 @@ def node_backward(outputs: list[torch.Tensor], inputs: list[torch.Tensor],
     (``create_graph``: the engine records the backward's ops) and anomaly mode, the node's
     ``backward`` runs as the engine would run it: gradients by output number, ``None`` for
     an output not used (the Function does not materialize them), its gradient for the
-    values input. The node's saved tensors go when the caller drops the inner graph.
+    values input. The node's saved tensors go when the caller drops the inner graph. A
+    view on either side of the node -- heads as groups read the values flat and view the
+    output back (Note [Heads as groups]) -- is read through: the gradient is reshaped as
+    the view's backward would.
 
     >>> from layouts.kernels import Groups, masked_reduce
     >>> v = torch.tensor([1., 2.], requires_grad=True)
@@ -187,20 +191,30 @@ def node_backward(outputs: list[torch.Tensor], inputs: list[torch.Tensor],
     ...     node_backward([out], [v], [torch.tensor([3.])])
     [tensor([3., 3.])]
     """
-    node = outputs[0].grad_fn
+    node, viewed = outputs[0].grad_fn, None
+    if type(node) is _VIEW_NODE and len(outputs) == 1:  # one output, viewed back
+        viewed = grads[0].reshape(node._saved_self_sym_sizes)
+        node, nr = node.next_functions[0]
     if (type(node) is not _OP_NODE or torch.is_grad_enabled() or torch.is_anomaly_enabled()
             or (len(outputs) > 1 and any(o.grad_fn is not node for o in outputs[1:]))):
         return None
     source = node.next_functions[0][0]  # the values input (the mask has no gradient)
+    if type(source) is _VIEW_NODE:  # the values read flat
+        source = source.next_functions[0][0]
     leaf = getattr(source, "variable", None)
     if leaf is None or not any(leaf is t for t in inputs):
         return None
-    if len(outputs) == 1 and node.n_outputs == 1:
-        by_output: list[torch.Tensor | None] = list(grads)
+    if viewed is not None:
+        by_output: list[torch.Tensor | None] = [None] * node.n_outputs
+        by_output[nr] = viewed
+    elif len(outputs) == 1 and node.n_outputs == 1:
+        by_output = list(grads)
     else:
         by_output = [None] * node.n_outputs
         for o, g in zip(outputs, grads):
             i = o.output_nr
             by_output[i] = g if by_output[i] is None else by_output[i] + g
     grad = _FamilyOp.backward(node, *by_output)[3]  # (the node is the Function's ctx)
+    if grad is not None and grad.shape != leaf.shape:
+        grad = grad.reshape(leaf.shape)
     return [grad if t is leaf else None for t in inputs]

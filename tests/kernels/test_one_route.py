@@ -370,6 +370,50 @@ def test_a_family_backward_without_the_engine_is_the_engines(implementation, mon
     _assert_bitwise(*grads)
 
 
+@pytest.mark.parametrize("heads", [1, 3])
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_heads_as_groups_backward_without_the_engine_is_the_engines(monkeypatch, heads, log):
+    """A hybrid COO softmax reads its values flat and views the result back (Note [Heads
+    as groups]); node_backward reads through both views: the direct call is taken, and its
+    gradient is the engine's, bit for bit, and the dense reference's per head."""
+    gen = torch.Generator().manual_seed(heads)
+    n = 9
+    keep = torch.rand(n, n, generator=gen) < 0.4
+    keep[3] = False  # an empty row
+    indices = keep.nonzero().t()
+    values = torch.randn(indices.shape[1], heads, dtype=F64, generator=gen)
+    mask = torch.rand(values.shape, generator=gen) < 0.8
+    shape = (n, n, heads)
+    mt = ms.masked_tensor(torch.sparse_coo_tensor(indices, values, shape).coalesce(),
+                          torch.sparse_coo_tensor(indices, mask, shape).coalesce())
+    weight = torch.rand(shape, dtype=F64, generator=gen)
+    direct: list[bool] = []
+    node_backward = layouts.node_backward
+
+    def spy(*args):
+        out = node_backward(*args)
+        direct.append(out is not None)
+        return out
+
+    grads = []
+    for engine in (False, True):
+        monkeypatch.setattr(layouts, "node_backward", (lambda *a: None) if engine else spy)
+        leaf = mt.clone().requires_grad_()
+        out = (torch.log_softmax if log else torch.softmax)(leaf, 1)
+        (g,) = torch.autograd.grad((ms.to_tensor(out, 0).to_dense() * weight).sum(), leaf)
+        grads.append(g)
+    assert direct == [True]
+    _assert_bitwise(*grads)
+    dense = torch.zeros(shape, dtype=F64).index_put_(tuple(indices), values).requires_grad_()
+    specified = torch.zeros(shape, dtype=torch.bool).index_put_(tuple(indices), mask)
+    fn = torch.log_softmax if log else torch.softmax
+    ref = fn(dense.masked_fill(~specified, -math.inf), 1)
+    (want,) = torch.autograd.grad((torch.where(specified, ref, 0) * weight).sum(), dense)
+    got, got_mask = dense_of(grads[0])
+    assert torch.equal(got_mask, specified)
+    torch.testing.assert_close(torch.where(specified, got, 0), torch.where(specified, want, 0))
+
+
 @pytest.mark.parametrize("layout", LAYOUT_IDS)
 @pytest.mark.parametrize("dtype", [F32, F64], ids=str)
 @pytest.mark.parametrize("op", ["amax", "amin", "prod", "sumsq"])
