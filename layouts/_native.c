@@ -772,7 +772,8 @@ ARG_KERNELS(f32, min)
  * Note [Native exp]
  * exp(x) in double from arithmetic and bit operations only, inlined into the loops of the
  * sumexp kernels below so that the compiler vectorizes it (a call to libm's exp would keep
- * every loop scalar): 8 doubles a zmm register with AVX-512, whatever the build.
+ * every loop scalar): 8 doubles a zmm register with AVX-512 (exp_dev8), 4 a ymm register in
+ * the AVX2 build's softmax (exp_dev4), the compiler's loops elsewhere; the same bits in all.
  * - x is clamped to [-800, 800] (a NaN passes through the comparisons unchanged): e^800
  *   overflows to +inf and e^-800 underflows to 0 below, so +-inf give +inf and 0;
  * - Cody-Waite range reduction: n = round(x log2(e)) by the shifter 1.5 * 2^52 (x log2 e +
