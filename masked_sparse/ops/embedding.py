@@ -134,6 +134,19 @@ def _dense_ids(s: Storage) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
+def _stored_bags(s: Storage) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """``(ids, keep, starts)`` of ``(B, L)`` sparse ids stored bag by bag (CSR, coalesced
+    COO: the layout groups its rows as lines): the stored ids and their mask as they are,
+    and the position of each bag's first stored id -- the row pointers the grouping keeps
+    per index tensor, so no COO form and no counts are built. None for other layouts."""
+    if not s.index or s.values.dim() != 1:
+        return None
+    g = layouts.group_by(s, (1,), keepdim=False)
+    if g.kind != "lines" or g.offsets.shape[0] != s.shape[0] + 1:
+        return None
+    return s.values, s.mask, g.offsets[:-1]
+
+
 def _bag_ids(s: Storage) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                   torch.Tensor | None]:
     """``(ids, keep, counts, where)`` of ``(B, L)`` ids: the stored ids in row-major order
@@ -202,6 +215,14 @@ def _embedding_bag(op: Any, input: Any, weight: Any, offsets: Any = None,
         ids, starts = layouts.compact_rows(ids, keep)
         if per_sample_weights is not None:
             per_sample_weights = torch.masked_select(per_sample_weights, keep)
+    elif (per_sample_weights is None and compacts_on_host(s.values)
+          and (stored := _stored_bags(s)) is not None):
+        ids, keep, starts = stored
+        if not bool(keep.all()):  # (a host read: the CPU's)
+            ids = torch.masked_select(ids, keep)
+            kept = torch.zeros(keep.shape[0] + 1, dtype=torch.int64, device=keep.device)
+            torch.cumsum(keep, 0, out=kept[1:])
+            starts = kept.index_select(0, starts)
     else:
         ids, keep, counts, where = _bag_ids(s)
         starts = torch.cumsum(counts, 0).sub_(counts)
