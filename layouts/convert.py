@@ -117,8 +117,8 @@ def sum_back(storage: Storage, values: torch.Tensor, shape: torch.Size,
     of a plain operand read at the stored positions: O(nnz), one ``index_add``; the flat
     positions are built once per index tensor and ``shape`` (cached). With ``mask``
     (``values``' shape) only the values where it is True are summed, whatever the others
-    hold (NaN, inf); on the CPU that is one native pass, which accumulates in double and
-    costs a third of the fill and ``index_add`` it replaces.
+    hold (NaN, inf); on the CPU that is one native pass, which accumulates in double, in
+    place of a fill and an ``index_add``.
 
     >>> import torch, layouts
     >>> coo = layouts.get_layout("sparse_coo")
