@@ -824,9 +824,9 @@ static inline double exp_dev(double x) {
 #define EXP4 1
 #include <immintrin.h>
 /* exp_dev of 4 lanes in AVX2 instructions for the builds without AVX-512 (their compiled
- * loops around exp_dev kept it scalar, or spilled: 17 ns an element in the softmax, where
- * this takes 4), step for step the scalar function as exp_dev8 is: bit for bit its results
- * (test_native.py). AVX2 has no 64-bit arithmetic shift: half = floor(k / 2) is the logical
+ * loops around exp_dev kept it scalar, or spilled registers: several times this one's
+ * time, benchmarks/bench_graph.py), step for step the scalar function as exp_dev8 is: bit
+ * for bit its results (test_native.py). AVX2 has no 64-bit arithmetic shift: half = floor(k / 2) is the logical
  * shift of k + 2048 (|k| <= 1155 once x is clamped; a NaN's k is any value and its result
  * NaN whatever the two factors). */
 static inline __m256d exp_dev4(__m256d x) {
@@ -1282,7 +1282,7 @@ LSE_KERNELS(f32)
 #define SOFTMAX_SHIFTED(T)
 #else
 /* Short lines (a graph's neighbours: a few dozen) paid a vector loop's setup and tail per
- * line: 15 ns an element over lines of 10, 9 over long ones. So the same steps in three
+ * line, half again the time of a long line's elements. So the same steps in three
  * passes: each line's top written over its elements; one flat pass over every element of
  * e = exp(v - top) (d in T, e rounded to T, 0 where unspecified: softmax_shifted); then
  * each line's total (in double, in storage order) and its results, for log_softmax from

@@ -326,6 +326,18 @@ def test_the_native_backward_is_the_torch_op_backward(monkeypatch, layout, dtype
         assert torch.equal(_bits(native_grad), _bits(torch.where(m, torch_grad, zero)))
 
 
+def _recording_node_backward(direct: list[bool]):
+    """``layouts.node_backward``, appending to ``direct`` whether it took the direct call."""
+    node_backward = layouts.node_backward
+
+    def spy(*args):
+        out = node_backward(*args)
+        direct.append(out is not None)
+        return out
+
+    return spy
+
+
 @pytest.mark.parametrize("layout", LAYOUT_IDS)
 @pytest.mark.parametrize("op", ["sum", "mean", "amax", "var", "logsumexp", "softmax", "max"])
 @pytest.mark.parametrize("dim", [0, 1])
@@ -338,12 +350,7 @@ def test_a_family_backward_without_the_engine_is_the_engines(implementation, mon
     and with it gives the same gradient again."""
     mt, x, m = _operand(layout, F64, seed=5 + dim, shape=(11, 13), step=0.5)
     direct: list[bool] = []
-    node_backward = layouts.node_backward
-
-    def spy(*args):
-        out = node_backward(*args)
-        direct.append(out is not None)
-        return out
+    spy = _recording_node_backward(direct)
 
     def loss_of(leaf):
         out = _call(op, leaf, dim)
@@ -388,12 +395,7 @@ def test_heads_as_groups_backward_without_the_engine_is_the_engines(monkeypatch,
                           torch.sparse_coo_tensor(indices, mask, shape).coalesce())
     weight = torch.rand(shape, dtype=F64, generator=gen)
     direct: list[bool] = []
-    node_backward = layouts.node_backward
-
-    def spy(*args):
-        out = node_backward(*args)
-        direct.append(out is not None)
-        return out
+    spy = _recording_node_backward(direct)
 
     grads = []
     for engine in (False, True):
