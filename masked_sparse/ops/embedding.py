@@ -218,7 +218,7 @@ def _embedding_bag(op: Any, input: Any, weight: Any, offsets: Any = None,
     elif (per_sample_weights is None and compacts_on_host(s.values)
           and (stored := _stored_bags(s)) is not None):
         ids, keep, starts = stored
-        if not bool(keep.all()):  # (a host read: the CPU's)
+        if not bool(keep.all()):  # a host read: this branch runs on the CPU only
             ids = torch.masked_select(ids, keep)
             kept = torch.zeros(keep.shape[0] + 1, dtype=torch.int64, device=keep.device)
             torch.cumsum(keep, 0, out=kept[1:])
