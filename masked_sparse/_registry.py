@@ -94,7 +94,8 @@ def aten_autograd_check(check: Callable[[Any, tuple], None]) -> Callable[[Any, t
 
 def plain_operands(lift: Callable[[Any, tuple, Any], Any]) -> Callable[[Any, tuple, Any], Any]:
     """Register ``lift(op, args, kwargs)``, run on a Python-level call without a handler
-    while grad is enabled: ``(args, kwargs)`` to call the op with instead, or None. There is
+    while grad is enabled: ``(args, kwargs)`` to call the op with instead, the op's result
+    (a MaskedTensor: it ran), or None. There is
     one, ``ops/plain_operands.lift_plain_operands`` (Note [Plain operands get plain
     gradients])."""
     PLAIN_OPERANDS[:] = [lift]

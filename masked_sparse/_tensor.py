@@ -162,6 +162,8 @@ class MaskedTensor(torch.Tensor):
             for a in (*args, *kwargs.values()) if kwargs else args:
                 if type(a) is not MaskedTensor and isinstance(a, torch.Tensor) and a.requires_grad:
                     lifted = _PLAIN_OPERANDS[0](func, args, kwargs)
+                    if type(lifted) is MaskedTensor:  # the op itself, recorded as one
+                        return lifted
                     if lifted is not None:
                         args, kwargs = lifted
                     break

@@ -60,6 +60,40 @@ class _PlainAt(torch.autograd.Function):
         return layouts.sum_back(s, grad_values(grad, s), ctx.shape, s.mask).to(ctx.dtype), None
 
 
+class _PlainSum(torch.autograd.Function):
+    """``a + b`` or ``a - b`` (``subtract``) of a MaskedTensor and a plain tensor (either
+    side), the plain one read at the masked one's stored positions, as one Function
+    (Note [A sum with a plain operand])."""
+
+    @staticmethod
+    def forward(ctx, a: Any, b: Any, subtract: bool) -> Any:  # type: ignore[override]
+        masked_first = isinstance(a, MaskedTensor)
+        masked, plain = (a, b) if masked_first else (b, a)
+        s = masked._storage
+        read = s.layout.gather(s, plain.detach())
+        if masked_first:
+            values = s.values - read if subtract else s.values + read
+        else:
+            values = read - s.values if subtract else read + s.values
+        ctx.storage, ctx.shape = s, plain.shape
+        ctx.masked_first, ctx.subtract = masked_first, subtract
+        return _wrap(s.with_values(values))
+
+    @staticmethod
+    def backward(ctx, grad: Any) -> Any:  # type: ignore[override]
+        s, first = ctx.storage, ctx.masked_first
+        need_masked, need_plain = ctx.needs_input_grad[:2] if first else ctx.needs_input_grad[1::-1]
+        to_masked = to_plain = None
+        if need_masked:
+            to_masked = -grad if ctx.subtract and not first else grad
+        if need_plain:
+            # only the specified values are summed (an unspecified NaN too is never read)
+            to_plain = layouts.sum_back(s, grad_values(grad, s), ctx.shape, s.mask)
+            if ctx.subtract and first:
+                to_plain = -to_plain
+        return (to_masked, to_plain, None) if first else (to_plain, to_masked, None)
+
+
 def plain_at(plain: torch.Tensor, storage: Storage) -> MaskedTensor:
     """``plain`` (broadcastable to ``storage.shape``) read at ``storage``'s stored positions:
     a MaskedTensor with ``storage``'s index and mask objects, whose gradient reaches
@@ -130,16 +164,62 @@ def _needs_lift(a: Any) -> bool:
 
 
 @_registry.plain_operands
-def lift_plain_operands(func: Any, args: tuple, kwargs: dict | None) -> tuple | None:
+def lift_plain_operands(func: Any, args: tuple, kwargs: dict | None) -> Any:
     """``(args, kwargs)`` with every plain operand that requires grad replaced by
-    :func:`plain_at` over the masked operands' pattern, or None to run the call as it is
+    :func:`plain_at` over the masked operands' pattern, the result of a sum or difference
+    run here (Note [A sum with a plain operand]), or None to run the call as it is
     (``__torch_function__`` calls it only when some plain tensor argument requires grad)."""
     pointwise, inplace = _classify(func)
     if not pointwise or _func.active():
         return None
     if torch.compiler.is_compiling():  # Note [Plain operands under torch.compile]
         return _lift_eagerly(func, args, kwargs)
+    sign = _SUMS.get(func)
+    if sign is not None and not kwargs and len(args) == 2:
+        done = _sum_with_plain(*(args[::-1] if sign[1] else args), sign[0])
+        if done is not None:
+            return done
     return _lift(func, args, kwargs)
+
+
+# Note [A sum with a plain operand]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``A0 + e_dst[:, None]`` (graph attention's scores), ``R - b[:, None]`` (a recommender's
+# residual): a sum or difference of a MaskedTensor and a plain tensor that requires grad is
+# the commonest plain-operand call. Lifted, it would be two recorded ops (``plain_at``, then
+# the op between MaskedTensors); :class:`_PlainSum` records it as one, with the same values
+# (the same read, the same single add or subtract) and the same gradients (the masked
+# operand's is the incoming gradient, negated for a subtrahend, as torch's formula gives;
+# the plain operand's is ``plain_at``'s). Anything else -- another dtype or device (type
+# promotion), ``alpha=``, a layout with its own binary kernels, two MaskedTensors -- is
+# lifted as above.
+#: ``func: (subtract, operands reversed)`` for the sums and differences of two tensors
+_SUMS: dict[Any, tuple[bool, bool]] = {
+    **dict.fromkeys((torch.add, torch.Tensor.add, torch.Tensor.__add__), (False, False)),
+    torch.Tensor.__radd__: (False, True),
+    **dict.fromkeys((torch.sub, torch.subtract, torch.Tensor.sub, torch.Tensor.subtract,
+                     torch.Tensor.__sub__), (True, False)),
+    torch.Tensor.__rsub__: (True, True),
+}
+
+
+def _sum_with_plain(a: Any, b: Any, subtract: bool) -> MaskedTensor | None:
+    """``a - b`` (``subtract``) or ``a + b`` as one :class:`_PlainSum` where one of them is
+    a MaskedTensor and the other a plain tensor that requires grad and can join it without
+    promotion; else None."""
+    masked, plain = (a, b) if type(a) is MaskedTensor else (b, a)
+    if type(masked) is not MaskedTensor or not _needs_lift(plain):
+        return None
+    s = masked._storage
+    if (s.layout.unary or s.layout.binary or plain.dtype != s.values.dtype
+            or plain.device != s.values.device or not broadcasts_to(plain.shape, s.shape)):
+        return None
+    # (``Function.apply`` less its Python layer, as layouts.kernels._route does: no
+    # setup_context, no torch.func transform active here)
+    return _SUM_APPLY(a, b, subtract)
+
+
+_SUM_APPLY = super(torch.autograd.Function, _PlainSum).apply  # torch._C._FunctionBase.apply
 
 
 # Note [Plain operands under torch.compile]

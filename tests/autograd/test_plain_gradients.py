@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from conftest import make_masked_in
 
+import masked_sparse as ms
+
 pytestmark = pytest.mark.device_generic
 
 SHAPE = (5, 4)
@@ -171,3 +173,69 @@ def test_under_no_grad_nothing_is_recorded(layout):
     with torch.no_grad():
         out = R - b[:, None]
     assert not out.requires_grad and out.grad_fn is None
+
+
+# Every spelling of a sum or difference with a plain operand (Note [A sum with a plain
+# operand]): ``op(a, b)`` is ``a + b`` or ``a - b``.
+SUMS = {"torch.add": torch.add, "Tensor.add": torch.Tensor.add, "+": lambda a, b: a + b,
+        "torch.sub": torch.sub, "torch.subtract": torch.subtract, "Tensor.sub": torch.Tensor.sub,
+        "-": lambda a, b: a - b, "__radd__": lambda a, b: torch.Tensor.__radd__(b, a),
+        "__rsub__": lambda a, b: torch.Tensor.__rsub__(b, a)}
+SUBTRACTS = {"torch.sub", "torch.subtract", "Tensor.sub", "-", "__rsub__"}
+
+
+@pytest.mark.parametrize("masked_grad", [False, True], ids=["fixed", "trained"])
+@pytest.mark.parametrize("masked_first", [True, False], ids=["masked-first", "plain-first"])
+@pytest.mark.parametrize("op", list(SUMS))
+@pytest.mark.parametrize("layout", LAYOUTS, ids=IDS)
+def test_sum_with_a_plain_operand_is_one_node(layout, op, masked_first, masked_grad):
+    """``A ± b[:, None]`` in either order is one recorded node whose values and gradients
+    (the plain operand's plain, the masked one's with its mask) are the dense reference's."""
+    R, data, mask = ratings(layout)
+    R.requires_grad_(masked_grad)
+    b = plain_leaf(SHAPE[0])
+    f = SUMS[op]
+    out = f(R, b[:, None]) if masked_first else f(b[:, None], R)
+    assert type(out.grad_fn).__name__ == "_PlainSumBackward"
+    weights = torch.randn(SHAPE, dtype=F64, generator=torch.Generator().manual_seed(5))
+    (out * weights).sum().backward()
+
+    rdata, (rb,) = data.clone().requires_grad_(masked_grad), reference(b)
+    ref = rdata - rb[:, None] if op in SUBTRACTS else rdata + rb[:, None]
+    ref = ref if masked_first or op not in SUBTRACTS else -ref
+    torch.testing.assert_close(out.to_tensor(0).to_dense(), torch.where(mask, ref, 0))
+    torch.where(mask, ref * weights, 0).sum().backward()
+    assert_plain_grad(b, rb)
+    if masked_grad:
+        assert type(R.grad) is type(R) and R.grad.layout == layout
+        torch.testing.assert_close(R.grad.get_mask().to_dense(), mask)
+        torch.testing.assert_close(R.grad.to_tensor(0).to_dense(),
+                                   torch.where(mask, rdata.grad, 0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_sum_with_plain_operands_at_every_head(dtype):
+    """Graph attention's scores over a hybrid COO adjacency ``(N, N, H)``: two per-head node
+    vectors broadcast at the edges, per-head gradients, the index stored once."""
+    n, heads = 6, 3
+    g = torch.Generator().manual_seed(7)
+    mask = torch.rand(n, n, generator=g) < 0.4
+    edges = mask.nonzero().t()
+    shape = (n, n, heads)
+    nnz = edges.shape[1]
+    a0 = ms.masked_tensor(
+        torch.sparse_coo_tensor(edges, torch.zeros(nnz, heads, dtype=dtype), shape),
+        torch.sparse_coo_tensor(edges, torch.ones(nnz, heads, dtype=torch.bool), shape))
+    d = torch.randn(n, heads, generator=g, dtype=dtype, requires_grad=True)
+    s = torch.randn(n, heads, generator=g, dtype=dtype, requires_grad=True)
+    scores = a0 + d[:, None, :] - s[None, :, :]
+    assert scores._storage.index[0] is a0._storage.index[0]
+    weights = torch.randn(shape, generator=g, dtype=dtype)
+    (scores.to_tensor(0).to_dense() * weights).sum().backward()
+    rd, rs = reference(d, s)
+    full = mask[:, :, None].expand(shape)
+    torch.where(full, (rd[:, None, :] - rs[None, :, :]) * weights, 0).sum().backward()
+    torch.testing.assert_close(scores.to_tensor(0).to_dense(),
+                               torch.where(full, rd[:, None] - rs[None], 0))
+    assert_plain_grad(d, rd)
+    assert_plain_grad(s, rs)
