@@ -60,7 +60,13 @@ def _expand_ellipsis(spec: str, ndim: int, width: int, spare: str, equation: str
 
 
 def _parse(equation: str, a: torch.Tensor, b: torch.Tensor) -> tuple[str, str, str]:
-    return _parse_dims(equation, a.dim(), b.dim())
+    return _parse_dims(equation, _ndim(a), _ndim(b))
+
+
+def _ndim(x: torch.Tensor) -> int:
+    """``x.dim()``, read from a MaskedTensor's storage (``dim()`` on it would be one more
+    ``__torch_function__`` call)."""
+    return len(x._storage.shape) if type(x) is MaskedTensor else x.dim()
 
 
 @functools.lru_cache(maxsize=256)
@@ -169,7 +175,7 @@ def _numel(labels: str, size: dict[str, int]) -> int:
 def _has_dense_dims(x: Any) -> bool:
     """True for a sparse MaskedTensor of more than 2 dims whose values have dense dims (a
     hybrid tensor). A 2-D operand has none to check: the common product pays nothing."""
-    if not isinstance(x, MaskedTensor) or x.dim() <= 2 or not x._storage.index:
+    if not isinstance(x, MaskedTensor) or _ndim(x) <= 2 or not x._storage.index:
         return False
     return _coo(x._storage).values.dim() > 1
 
