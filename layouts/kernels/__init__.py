@@ -99,7 +99,7 @@ from .cumsum import cumsum_lines, reverse_cumsum_lines, segmented_cumsum
 from .logsumexp import masked_logsumexp
 from .moments import masked_mean, masked_var
 from .reduce import masked_reduce, masked_reduce_zeroed, masked_sum
-from .softmax import masked_softmax
+from .softmax import masked_softmax, masked_softmax_backward
 
 __all__ = [
     "Groups",
@@ -111,6 +111,7 @@ __all__ = [
     "masked_reduce",
     "masked_reduce_zeroed",
     "masked_softmax",
+    "masked_softmax_backward",
     "masked_sum",
     "masked_var",
     "node_backward",

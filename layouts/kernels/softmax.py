@@ -147,6 +147,28 @@ def masked_softmax(g: Any, values: Tensor, mask: Tensor, log: bool) -> tuple[Ten
     return run(SOFTMAX, g, values, mask, log)[0], True
 
 
+def masked_softmax_backward(g: Any, out: Tensor, mask: Tensor, grad: Tensor,
+                            log: bool) -> Tensor:
+    """The gradient of :func:`masked_softmax`'s values over a grouping that is not dense,
+    from its output ``out`` (0 at unspecified elements) and the output's gradient ``grad``
+    (never read at unspecified elements): the family's backward (Note [The softmax family]), over
+    the heads as groups where ``out`` has dense dims (Note [Heads as groups]); +0.0 at
+    every unspecified element. Not recorded: for a caller that records the softmax as one
+    node of its own.
+
+    >>> from layouts.kernels import Groups
+    >>> out, m = torch.tensor([0.5, 0., 0.5]), torch.tensor([True, False, True])
+    >>> masked_softmax_backward(Groups(3), out, m, torch.tensor([1., 9., 0.]), False).tolist()
+    [0.25, 0.0, -0.25]
+    """
+    flat = per_head(g, out)
+    if flat is not None:
+        grad = masked_softmax_backward(flat, out.reshape(-1), mask.reshape(-1),
+                                       grad.reshape(-1), log)
+        return grad.view(out.shape)
+    return SOFTMAX.backward(g, out, mask, (out,), (grad,), log)
+
+
 # Note [Fused masked softmax]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # Attention's ``softmax(as_masked_tensor(scores, mask), -1)`` under autograd, as the dense

@@ -26,12 +26,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+import layouts
 from layouts import Grouping, Storage, kernels
 
+from .. import _func
+from .._autograd import _FREED, _backward_with_graph, grad_values
 from .._fill import mark_zero_filled, zero_fill
-from .._registry import implements, op_name
+from .._registry import implements, is_aten, op_name
+from .._tensor import MaskedTensor, _wrap, requires_grad_of
 from . import reductions_args as A
-from .reductions import accumulate, run, source
+from .reductions import KEYS, _reduce, accumulate, run, source
 
 
 def k_softmax(g: Grouping, dtype: torch.dtype | None, log: bool) -> Storage:
@@ -72,6 +76,62 @@ def _softmax(op: Any, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"{name}(): expected a floating point MaskedTensor, got {compute}; "
                         f"pass dtype=torch.float32")
     dims = A.one_dim(dim, ndim, name)
+    log = name == "log_softmax"
     wide, narrow = accumulate(compute)  # Note [Half precision accumulates in float32]
-    return run(op, name, k_softmax, mt, dims, True, wide if narrow else dtype,
-               name == "log_softmax", narrow=narrow)
+    if s.index and narrow is None and compute is s.values.dtype and _records_one_node(op, mt):
+        g = layouts.group_by(s, dims, True)
+        if g.source is s and g.kind != "dense" and not s.layout.reduction.get(KEYS[name]):
+            return _SparseSoftmax.apply(mt, g, log)
+    return run(op, name, k_softmax, mt, dims, True, wide if narrow else dtype, log,
+               narrow=narrow)
+
+
+def _records_one_node(op: Any, mt: MaskedTensor) -> bool:
+    """True where a Python-level softmax of ``mt`` is recorded eagerly: grad mode on, ``mt``
+    requires grad, no tracer (Note [A sparse softmax as one node])."""
+    return (not is_aten(op) and torch.is_grad_enabled() and requires_grad_of(mt)
+            and not torch.compiler.is_compiling() and not _func.active()
+            and not mt._storage.values.is_complex())
+
+
+class _SparseSoftmax(_func.Function):
+    """Note [A sparse softmax as one node]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A sparse MaskedTensor's softmax under autograd (graph attention's, once per layer) is
+    recorded as one node whose backward is the softmax family's own
+    (``kernels.masked_softmax_backward``: one native pass on CPU), as the per-head product
+    is (``_PerHeadProduct``): through ``on_values`` it would be a node around an inner graph
+    of the family's node, and on a small graph building and running that graph cost more
+    than the kernels. The values are the generic route's: the same grouping, the same
+    family forward (``kernels.masked_softmax``). It applies where that route would take the
+    family with nothing between: a sparse layout without its own softmax kernel, grouped
+    in place (not through a COO copy), values of the result's dtype. With
+    ``create_graph=True`` the backward is ``on_values``' own (Note [Double backward]).
+    """
+
+    @staticmethod
+    def forward(mt: MaskedTensor, g: Grouping, log: bool) -> Any:
+        s = mt._storage
+        out, zeroed = kernels.masked_softmax(g, s.values, s.mask, log)
+        return _wrap(g.restore(mark_zero_filled(out, s.mask) if zeroed
+                               else zero_fill(out, s.mask)))
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output: MaskedTensor) -> None:
+        ctx.mt, ctx.g, ctx.log = inputs
+        ctx.out = output._storage
+
+    @staticmethod
+    def backward(ctx, grad: Any) -> tuple:
+        mt, g, out = ctx.mt, ctx.g, ctx.out
+        if out is None:  # freed by an earlier backward without retain_graph
+            raise RuntimeError(_FREED)
+        if not torch._C._autograd._get_current_graph_task_keep_graph():
+            ctx.mt = ctx.g = ctx.out = None  # what the graph holds goes with it, as torch's
+        if torch.is_grad_enabled():  # create_graph=True
+            name = "log_softmax" if ctx.log else "softmax"
+            extra = (KEYS[name], k_softmax, g.dims, True, (None, ctx.log))
+            return (*_backward_with_graph(_reduce, extra, [mt], [out], [grad]), None, None)
+        values = kernels.masked_softmax_backward(g, out.values, out.mask,
+                                                 grad_values(grad, out), ctx.log)
+        return _wrap(mt._storage.with_values(values)), None, None

@@ -21,6 +21,7 @@ from conftest import _to_layout, dense_of
 import layouts
 import layouts._native as native
 import masked_sparse as ms
+from masked_sparse.ops import softmax as softmax_ops
 
 F32, F64 = torch.float32, torch.float64
 NEG_INF = -math.inf
@@ -326,6 +327,11 @@ def test_the_native_backward_is_the_torch_op_backward(monkeypatch, layout, dtype
         assert torch.equal(_bits(native_grad), _bits(torch.where(m, torch_grad, zero)))
 
 
+def _one_node_softmax_off(monkeypatch) -> None:
+    """Sparse softmaxes through ``on_values`` (Note [A sparse softmax as one node] off)."""
+    monkeypatch.setattr(softmax_ops, "_records_one_node", lambda op, mt: False)
+
+
 def _recording_node_backward(direct: list[bool]):
     """``layouts.node_backward``, appending to ``direct`` whether it took the direct call."""
     node_backward = layouts.node_backward
@@ -351,6 +357,7 @@ def test_a_family_backward_without_the_engine_is_the_engines(implementation, mon
     mt, x, m = _operand(layout, F64, seed=5 + dim, shape=(11, 13), step=0.5)
     direct: list[bool] = []
     spy = _recording_node_backward(direct)
+    _one_node_softmax_off(monkeypatch)  # (the route under test here is on_values')
 
     def loss_of(leaf):
         out = _call(op, leaf, dim)
@@ -396,6 +403,7 @@ def test_heads_as_groups_backward_without_the_engine_is_the_engines(monkeypatch,
     weight = torch.rand(shape, dtype=F64, generator=gen)
     direct: list[bool] = []
     spy = _recording_node_backward(direct)
+    _one_node_softmax_off(monkeypatch)  # (the route under test here is on_values')
 
     grads = []
     for engine in (False, True):
@@ -446,3 +454,70 @@ def test_a_reduction_zeroes_its_empty_groups_in_the_kernel_output(layout, dtype,
     else:
         out = (getattr(torch, op)(mt) if dim is None else getattr(torch, op)(mt, dim))._storage
     assert torch.equal(_bits(out.values.reshape(-1)), _bits(want.reshape(-1)))
+
+
+def _hybrid(heads: int, dtype: torch.dtype, seed: int = 0):
+    """A hybrid COO MaskedTensor ``(9, 9, heads)`` with an empty row and unspecified
+    stored values holding NaN."""
+    gen = torch.Generator().manual_seed(seed)
+    keep = torch.rand(9, 9, generator=gen) < 0.4
+    keep[3] = False
+    indices = keep.nonzero().t()
+    values = torch.randn(indices.shape[1], heads, dtype=dtype, generator=gen)
+    mask = torch.rand(values.shape, generator=gen) < 0.8
+    values[~mask] = math.nan
+    shape = (9, 9, heads)
+    return ms.masked_tensor(torch.sparse_coo_tensor(indices, values, shape).coalesce(),
+                            torch.sparse_coo_tensor(indices, mask, shape).coalesce())
+
+
+@pytest.mark.parametrize("create_graph", [False, True], ids=["backward", "create_graph"])
+@pytest.mark.parametrize("dtype", [F32, F64], ids=str)
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("case", ["coo-0", "coo-1", "csr-0", "csr-1", "csc-0", "csc-1",
+                                  "heads-1", "heads-3"])
+def test_a_sparse_softmax_as_one_node_is_the_generic_route(monkeypatch, case, log, dtype,
+                                                           create_graph):
+    """Note [A sparse softmax as one node]: recorded as one node, a sparse softmax gives the
+    values and gradients of the on_values route bit for bit (a double backward too, within
+    rounding: its graph is on_values' own), in every sparse layout, along either dim and
+    per head; the node's saved state goes with a backward without retain_graph."""
+    kind, arg = case.split("-")
+    if kind == "heads":
+        mt, dim = _hybrid(int(arg), dtype), 1
+    else:
+        mt, dim = _operand(kind, dtype, seed=3, shape=(8, 11))[0], int(arg)
+    fn = torch.log_softmax if log else torch.softmax
+    weight = torch.rand(mt.shape, dtype=dtype, generator=torch.Generator().manual_seed(4))
+    results = []
+    for one_node in (True, False):
+        if not one_node:
+            _one_node_softmax_off(monkeypatch)
+        leaf = mt.clone().requires_grad_()
+        out = fn(leaf, dim)
+        assert (type(out.grad_fn).__name__ == "_SparseSoftmaxBackward") == one_node
+        loss = (_dense(ms.to_tensor(out, 0)) * weight).sum()
+        (g,) = torch.autograd.grad(loss, leaf, create_graph=create_graph)
+        if create_graph:  # differentiate the gradient again
+            (g,) = torch.autograd.grad((_dense(ms.to_tensor(g, 0)) ** 2).sum(), leaf)
+        results.append((out.detach(), g))
+    (out, g), (want_out, want_g) = results
+    _assert_bitwise(out, want_out)
+    if create_graph:
+        (dg, mg), (dw, mw) = dense_of(g), dense_of(want_g)
+        assert torch.equal(mg, mw)
+        torch.testing.assert_close(torch.where(mg, dg, 0), torch.where(mw, dw, 0))
+    else:
+        _assert_bitwise(g, want_g)
+
+
+def test_a_sparse_softmax_node_frees_its_state_as_torch_does():
+    """A second backward through the one-node softmax without retain_graph raises torch's
+    error; with retain_graph it gives the same gradient again."""
+    mt = _operand("csr", F64, seed=1)[0].requires_grad_()
+    loss = ms.to_tensor(torch.softmax(mt, 1) * 2.0, 0).to_dense().pow(2).sum()
+    (first,) = torch.autograd.grad(loss, mt, retain_graph=True)
+    (again,) = torch.autograd.grad(loss, mt)
+    _assert_bitwise(first, again)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        torch.autograd.grad(loss, mt)
