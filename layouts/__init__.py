@@ -56,6 +56,7 @@ from .convert import (
     expand_specified,
     read_at,
     read_broadcast,
+    read_stored,
     stack_storages,
     sum_back,
 )
@@ -98,6 +99,7 @@ __all__ = [
     "get_layout",
     "kernels",
     "read_at",
+    "read_stored",
     "read_broadcast",
     "sampled_mm",
     "set_product_density_threshold",

@@ -19,6 +19,8 @@ from ._fill import zero_unspecified
 from ._index import cached, linearize, lookup
 from .registry import Layout, Storage, get_layout
 
+_compiling = torch.compiler.is_compiling
+
 
 def convert(storage: Storage, target: Layout | torch.layout | str, **options: Any) -> Storage:
     """``storage`` in the ``target`` layout; ``options`` go to the target's ``from_coo``.
@@ -109,6 +111,38 @@ def read_at(source: Storage, like: Storage) -> tuple[torch.Tensor, torch.Tensor]
     return out_values.view(like.values.shape), out_mask.view(like.values.shape)
 
 
+def _gather_positions(storage: Storage, shape: torch.Size,
+                      values_shape: torch.Size) -> torch.Tensor:
+    """The flat position in a dense tensor of ``shape`` that the layout's ``gather`` reads
+    for each of ``storage``'s values (of ``values_shape``), flattened; cached per index
+    tensor and shapes."""
+    def positions() -> torch.Tensor:
+        ids = torch.arange(math.prod(shape), device=storage.values.device).view(shape)
+        return storage.layout.gather(storage, ids).expand(values_shape).reshape(-1)
+
+    index = storage.index
+    return cached(index[0], ("gather positions", tuple(shape), tuple(values_shape)), positions,
+                  data=index[-1])
+
+
+def read_stored(storage: Storage, dense: torch.Tensor) -> torch.Tensor:
+    """``dense`` (broadcastable to ``storage.shape``) read at the stored positions, in the
+    shape of ``storage.values``: the layout's ``gather``, expanded; for a sparse storage one
+    ``index_select`` by the flat positions :func:`sum_back` sums back to (cached per index
+    tensor), in place of the gather's steps on every call.
+
+    >>> import torch, layouts
+    >>> coo = layouts.get_layout("sparse_coo")
+    >>> s = coo.from_strided(torch.ones(2, 3), torch.tensor([[1, 0, 1], [0, 1, 0]]).bool())
+    >>> read_stored(s, torch.tensor([[10.], [20.]])).tolist()
+    [10.0, 10.0, 20.0]
+    """
+    if not storage.index or dense.dim() == 0 or _compiling():
+        return storage.layout.gather(storage, dense).expand(storage.values.shape)
+    flat = _gather_positions(storage, dense.shape, storage.values.shape)
+    return dense.reshape(-1).index_select(0, flat).view(storage.values.shape)
+
+
 def sum_back(storage: Storage, values: torch.Tensor, shape: torch.Size,
              mask: torch.Tensor | None = None) -> torch.Tensor:
     """The adjoint of the layout's ``gather``: ``values`` (one per stored element, shaped
@@ -136,14 +170,7 @@ def sum_back(storage: Storage, values: torch.Tensor, shape: torch.Size,
     if not shape:
         return values.sum()
     numel = math.prod(shape)
-
-    def positions() -> torch.Tensor:
-        ids = torch.arange(numel, device=values.device).view(shape)
-        return storage.layout.gather(storage, ids).expand(values.shape).reshape(-1)
-
-    index = storage.index
-    flat = cached(index[0], ("gather positions", tuple(shape), tuple(values.shape)), positions,
-                  data=index[-1])
+    flat = _gather_positions(storage, shape, values.shape)
     if mask is not None:
         out = _native.scatter(values.reshape(-1), mask.reshape(-1), "sum", flat, numel)
         if out is not None:

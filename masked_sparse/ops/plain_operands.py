@@ -11,7 +11,7 @@ for a sparse operand), which no torch optimizer takes, and on a sparse tensor th
 formulas before it (``select``, ``slice``) fail. So when such an operand requires grad,
 the Python-level call first replaces it by :func:`plain_at` -- a MaskedTensor over the
 masked operand's index and mask whose values are the plain tensor read at the stored
-positions (``layout.gather``: O(nnz), never densified) -- and the op runs between
+positions (``layouts.read_stored``: O(nnz), never densified) -- and the op runs between
 MaskedTensors of one pattern (the pointwise fast path). :class:`_PlainAt`'s backward reads
 the incoming masked gradient at those positions (0 where unspecified) and sums it back
 onto the plain tensor's shape: ``index_add`` by the flat position each stored value was
@@ -50,8 +50,7 @@ class _PlainAt(torch.autograd.Function):
     def forward(ctx, plain: torch.Tensor, storage: Storage) -> Any:  # type: ignore[override]
         ctx.storage = storage
         ctx.shape, ctx.dtype = plain.shape, plain.dtype
-        values = storage.layout.gather(storage, plain.detach())
-        return _wrap(storage.with_values(values.expand(storage.values.shape)))
+        return _wrap(storage.with_values(layouts.read_stored(storage, plain.detach())))
 
     @staticmethod
     def backward(ctx, grad: Any) -> Any:  # type: ignore[override]
@@ -70,7 +69,7 @@ class _PlainSum(torch.autograd.Function):
         masked_first = isinstance(a, MaskedTensor)
         masked, plain = (a, b) if masked_first else (b, a)
         s = masked._storage
-        read = s.layout.gather(s, plain.detach())
+        read = layouts.read_stored(s, plain.detach())
         if masked_first:
             values = s.values - read if subtract else s.values + read
         else:

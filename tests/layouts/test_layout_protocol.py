@@ -220,3 +220,38 @@ def test_the_core_compares_no_layout_name():
                     for c in (node.left, *node.comparators)):
                 found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
     assert not found, found
+
+
+# -- reading a plain operand at the stored positions -----------------------------------------
+@pytest.mark.parametrize("operand", [(1, 5), (4, 1), (4, 5), (5,), ()],
+                         ids=["row", "column", "full", "trailing", "scalar"])
+@pytest.mark.parametrize("name", ["strided", "sparse_coo", "sparse_csr", "sparse_csc",
+                                  "sparse_bsr"])
+def test_read_stored_is_the_layouts_gather(name, operand):
+    """``layouts.read_stored`` (the cached flat positions ``sum_back`` sums back to) reads
+    what the layout's own ``gather`` reads, in the values' shape, every call alike."""
+    mt = make_masked((4, 5), torch.strided, seed=3)[0]
+    mt = {"sparse_coo": mt.to_sparse_coo, "sparse_csr": mt.to_sparse_csr,
+          "sparse_csc": mt.to_sparse_csc, "sparse_bsr": lambda: mt.to_sparse_bsr((1, 1)),
+          "strided": lambda: mt}[name]()
+    s = mt._storage
+    dense = torch.randn(operand, generator=torch.Generator().manual_seed(1))
+    want = s.layout.gather(s, dense).expand(s.values.shape)
+    for _ in range(2):  # computed, then cached
+        got = layouts.read_stored(s, dense)
+        assert got.shape == s.values.shape
+        assert torch.equal(got, want)
+
+
+def test_read_stored_reads_every_head():
+    """A per-node vector broadcast over the heads of a hybrid COO ``(N, N, H)``."""
+    indices = torch.tensor([[0, 0, 2], [1, 2, 0]])
+    s = COO.build((indices,), torch.zeros(3, 2), torch.ones(3, 2, dtype=torch.bool),
+                  torch.Size([3, 3, 2]))
+    per_head = torch.tensor([[1., 2.], [3., 4.], [5., 6.]])
+    assert layouts.read_stored(s, per_head[:, None, :]).tolist() == [[1., 2.], [1., 2.],
+                                                                      [5., 6.]]
+    assert layouts.read_stored(s, per_head[None, :, :]).tolist() == [[3., 4.], [5., 6.],
+                                                                      [1., 2.]]
+    assert layouts.read_stored(s, per_head[:, None, :1]).tolist() == [[1., 1.], [1., 1.],
+                                                                       [5., 5.]]
