@@ -91,3 +91,34 @@ def test_the_check_can_fail(native_off):  # noqa: F811
     with pytest.raises(AssertionError, match="item"):
         with no_host_sync():
             mt.sum().to_tensor(0).item()
+
+
+@pytest.mark.usefixtures("native_off")
+@pytest.mark.parametrize("heads", [1, 3])
+def test_a_graph_attention_step_never_syncs(heads, device):
+    """The GAT layer of ``tutorials/graph_attention.py`` -- per-edge scores from two plain
+    node vectors broadcast at the edges (Note [A sum with a plain operand]), LeakyReLU,
+    the softmax over each row's neighbours (Note [A sparse softmax as one node]), the
+    per-head product -- forward and backward, warm, without a host sync."""
+    g = torch.Generator().manual_seed(5)
+    n, feats = 8, 4
+    keep = torch.rand(n, n, generator=g) < 0.4
+    keep[2] = False  # a node without neighbours
+    edges = keep.nonzero().t().to(device)
+    shape = (n, n, heads)
+    zeros = torch.zeros(edges.shape[1], heads, device=device)
+    on = torch.ones(edges.shape[1], heads, dtype=torch.bool, device=device)
+    a0 = ms.masked_tensor(torch.sparse_coo_tensor(edges, zeros, shape).coalesce(),
+                          torch.sparse_coo_tensor(edges, on, shape).coalesce())
+    wh = torch.randn(n, heads, feats, generator=g).to(device).requires_grad_()
+    e_dst, e_src = (torch.randn(n, heads, generator=g).to(device).requires_grad_()
+                    for _ in range(2))
+
+    def step() -> None:
+        scores = torch.nn.functional.leaky_relu(a0 + e_dst[:, None, :] + e_src[None, :, :], 0.2)
+        out = torch.einsum("ijh,jhf->ihf", scores.softmax(1), wh).to_tensor(0)
+        torch.autograd.grad(out.sum(), (wh, e_dst, e_src))
+
+    step()  # the first call builds the index facts
+    with no_host_sync(device):
+        step()
