@@ -151,10 +151,10 @@ def masked_softmax_backward(g: Any, out: Tensor, mask: Tensor, grad: Tensor,
                             log: bool) -> Tensor:
     """The gradient of :func:`masked_softmax`'s values over a grouping that is not dense,
     from its output ``out`` (0 at unspecified elements) and the output's gradient ``grad``
-    (never read at unspecified elements): the family's backward (Note [The softmax family]), over
-    the heads as groups where ``out`` has dense dims (Note [Heads as groups]); +0.0 at
-    every unspecified element. Not recorded: for a caller that records the softmax as one
-    node of its own.
+    (never read at unspecified elements): the family's backward (Note [The softmax
+    family]), over the heads as groups where ``out`` has dense dims (Note [Heads as
+    groups]); +0.0 at every unspecified element. Not recorded: for a caller that records
+    the softmax as one node of its own.
 
     >>> from layouts.kernels import Groups
     >>> out, m = torch.tensor([0.5, 0., 0.5]), torch.tensor([True, False, True])

@@ -99,7 +99,7 @@ class _SparseSoftmax(_func.Function):
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     A sparse MaskedTensor's softmax under autograd (graph attention's, once per layer) is
     recorded as one node whose backward is the softmax family's own
-    (``kernels.masked_softmax_backward``: one native pass on CPU), as the per-head product
+    (``kernels.masked_softmax_backward``: native passes on CPU), as the per-head product
     is (``_PerHeadProduct``): through ``on_values`` it would be a node around an inner graph
     of the family's node, and on a small graph building and running that graph cost more
     than the kernels. The values are the generic route's: the same grouping, the same
