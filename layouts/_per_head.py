@@ -107,10 +107,13 @@ def _records(x: torch.Tensor, y: torch.Tensor) -> bool:
             and not torch._C._are_functorch_transforms_active())
 
 
-def per_head_specified(coo: Storage, *, contract: int = 1) -> torch.Tensor:
+def per_head_specified(coo: Storage, *, contract: int = 1,
+                       features: tuple[int, ...] = ()) -> torch.Tensor:
     """Which output lines of :func:`per_head_mm` hold a term, per head: ``(lines, h...)``
     bool, True where line ``i`` (a row; ``contract=0``: a column) has a specified entry for
-    head ``h``. Computed once per index and mask (cached on both).
+    head ``h``; with ``features``, repeated over them (``(lines, h..., *features)``, the
+    mask of the product's output, contiguous). Computed once per index, mask and features
+    (cached on both).
 
     >>> import torch, layouts
     >>> coo = layouts.get_layout("sparse_coo")
@@ -126,9 +129,13 @@ def per_head_specified(coo: Storage, *, contract: int = 1) -> torch.Tensor:
     def count() -> torch.Tensor:
         hits = torch.zeros((coo.shape[1 - contract],) + tuple(mask.shape[1:]),
                            dtype=torch.int32, device=mask.device)
-        return hits.index_add_(0, keep, mask.to(torch.int32)) > 0
+        hits = hits.index_add_(0, keep, mask.to(torch.int32)) > 0
+        if not features:
+            return hits
+        shape = hits.shape + (1,) * len(features)
+        return hits.reshape(shape).expand(hits.shape + tuple(features)).contiguous()
 
-    return cached(indices, ("per-head lines", contract), count, data=mask)
+    return cached(indices, ("per-head lines", contract, features), count, data=mask)
 
 
 class _Product(torch.autograd.Function):

@@ -200,12 +200,31 @@ def per_head(equation: str, a: MaskedTensor, sa: str, b: Any, sb: str, out: str)
     """
     coo = _coo(a._storage)
     n_sparse = coo.index[0].shape[0]
-    rows, heads = sa[:n_sparse], sa[n_sparse:]
     if isinstance(b, MaskedTensor) or n_sparse != 2:
         raise _unsupported(equation, f"a {n_sparse}-D sparse operand with dense dims times "
                                      f"a {'masked' if isinstance(b, MaskedTensor) else 'plain'}"
                                      " operand (per-head products take 2 sparse dims and a "
                                      "plain operand)")
+    contract, right_order, produced, n_free = _per_head_plan(equation, sa, sb, out)
+    right = _arrange(b, sb, right_order)
+    if (torch.is_grad_enabled() and (requires_grad_of(a) or requires_grad_of(right))
+            and not torch.compiler.is_compiling() and not _func.active()
+            and coo is a._storage):  # (its gradient is a's storage with new values)
+        with torch.no_grad():  # filled once, for the product and its backward
+            filled = zero_filled_operand(coo)
+        result = _PerHeadProduct.apply(a, right, contract, n_free, filled)
+    else:  # nothing to record, or a tracer: the generic route
+        result = on_values(_per_head_kernel, [a, right], contract, n_free)
+    return _arrange(result, produced, out)
+
+
+@functools.lru_cache(maxsize=256)
+def _per_head_plan(equation: str, sa: str, sb: str, out: str) -> tuple[int, str, str, int]:
+    """``(contract, right, produced, n_free)`` of a per-head product (a function of the
+    labels alone: cached, it runs on every call): the sparse dim summed, the plain
+    operand's label order (summed, heads, features), the result's, and the number of
+    feature labels; raises where the labels are not a per-head product."""
+    rows, heads = sa[:2], sa[2:]
     summed = [c for c in rows if c in sb and c not in out]
     kept = [c for c in rows if c in out]
     free = "".join(c for c in sb if c not in sa)
@@ -214,18 +233,7 @@ def per_head(equation: str, a: MaskedTensor, sa: str, b: Any, sb: str, out: str)
         raise _unsupported(equation, "a hybrid sparse operand contracts one sparse dim with a "
                                      "plain operand holding its dense dims as batch labels "
                                      "(e.g. 'ijh,jhf->ihf')")
-    contract = rows.index(summed[0])
-    right = _arrange(b, sb, summed[0] + heads + free)
-    produced = kept[0] + heads + free
-    if (torch.is_grad_enabled() and (requires_grad_of(a) or requires_grad_of(right))
-            and not torch.compiler.is_compiling() and not _func.active()
-            and coo is a._storage):  # (its gradient is a's storage with new values)
-        with torch.no_grad():  # filled once, for the product and its backward
-            filled = zero_filled_operand(coo)
-        result = _PerHeadProduct.apply(a, right, contract, len(free), filled)
-    else:  # nothing to record, or a tracer: the generic route
-        result = on_values(_per_head_kernel, [a, right], contract, len(free))
-    return _arrange(result, produced, out)
+    return rows.index(summed[0]), summed[0] + heads + free, kept[0] + heads + free, len(free)
 
 
 def _per_head_kernel(storages: list, contract: int, n_free: int) -> Storage:
@@ -233,9 +241,9 @@ def _per_head_kernel(storages: list, contract: int, n_free: int) -> Storage:
     feature dims: a strided storage whose mask says which output lines hold a term."""
     s, dense = _coo(zero_filled_operand(storages[0])), storages[1]
     values = layouts.per_head_mm(s, s.values, dense, contract=contract)
-    hits = layouts.per_head_specified(s, contract=contract)
-    mask = hits.reshape(hits.shape + (1,) * n_free).expand(values.shape)
-    return _STRIDED.build((), values, mask.contiguous(), values.shape)
+    features = tuple(values.shape[values.dim() - n_free:]) if n_free else ()
+    mask = layouts.per_head_specified(s, contract=contract, features=features)
+    return _STRIDED.build((), values, mask, values.shape)
 
 
 class _PerHeadProduct(_func.Function):

@@ -111,6 +111,19 @@ def test_specified_lines_per_head():
     assert torch.equal(layouts.per_head_specified(s, contract=0), full.any(0))
 
 
+def test_specified_lines_per_head_over_features():
+    """With ``features`` the lines' mask is repeated over them (the product's output mask),
+    contiguous, kept per mask: a new mask object gives its own lines."""
+    s, _ = storage(6, 5, (3,), 0.5, seed=6)
+    full = torch.zeros(s.shape, dtype=torch.bool).index_put(tuple(s.index[0]), s.mask)
+    got = layouts.per_head_specified(s, features=(2, 4))
+    assert got.is_contiguous() and got.shape == (6, 3, 2, 4)
+    assert torch.equal(got, full.any(1)[:, :, None, None].expand(6, 3, 2, 4))
+    assert layouts.per_head_specified(s, features=(2, 4)) is got  # cached
+    other = type(s)(s.layout, s.index, s.values, torch.zeros_like(s.mask), s.shape)
+    assert not layouts.per_head_specified(other, features=(2, 4)).any()
+
+
 @pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("kind", ["lines", "scatter"])
 @pytest.mark.parametrize("heads", [1, 3])
