@@ -35,7 +35,7 @@ from .. import _func
 from .._autograd import _backward_with_graph, grad_values, on_values
 from .._fill import all_specified
 from .._registry import implements
-from .._tensor import MaskedTensor, _wrap, requires_grad_of
+from .._tensor import MaskedTensor, _wrap, ndim_of, requires_grad_of
 from .linalg import matmul, zero_filled_operand
 
 _STRIDED = layouts.get_layout(torch.strided)
@@ -64,9 +64,7 @@ def _parse(equation: str, a: torch.Tensor, b: torch.Tensor) -> tuple[str, str, s
 
 
 def _ndim(x: torch.Tensor) -> int:
-    """``x.dim()``, read from a MaskedTensor's storage (``dim()`` on it would be one more
-    ``__torch_function__`` call)."""
-    return len(x._storage.shape) if type(x) is MaskedTensor else x.dim()
+    return ndim_of(x) if type(x) is MaskedTensor else x.dim()
 
 
 @functools.lru_cache(maxsize=256)

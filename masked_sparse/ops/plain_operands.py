@@ -54,9 +54,14 @@ class _PlainAt(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Any) -> Any:  # type: ignore[override]
-        s = ctx.storage
-        # only the specified values are summed (an unspecified NaN too is never read)
-        return layouts.sum_back(s, grad_values(grad, s), ctx.shape, s.mask).to(ctx.dtype), None
+        return _plain_grad(ctx.storage, grad, ctx.shape).to(ctx.dtype), None
+
+
+def _plain_grad(s: Storage, grad: Any, shape: torch.Size) -> torch.Tensor:
+    """The gradient of a plain operand of ``shape`` read at ``s``'s stored positions: the
+    incoming gradient's specified values summed back where each was read (an unspecified
+    NaN too is never read)."""
+    return layouts.sum_back(s, grad_values(grad, s), shape, s.mask)
 
 
 class _PlainSum(torch.autograd.Function):
@@ -86,8 +91,7 @@ class _PlainSum(torch.autograd.Function):
         if need_masked:
             to_masked = -grad if ctx.subtract and not first else grad
         if need_plain:
-            # only the specified values are summed (an unspecified NaN too is never read)
-            to_plain = layouts.sum_back(s, grad_values(grad, s), ctx.shape, s.mask)
+            to_plain = _plain_grad(s, grad, ctx.shape)
             if ctx.subtract and first:
                 to_plain = -to_plain
         return (to_masked, to_plain, None) if first else (to_plain, to_masked, None)
