@@ -188,7 +188,7 @@ def _mm(keep: torch.Tensor, summed: torch.Tensor, n_keep: int, values: torch.Ten
     kernel = _native_kernel("mm", values, dense)
     if kernel is not None:
         heads = math.prod(values.shape[1:])
-        out = dense.new_zeros(shape)
+        out = dense.new_zeros(*shape)  # (unpacked: torch parses a Size argument slowly)
         _run(kernel, keep, summed, n_keep, dense.shape[0], values, dense, heads, out)
         return out
     free = dense.dim() - values.dim()
@@ -205,7 +205,7 @@ def _dot(keep: torch.Tensor, summed: torch.Tensor, a: torch.Tensor, b: torch.Ten
     shape = (keep.shape[0],) + a.shape[1:1 + heads]
     kernel = _native_kernel("dot", a, b)
     if kernel is not None:
-        out = a.new_empty(shape)
+        out = a.new_empty(*shape)
         _run(kernel, keep, summed, a.shape[0], b.shape[0], a, b, math.prod(shape[1:]), out)
         return out
     terms = a.index_select(0, keep) * b.index_select(0, summed)

@@ -140,7 +140,7 @@ def masked_softmax(g: Any, values: Tensor, mask: Tensor, log: bool) -> tuple[Ten
     flat = None if traced(values) else per_head(g, values)
     if flat is not None:  # Note [Heads as groups]
         out, zeroed = masked_softmax(flat, values.reshape(-1), mask.reshape(-1), log)
-        return out.view(values.shape), zeroed
+        return out.view_as(values), zeroed
     if direct(values):
         out = _cpu(g, values, mask, log) if values.is_cpu else None
         return (out if out is not None else _torch(g, values, mask, log)), True
@@ -165,7 +165,7 @@ def masked_softmax_backward(g: Any, out: Tensor, mask: Tensor, grad: Tensor,
     if flat is not None:
         grad = masked_softmax_backward(flat, out.reshape(-1), mask.reshape(-1),
                                        grad.reshape(-1), log)
-        return grad.view(out.shape)
+        return grad.view_as(out)
     return SOFTMAX.backward(g, out, mask, (out,), (grad,), log)
 
 
