@@ -167,16 +167,16 @@ def _output_mask(a: Operand, b: Operand, transpose_b: bool, shape: torch.Size,
     if isinstance(a, Storage) and isinstance(b, Storage):
         counts = _values_product(_as_counts(a, dtype, -1),
                                  _as_counts(b, dtype, -1 if transpose_b else -2), transpose_b)
-        return (counts > 0).expand(shape)
+        return (counts > 0).expand(*shape)
     if isinstance(a, Storage):  # rows of a that hold a specified element
         rows = layouts.specified_lines(a, 0) if a.index else _any(a.mask, -1)
-        return rows.unsqueeze(-1).expand(shape)
+        return rows.unsqueeze(-1).expand(*shape)
     col_dim = 0 if transpose_b else 1  # columns of b: rows of the stored b.T
     if b.index:
         cols = layouts.specified_lines(b, col_dim)
     else:
         cols = _any(b.mask, -1 if transpose_b else -2)
-    return cols.unsqueeze(-2).expand(shape)
+    return cols.unsqueeze(-2).expand(*shape)
 
 
 def _as_dense(x: Operand) -> Operand:
@@ -229,36 +229,62 @@ def _plain_if_full(s: Operand) -> Operand:
 
 
 def _buffer_of(f: Operand, s: Operand) -> tuple[Operand, torch.Tensor | None]:
-    """A (filled) sparse factor ``f`` of storage ``s`` as its dense buffer, kept per ``s``'s
-    values object and written when they or the mask change, and the stored positions
-    (Note [Products chosen per device and density] in ``layouts._dense_operand``); any
-    other factor as it is."""
-    if not _is_sparse(f):
+    """A (filled) sparse factor ``f`` of storage ``s`` that multiplies as dense on its device
+    as its dense buffer, kept per ``s``'s values object and written when they or the mask
+    change, and the stored positions (Note [Products chosen per device and density] in
+    ``layouts._dense_operand``); any other factor as it is."""
+    if not _is_sparse(f) or not layouts.dense_chosen(s):
         return f, None
     return layouts.dense_buffer(f, s.values, (s.values._version, s.mask._version))
 
 
-def _dense_chosen(x: Any) -> bool:
-    """A sparse MaskedTensor operand that multiplies as dense on its device."""
-    return x.dim() == 2 and layouts.dense_chosen(x._storage)
+def _one_node_sparse(x: Any) -> bool:
+    """A 2-D sparse MaskedTensor operand of :class:`_MatrixProduct`: one value per stored
+    element (COO, CSR, CSC; not blocks or dense dims, which take the generic route)."""
+    return x.dim() == 2 and x._storage.values.dim() == 1
 
 
-class _DenseProduct(torch.autograd.Function):
-    """Note [One Function for a dense product]
-    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-    The product of two 2-D strided operands (at least one masked) plus linear's plain
-    bias -- a pruned ``nn.Linear`` with a strided masked weight -- is differentiated by hand
-    instead of through :func:`on_values`' inner graph, which costs a nested autograd run
-    and an autograd node per fill at every layer of every step. Forward: each masked factor
-    filled once (:func:`zero_filled_operand`), then ``addmm`` / ``mm``; the output mask as
-    :func:`_output_mask` says. Backward: the incoming gradient read at the output as
-    ``on_values`` reads it, then torch's own ``mm`` backward formulas, each masked factor's
-    gradient filled with its mask exactly when its forward was filled, wrapped over the
-    factor's storage (its mask and layout); the bias's gradient is the plain column sum.
-    So values, masks and gradients are those of the generic route
-    (``tests/autograd/test_train_linear.py``), and ``python -m benchmarks.bench_training`` times the
-    step. A backward that builds a graph (``create_graph=True``) takes the generic route's
-    double backward (Note [Double backward]).
+def _sparse_factor_grads(sparse: Storage, other: torch.Tensor, g: torch.Tensor, a_sparse: bool,
+                         transpose_b: bool, need: tuple[bool, bool]) -> list[Any]:
+    """The gradients ``[grad_a, grad_b]`` of ``a @ b`` (``a @ b.T``) with one sparse factor,
+    its (filled) storage ``sparse``, and ``other`` the dense one as given: the sparse
+    factor's is the sampled product at its stored positions (Note [Sampled gradient] in
+    ``layouts._linalg``), shaped like its values; the dense one's a product with the sparse
+    factor, both as the generic route's inner graph computes them."""
+    need_a, need_b = need
+    if a_sparse:  # S @ B, B = other (.T): dS = G @ B.T at S, dB = S.T @ G
+        right = other.mT if transpose_b else other
+        grad_b = layouts.sparse_mm(sparse, g, transpose=True) if need_b else None
+        return [layouts.sampled_mm(sparse, g, right.mT) if need_a else None,
+                grad_b.mT if grad_b is not None and transpose_b else grad_b]
+    # A @ S.T (A @ S), A = other: dA = G @ S (G @ S.T), dS = G.T @ A (A.T @ G) at S
+    grad_s = None
+    if need_b:
+        grad_s = (layouts.sampled_mm(sparse, g.mT, other) if transpose_b
+                  else layouts.sampled_mm(sparse, other.mT, g))
+    return [_sparse_right(g, sparse, not transpose_b) if need_a else None, grad_s]
+
+
+class _MatrixProduct(torch.autograd.Function):
+    """Note [One Function for a matrix product]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    The product of two 2-D operands (at least one masked, at most one sparse) plus linear's
+    plain bias -- a pruned ``nn.Linear`` with a strided or sparse masked weight -- is
+    differentiated by hand instead of through :func:`on_values`' inner graph, which costs a
+    nested autograd run and an autograd node per fill at every layer of every step.
+    Forward: each masked factor filled once (:func:`zero_filled_operand`), a sparse one
+    dense enough for its device as its kept dense buffer, then ``addmm`` / ``mm``, or the
+    layout's sparse kernel (``layouts.sparse_mm``) for a sparse factor below its device's
+    threshold; the output mask as :func:`_output_mask` says. Backward: the incoming gradient
+    read at the output as ``on_values`` reads it, then torch's own ``mm`` backward formulas,
+    or for a sparse factor the product with it and its sampled gradient
+    (:func:`_sparse_factor_grads`); each masked factor's gradient filled with its mask
+    exactly when its forward was filled, wrapped over the factor's storage (its mask and
+    layout); the bias's gradient is the plain column sum. So values, masks and gradients are
+    those of the generic route (``tests/autograd/test_train_linear.py``), and ``python -m
+    benchmarks.bench_training`` times the step. A backward that builds a graph
+    (``create_graph=True``) takes the generic route's double backward (Note [Double
+    backward]).
     """
 
     @staticmethod
@@ -273,14 +299,23 @@ class _DenseProduct(torch.autograd.Function):
         filled = (fa is not fa_in, fb is not fb_in)
         # A sparse factor (dense enough for its device) as its kept dense buffer.
         (fa, flat_a), (fb, flat_b) = _buffer_of(fa, sa), _buffer_of(fb, sb)
-        left, right = _dense(fa), _dense(fb, transpose_b)
-        values = torch.mm(left, right) if bias is None else torch.addmm(bias, left, right)
+        if _is_sparse(fa) or _is_sparse(fb):  # the layout's sparse kernel
+            sparse, other = (fa, _dense(fb)) if _is_sparse(fa) else (fb, _dense(fa))
+            values = _values_product(fa, fb, transpose_b)
+            if bias is not None:
+                values = values + bias
+            ctx.save_for_backward(other, sparse.values)
+            ctx.sparse = (sparse, _is_sparse(fa))
+        else:
+            left, right = _dense(fa), _dense(fb, transpose_b)
+            values = torch.mm(left, right) if bias is None else torch.addmm(bias, left, right)
+            ctx.save_for_backward(left, right)
+            ctx.sparse = None
         count_dtype = torch.float64 if values.dtype == torch.float64 else torch.float32
         if not (isinstance(ma, Storage) or isinstance(mb, Storage)):
             ma, mb = sa, sb  # (the mask of a factor specified everywhere, by _output_mask)
         out = _STRIDED.build((), values, _output_mask(ma, mb, transpose_b, values.shape,
                                                       count_dtype), values.shape)
-        ctx.save_for_backward(left, right)
         ctx.storages, ctx.out, ctx.transpose_b = (sa, sb), out, transpose_b
         ctx.filled, ctx.flats = filled, (flat_a, flat_b)
         ctx.tensors = (a, b, bias)
@@ -292,17 +327,22 @@ class _DenseProduct(torch.autograd.Function):
             inputs = [t for t in ctx.tensors if t is not None]
             got = _backward_with_graph(_product, (ctx.transpose_b,), inputs, [ctx.out], [grad])
             return (None, *got, None) if len(inputs) == 2 else (None, *got)
-        left, right = ctx.saved_tensors
         values, mask = grad_on(grad, ctx.out)  # unspecified outputs contribute nothing
         g = (layouts.zero_unspecified(values, mask)
              if isinstance(grad, MaskedTensor) and not all_specified(mask) else values)
         _, need_a, need_b, need_bias = ctx.needs_input_grad
-        result: list[Any] = [None,
-                             _mat1_grad(g, left, right) if need_a else None,
-                             _mat2_grad(g, left, right) if need_b else None,
-                             g.sum(0) if need_bias else None]
-        if need_b and ctx.transpose_b:
-            result[2] = result[2].mT
+        if ctx.sparse is not None:
+            other, sparse_values = ctx.saved_tensors
+            sparse, a_sparse = ctx.sparse
+            grads = _sparse_factor_grads(sparse.with_values(sparse_values), other, g, a_sparse,
+                                         ctx.transpose_b, (need_a, need_b))
+        else:
+            left, right = ctx.saved_tensors
+            grads = [_mat1_grad(g, left, right) if need_a else None,
+                     _mat2_grad(g, left, right) if need_b else None]
+            if need_b and ctx.transpose_b:
+                grads[1] = grads[1].mT
+        result: list[Any] = [None, *grads, g.sum(0) if need_bias else None]
         for i, (s, filled, flat) in enumerate(zip(ctx.storages, ctx.filled, ctx.flats),
                                               start=1):
             if result[i] is not None and isinstance(s, Storage):
@@ -314,14 +354,20 @@ class _DenseProduct(torch.autograd.Function):
         return tuple(result)
 
 
+# ``Function.apply`` less its Python layer (no setup_context; _fuses rules out torch.compile
+# and torch.func transforms), as for the sum with a plain operand (ops/plain_operands.py)
+_PRODUCT_APPLY = super(torch.autograd.Function, _MatrixProduct).apply  # _FunctionBase.apply
+
+
 def _fuses(a: torch.Tensor, b: torch.Tensor, bias: Any) -> bool:
-    """True for :class:`_DenseProduct`: two 2-D strided operands, eager autograd."""
+    """True for :class:`_MatrixProduct`: two 2-D operands, at most one sparse (one value per
+    stored element), eager autograd."""
     sparse_a = isinstance(a, MaskedTensor) and bool(a._storage.index)
     sparse_b = isinstance(b, MaskedTensor) and bool(b._storage.index)
     return (a.dim() == 2 and b.dim() == 2 and torch.is_grad_enabled()
             and not (sparse_a and sparse_b)
-            and not (sparse_a and not _dense_chosen(a))
-            and not (sparse_b and not _dense_chosen(b))
+            and not (sparse_a and not _one_node_sparse(a))
+            and not (sparse_b and not _one_node_sparse(b))
             and not torch.compiler.is_compiling()
             and not torch._C._are_functorch_transforms_active()
             and (requires_grad_of(a) or requires_grad_of(b)
@@ -329,9 +375,9 @@ def _fuses(a: torch.Tensor, b: torch.Tensor, bias: Any) -> bool:
 
 
 def _operand(x: Any) -> bool:
-    """A 2-D strided operand of :class:`_DenseProduct` (read without ``__torch_function__``)."""
+    """A 2-D operand of :class:`_MatrixProduct` (read without ``__torch_function__``)."""
     if isinstance(x, MaskedTensor):
-        return x.dim() == 2 and (not x._storage.index or _dense_chosen(x))
+        return x.dim() == 2 and (not x._storage.index or _one_node_sparse(x))
     return type(x) in _PLAIN and x.layout == torch.strided and x.dim() == 2
 
 
@@ -340,8 +386,8 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 def _direct(a: Any, b: Any, transpose_b: bool, bias: Any) -> bool:
     """True when ``a @ b`` (``a @ b.T``, plus ``bias``) is a valid product for
-    :class:`_DenseProduct`, decided from the wrappers' metadata in one pass
-    (Note [One Function for a dense product]): a step of a pruned MLP then reads no
+    :class:`_MatrixProduct`, decided from the wrappers' metadata in one pass
+    (Note [One Function for a matrix product]): a step of a pruned MLP then reads no
     property of a MaskedTensor through ``__torch_function__``. Anything else -- and every
     error message -- takes the checks of :func:`matmul`."""
     with DisableTorchFunctionSubclass():
@@ -396,8 +442,8 @@ def matmul(op: str, a: torch.Tensor, b: torch.Tensor, transpose_b: bool = False,
                for x, y in zip(reversed(a.shape[:-2]), reversed(b_shape[:-2]))):
         raise ValueError(f"{op}(): batch dimensions do not broadcast: {_describe(a)} and "
                          f"{_describe(b)}")
-    if _fuses(a, b, bias):  # Note [One Function for a dense product]
-        return _DenseProduct.apply(transpose_b, a, b, bias)
+    if _fuses(a, b, bias):  # Note [One Function for a matrix product]
+        return _PRODUCT_APPLY(transpose_b, a, b, bias)
     return on_values(_product, [a, b] if bias is None else [a, b, bias], transpose_b)
 
 
@@ -470,8 +516,8 @@ def bmm(op: Any, input: torch.Tensor, mat2: torch.Tensor) -> Any:
 
 @implements(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
 def matmul_(op: Any, input: torch.Tensor, other: torch.Tensor) -> Any:
-    if _direct(input, other, False, None):  # Note [One Function for a dense product]
-        return _DenseProduct.apply(False, input, other, None)
+    if _direct(input, other, False, None):  # Note [One Function for a matrix product]
+        return _PRODUCT_APPLY(False, input, other, None)
     return _vector_matmul("matmul", input, other)
 
 
@@ -495,8 +541,8 @@ def baddbmm(op: Any, input: Any, batch1: torch.Tensor, batch2: torch.Tensor, *, 
 @implements(F.linear)
 def linear(op: Any, input: torch.Tensor, weight: torch.Tensor, bias: Any = None) -> Any:
     """``input @ weight.T + bias``; a sparse weight is multiplied without transposing it."""
-    if _direct(input, weight, True, bias):  # Note [One Function for a dense product]
-        return _DenseProduct.apply(True, input, weight, bias)
+    if _direct(input, weight, True, bias):  # Note [One Function for a matrix product]
+        return _PRODUCT_APPLY(True, input, weight, bias)
     if weight.dim() not in (1, 2):
         raise ValueError(f"linear(): weight must be 1-D or 2-D, got {_describe(weight)}")
     if _folds(bias, input, weight):

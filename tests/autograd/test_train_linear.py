@@ -12,7 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import make_masked_in
 
+import layouts
 import masked_sparse as ms
 from benchmarks.bench_training import forward as _forward  # the benchmarked MLP
 
@@ -100,7 +102,7 @@ def test_sparse_weight_product_gradients_in_float64(layout, transpose):
     torch.testing.assert_close(_dense(mt.grad)[m], wd.grad[m])
 
 
-# -- Note [One Function for a dense product] -------------------------------------------------
+# -- Note [One Function for a matrix product] ------------------------------------------------
 def _nan_masked(shape, seed, dtype=torch.float64, density=0.6):
     """A strided MaskedTensor with NaN under its mask (never read) and its dense reference."""
     g = torch.Generator().manual_seed(seed)
@@ -141,7 +143,7 @@ def test_strided_products_take_one_node_and_match_the_dense_reference(product, m
     monkeypatch.setattr(torch.autograd, "grad",
                         lambda *a, **k: nested.append(1) or real_grad(*a, **k))
     out = call(x, w, b)
-    assert "_DenseProduct" in type(out.grad_fn).__name__
+    assert "_MatrixProduct" in type(out.grad_fn).__name__
     g = torch.randn(4, 5, dtype=torch.float64)
     out.to_tensor(0).backward(g)
     # The generic route runs one autograd.grad per product; w.T's own backward runs one.
@@ -181,3 +183,74 @@ def test_strided_linear_double_backward_matches_dense():
     gxr.pow(2).sum().backward()
     torch.testing.assert_close(gx, gxr)
     torch.testing.assert_close(w.grad.to_tensor(0), torch.where(wm, wr.grad, 0.0))
+
+
+# -- one sparse factor: Note [One Function for a matrix product] -----------------------------
+SPARSE = {"coo": torch.sparse_coo, "csr": torch.sparse_csr, "csc": torch.sparse_csc}
+SPARSE_PRODUCTS = {  # name: (masked call, x's shape, output shape); W is (5, 7)
+    "linear": (lambda x, w, b: F.linear(x, w, b), (4, 7), (4, 5)),
+    "linear_no_bias": (lambda x, w, b: F.linear(x, w), (4, 7), (4, 5)),
+    "x@W": (lambda x, w, b: x @ w, (4, 5), (4, 7)),
+    "mm(x, W)": (lambda x, w, b: torch.mm(x, w), (4, 5), (4, 7)),
+    "W@x": (lambda x, w, b: w @ x, (7, 3), (5, 3)),
+}
+
+
+def _sparse_reference(product, x, w, b):
+    """The product on dense zero-filled operands (the dense workaround)."""
+    return {"linear": lambda: F.linear(x, w, b), "linear_no_bias": lambda: F.linear(x, w),
+            "x@W": lambda: x @ w, "mm(x, W)": lambda: x @ w, "W@x": lambda: w @ x}[product]()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("route", ["sparse_kernels", "dense_buffer"])
+@pytest.mark.parametrize("product", list(SPARSE_PRODUCTS))
+@pytest.mark.parametrize("layout", list(SPARSE))
+def test_sparse_weight_products_take_one_node_and_match_the_dense_reference(
+        layout, product, route, dtype, monkeypatch):
+    """A sparse masked weight (stored-but-unspecified entries holding NaN, a fully pruned
+    row and column) in ``linear`` / ``x @ W`` / ``W @ x``: one recorded node, no nested
+    autograd run, on the layout's sparse kernels below the density threshold and on the
+    dense buffer above it; values, output mask and the gradients of x, W (over W's own
+    storage: its mask and layout) and b equal the dense computation on zero-filled
+    operands."""
+    g = torch.Generator().manual_seed(5)
+    data = torch.randn(5, 7, generator=g, dtype=torch.float64)
+    mask = torch.rand(5, 7, generator=g) < 0.5
+    mask[2], mask[:, 4] = False, False  # a pruned output feature and a pruned input
+    data = torch.where(mask, data, float("nan")).to(dtype)
+    w, wd, wm = make_masked_in((5, 7), SPARSE[layout], dtype=dtype, data=data, mask=mask)
+    assert bool((w._storage.mask == False).any())  # noqa: E712  stored but unspecified
+    w.requires_grad_()
+    call, x_shape, out_shape = SPARSE_PRODUCTS[product]
+    x = torch.randn(x_shape, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
+    b = torch.randn(5, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
+    monkeypatch.setitem(layouts.PRODUCT_DENSITY_THRESHOLDS, "cpu",
+                        2.0 if route == "sparse_kernels" else 0.0)
+    nested = []
+    real_grad = torch.autograd.grad
+    monkeypatch.setattr(torch.autograd, "grad",
+                        lambda *a, **k: nested.append(1) or real_grad(*a, **k))
+    out = call(x, w, b)
+    assert "_MatrixProduct" in type(out.grad_fn).__name__
+    grad_out = torch.randn(out_shape, generator=g, dtype=torch.float64).to(dtype)
+    out.to_tensor(0).backward(grad_out)
+    assert not nested
+
+    wr = torch.where(wm, wd, 0.0).requires_grad_()
+    xr = x.detach().clone().requires_grad_()
+    br = b.detach().clone().requires_grad_()
+    ref = _sparse_reference(product, xr, wr, br)
+    out_mask = {"x@W": wm.any(0)[None, :], "mm(x, W)": wm.any(0)[None, :],
+                "W@x": wm.any(1)[:, None]}.get(product, wm.any(1)[None, :]).expand(out_shape)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else {}
+    assert torch.equal(out.get_mask(), out_mask)
+    torch.testing.assert_close(out.to_tensor(0), torch.where(out_mask, ref, 0.0).detach(), **tol)
+    (ref * out_mask).backward(grad_out)
+    assert ms.is_masked_tensor(w.grad) and w.grad.layout == SPARSE[layout]
+    assert w.grad._storage.mask is w._storage.mask  # W's own storage, nothing rebuilt
+    torch.testing.assert_close(w.grad.to_tensor(0).to_dense(), torch.where(wm, wr.grad, 0.0),
+                               **tol)
+    torch.testing.assert_close(x.grad, xr.grad, **tol)
+    if product == "linear":
+        torch.testing.assert_close(b.grad, br.grad, **tol)
