@@ -254,3 +254,53 @@ def test_sparse_weight_products_take_one_node_and_match_the_dense_reference(
     torch.testing.assert_close(x.grad, xr.grad, **tol)
     if product == "linear":
         torch.testing.assert_close(b.grad, br.grad, **tol)
+
+
+@pytest.mark.parametrize("trained", ["x", "W", "b"])
+@pytest.mark.parametrize("layout", list(SPARSE))
+def test_sparse_weight_product_with_one_operand_trained(layout, trained, monkeypatch):
+    """Only the operand that requires grad gets a gradient (the others stay None), equal to
+    the dense reference's, on the sparse kernels' route."""
+    monkeypatch.setitem(layouts.PRODUCT_DENSITY_THRESHOLDS, "cpu", 2.0)
+    g = torch.Generator().manual_seed(6)
+    mask = torch.rand(5, 7, generator=g) < 0.5
+    data = torch.where(mask, torch.randn(5, 7, generator=g, dtype=torch.float64), float("nan"))
+    w, wd, wm = make_masked_in((5, 7), SPARSE[layout], dtype=torch.float64, data=data,
+                               mask=mask)
+    x = torch.randn(4, 7, generator=g, dtype=torch.float64)
+    b = torch.randn(5, generator=g, dtype=torch.float64)
+    {"x": x, "W": w, "b": b}[trained].requires_grad_()
+    out = F.linear(x, w, b)
+    assert "_MatrixProduct" in type(out.grad_fn).__name__
+    grad_out = torch.randn(4, 5, generator=g, dtype=torch.float64)
+    out.to_tensor(0).backward(grad_out)
+    wr, xr, br = (torch.where(wm, wd, 0.0).requires_grad_(), x.detach().clone().requires_grad_(),
+                  b.detach().clone().requires_grad_())
+    (F.linear(xr, wr, br) * wm.any(1)).backward(grad_out)
+    got = {"x": x.grad, "W": w.grad, "b": b.grad}
+    assert all(v is None for k, v in got.items() if k != trained)
+    if trained == "W":
+        assert w.grad.layout == SPARSE[layout]
+        torch.testing.assert_close(w.grad.to_tensor(0).to_dense(), torch.where(wm, wr.grad, 0.0))
+    else:
+        torch.testing.assert_close(got[trained], {"x": xr, "b": br}[trained].grad)
+
+
+@pytest.mark.parametrize("layout", list(SPARSE))
+def test_sparse_weight_product_double_backward_matches_dense(layout, monkeypatch):
+    """A gradient penalty (create_graph=True) through the one-node product on the sparse
+    kernels' route: the generic route's double backward."""
+    monkeypatch.setitem(layouts.PRODUCT_DENSITY_THRESHOLDS, "cpu", 2.0)
+    g = torch.Generator().manual_seed(7)
+    mask = torch.rand(4, 6, generator=g) < 0.6
+    w, wd, wm = make_masked_in((4, 6), SPARSE[layout], dtype=torch.float64, mask=mask)
+    w.requires_grad_()
+    x = torch.randn(3, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    (gx,) = torch.autograd.grad(F.linear(x, w).to_tensor(0).pow(2).sum(), x, create_graph=True)
+    gx.pow(2).sum().backward()
+    wr = torch.where(wm, wd, 0.0).requires_grad_()
+    xr = x.detach().clone().requires_grad_()
+    (gxr,) = torch.autograd.grad(F.linear(xr, wr).pow(2).sum(), xr, create_graph=True)
+    gxr.pow(2).sum().backward()
+    torch.testing.assert_close(gx, gxr)
+    torch.testing.assert_close(w.grad.to_tensor(0).to_dense(), torch.where(wm, wr.grad, 0.0))
