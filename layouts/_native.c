@@ -580,7 +580,7 @@ NARROW(u16)
  * layouts/_fill.py: torch's CPU where branches on its condition, which mispredicts on a
  * random mask). Every v[j] is read whatever m[j] says: with the read inside the condition
  * the compiler may not read an element the condition skips, and vectorizes with masked
- * loads instead (vpmaskmovd), four times slower than a plain load and a blend on Zen. */
+ * loads instead (vpmaskmovd), much slower than a plain load and a blend on Zen. */
 #define FILL(B)                                                                          \
     void ms_fill_u##B(const uint##B##_t *v, const uint8_t *m, int64_t n, uint##B##_t f,    \
                       uint##B##_t *out) {                                                \

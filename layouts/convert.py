@@ -173,7 +173,7 @@ def sum_back(storage: Storage, values: torch.Tensor, shape: torch.Size,
     flat = _gather_positions(storage, shape, values.shape)
     if mask is not None:
         out = _native.scatter(values.reshape(-1), mask.reshape(-1), "sum", flat, numel)
-        if out is not None:  # (view(*shape): torch parses a Size argument ~5 µs slower)
+        if out is not None:  # (view(*shape): torch parses a Size argument more slowly)
             return out.view(*shape)
         values = zero_unspecified(values, mask)
     return values.new_zeros(numel).index_add(0, flat, values.reshape(-1)).view(*shape)
