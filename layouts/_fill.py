@@ -180,6 +180,8 @@ _FILL_TENSORS: dict[tuple, torch.Tensor] = {}
 def _fill_bits(value: Any, dtype: torch.dtype) -> int:
     """The bits of ``value`` in ``dtype`` as an integer of its width; remembered for Python
     numbers (0, 1, +-inf: the usual fills), keyed by their repr (-0.0 is not 0.0)."""
+    if type(value) is int and value == 0:  # (the zero fill: all bits 0 in every dtype)
+        return 0
     number = type(value) in (int, float, bool) and value == value  # NaN: not remembered
     key = (type(value), repr(value), dtype) if number else None
     bits = _FILL_BITS.get(key) if number else None

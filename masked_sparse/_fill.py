@@ -76,7 +76,8 @@ def zero_fill(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """
     if (not _fills_by_bits(values.dtype) or mask.dtype != torch.bool
             or torch.compiler.is_compiling()
-            or not broadcasts_to(tuple(mask.shape), tuple(values.shape))
+            or (mask.shape != values.shape
+                and not broadcasts_to(tuple(mask.shape), tuple(values.shape)))
             or torch._C._are_functorch_transforms_active()):  # Note [MaskedTensors in torch.func]
         out = layouts.zero_unspecified(values, mask)
     elif torch.is_grad_enabled() and values.requires_grad:

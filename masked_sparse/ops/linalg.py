@@ -67,11 +67,12 @@ def _is_sparse(x: Operand) -> bool:
     return isinstance(x, Storage) and bool(x.index)
 
 
-def zero_filled_operand(x: Operand) -> Operand:
+def zero_filled_operand(x: Operand, partial: bool = False) -> Operand:
     """A product's operand with its unspecified values read as 0: filled, unless nothing is
-    unspecified or the values are known zero filled (Note [Known zero fill])."""
+    unspecified or the values are known zero filled (Note [Known zero fill]). ``partial``:
+    the caller already knows that some element is unspecified (no second look at the mask)."""
     if (not isinstance(x, Storage) or is_zero_filled(x.values, x.mask)
-            or all_specified(x.mask)):  # nothing to fill: one pass and its backward saved
+            or (not partial and all_specified(x.mask))):  # nothing to fill: one pass saved
         return x
     return x.with_values(zero_fill(x.values, x.mask))
 
@@ -117,13 +118,13 @@ def _any(mask: torch.Tensor, dim: int) -> torch.Tensor:
     Compiled code takes ``any``: Inductor's CPU code cannot vectorize the bool view of a
     uint8 reduction, and fuses ``any`` itself.
 
-    A weight's mask is the same object from step to step: for a large one the answer is
+    A weight's mask is the same object from step to step: above a thousand elements the answer is
     kept per mask object, dim and version (as :func:`._fill.all_specified`)."""
     if mask.shape[dim] == 0:  # an empty sum: no term
         return mask.new_zeros(mask.shape[:dim] + mask.shape[dim:][1:])
     if torch.compiler.is_compiling():
         return layouts.broadcast_part(mask).any(dim)
-    keep = (mask.numel() > 1 << 14 and not mask.is_inference()
+    keep = (mask.numel() > 1 << 10 and not mask.is_inference()
             and not torch._C._are_functorch_transforms_active())
     if keep:
         entry = _LINES.get(mask, {}).get(dim)
@@ -228,6 +229,11 @@ def _plain_if_full(s: Operand) -> Operand:
     return s.values if isinstance(s, Storage) and not s.index and all_specified(s.mask) else s
 
 
+def _strided_partial(x: Operand) -> bool:
+    """A strided factor that :func:`_plain_if_full` kept as a storage: partly specified."""
+    return isinstance(x, Storage) and not x.index
+
+
 def _buffer_of(f: Operand, s: Operand) -> tuple[Operand, torch.Tensor | None]:
     """A (filled) sparse factor ``f`` of storage ``s`` that multiplies as dense on its device
     as its dense buffer, kept per ``s``'s values object and written when they or the mask
@@ -295,7 +301,8 @@ class _MatrixProduct(torch.autograd.Function):
         # alike (as in zero_filled_operand and _output_mask, asked once here).
         ma, mb = _plain_if_full(sa), _plain_if_full(sb)
         fa_in, fb_in = ma, mb
-        fa, fb = zero_filled_operand(ma), zero_filled_operand(mb)
+        fa = zero_filled_operand(ma, partial=_strided_partial(ma))
+        fb = zero_filled_operand(mb, partial=_strided_partial(mb))
         filled = (fa is not fa_in, fb is not fb_in)
         # A sparse factor (dense enough for its device) as its kept dense buffer.
         (fa, flat_a), (fb, flat_b) = _buffer_of(fa, sa), _buffer_of(fb, sb)
