@@ -69,7 +69,7 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from layouts import SAME_WIDTH_INT, Storage
+from layouts import Storage
 
 from .._fill import is_zero_filled, zero_fill
 from .._tensor import MaskedTensor
@@ -161,7 +161,6 @@ class _PairVerdicts:
 
 
 _TAGS = _IdTags()  # state -> (mask or None for "0 everywhere", mask version, version)
-_BITS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # mask -> (version, {dtype: bits})
 _EQUAL = _PairVerdicts()  # (index or mask, index or mask) -> torch.equal
 _COVERS = _PairVerdicts()  # (param mask, grad mask) -> grad mask True wherever param mask is
 _FACTORS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # mask -> (version, value, factor)
@@ -283,31 +282,7 @@ def filled_grad(param: MaskedTensor, values: torch.Tensor, *, negate: bool = Fal
         g = g.add(target, alpha=weight_decay)
     elif is_zero_filled(g, mask):
         return g
-    bits = _fill_bits(mask, g)
-    if bits is None:
-        return zero_fill(g, mask)
-    return torch.bitwise_and(g.view(bits.dtype), bits).view(g.dtype)
-
-
-def _fill_bits(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor | None:
-    """On the CPU, where ``torch.where`` on a bool condition takes a slow path: the mask as
-    an integer of ``like``'s width, all bits set where the mask is True and 0 elsewhere, so
-    that a bitwise ``and`` with ``like``'s bits is the exact zero fill at the speed of an
-    ``add`` (the masked parameter's mask is the same object step after step: kept per mask
-    object and version, like the decay factor). None where that does not apply."""
-    if (not _scatter.on_cpu(like) or like.dtype not in SAME_WIDTH_INT
-            or like.shape != mask.shape or not like.is_contiguous() or _untracked(mask)):
-        return None
-    entry = _BITS.get(mask)
-    if entry is None or entry[0] != mask._version:
-        entry = (mask._version, {})
-        _BITS[mask] = entry
-    bits = entry[1].get(like.dtype)
-    if bits is None:
-        int_dtype = SAME_WIDTH_INT[like.dtype]
-        bits = torch.zeros(mask.shape, dtype=int_dtype, device=mask.device).masked_fill_(mask, -1)
-        entry[1][like.dtype] = bits
-    return bits
+    return zero_fill(g, mask)  # (on the CPU one native pass, faster than a bitwise ``and``)
 
 
 def zero_outside(state: torch.Tensor | None, mask: torch.Tensor) -> bool:
