@@ -112,6 +112,15 @@ def _nan_masked(shape, seed, dtype=torch.float64, density=0.6):
     return ms.masked_tensor(data, mask), data, mask
 
 
+def _count_nested_grads(monkeypatch) -> list:
+    """A list that grows by one at every ``torch.autograd.grad`` call (a nested run)."""
+    nested: list = []
+    real_grad = torch.autograd.grad
+    monkeypatch.setattr(torch.autograd, "grad",
+                        lambda *a, **k: nested.append(1) or real_grad(*a, **k))
+    return nested
+
+
 PRODUCTS = {  # name: (masked call, dense reference on filled operands)
     "linear": (lambda x, w, b: F.linear(x, w, b), lambda x, w, b: F.linear(x, w, b)),
     "linear_no_bias": (lambda x, w, b: F.linear(x, w), lambda x, w, b: F.linear(x, w)),
@@ -138,10 +147,7 @@ def test_strided_products_take_one_node_and_match_the_dense_reference(product, m
         xd, xm = torch.randn(4, 7, dtype=torch.float64), torch.ones(4, 7, dtype=torch.bool)
         x = xd.clone().requires_grad_()
     call, ref_call = PRODUCTS[product]
-    nested = []
-    real_grad = torch.autograd.grad
-    monkeypatch.setattr(torch.autograd, "grad",
-                        lambda *a, **k: nested.append(1) or real_grad(*a, **k))
+    nested = _count_nested_grads(monkeypatch)
     out = call(x, w, b)
     assert "_MatrixProduct" in type(out.grad_fn).__name__
     g = torch.randn(4, 5, dtype=torch.float64)
@@ -212,10 +218,7 @@ def test_sparse_weight_products_take_one_node_and_match_the_dense_reference(
     b = torch.randn(5, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
     monkeypatch.setitem(layouts.PRODUCT_DENSITY_THRESHOLDS, "cpu",
                         2.0 if route == "sparse_kernels" else 0.0)
-    nested = []
-    real_grad = torch.autograd.grad
-    monkeypatch.setattr(torch.autograd, "grad",
-                        lambda *a, **k: nested.append(1) or real_grad(*a, **k))
+    nested = _count_nested_grads(monkeypatch)
     out = call(x, w, b)
     assert "_MatrixProduct" in type(out.grad_fn).__name__
     grad_out = torch.randn(out_shape, generator=g, dtype=torch.float64).to(dtype)
