@@ -42,6 +42,7 @@ _FALLBACK: list[Callable[[Any, tuple], Handler]] = []
 _ABOVE_CHECK: list[Callable[[Any, tuple], None]] = []
 #: The one rewriter of plain operands that require grad (:func:`plain_operands`).
 PLAIN_OPERANDS: list[Callable[[Any, tuple, Any], Any]] = []
+UNARY_NODE: list[Callable[[Any, tuple, Any], Any]] = []
 
 
 def is_aten(op: Any) -> bool:
@@ -100,6 +101,15 @@ def plain_operands(lift: Callable[[Any, tuple, Any], Any]) -> Callable[[Any, tup
     gradients])."""
     PLAIN_OPERANDS[:] = [lift]
     return lift
+
+
+def unary_node(record: Callable[[Any, tuple, Any], Any]) -> Callable[[Any, tuple, Any], Any]:
+    """Register ``record(op, args, kwargs)``, run on a Python-level call without a handler
+    while grad is enabled and no plain operand requires grad: the op's result recorded as
+    one node (a MaskedTensor), or None to run the call as it is. There is one,
+    ``ops/unary_node.one_node`` (Note [A unary op as one node])."""
+    UNARY_NODE[:] = [record]
+    return record
 
 
 def fallback(resolver: Callable[[Any, tuple], Handler]) -> Callable[[Any, tuple], Handler]:

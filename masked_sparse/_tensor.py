@@ -167,6 +167,10 @@ class MaskedTensor(torch.Tensor):
                     if lifted is not None:
                         args, kwargs = lifted
                     break
+            else:  # Note [A unary op as one node]
+                recorded = _UNARY_NODE[0](func, args, kwargs)
+                if recorded is not None:
+                    return recorded
         if torch._C._are_functorch_transforms_active():  # Note [MaskedTensors in torch.func]
             return _func.dispatch_below(func, args, kwargs)
         with DisableTorchFunctionSubclass():
@@ -249,6 +253,7 @@ _HANDLERS = _registry.FUNCTIONS  # (the dicts ``implements`` fills)
 _ATEN = _registry.ATEN
 _METHODS = _registry.METHODS
 _PLAIN_OPERANDS = _registry.PLAIN_OPERANDS
+_UNARY_NODE = _registry.UNARY_NODE
 _grad_enabled = torch.is_grad_enabled
 _NO_KWARGS: dict = {}  # (never written: ``**`` copies it)
 

@@ -9,7 +9,8 @@
 (the sampled product ``torch.sparse.sampled_addmm``), ``losses`` and ``_class_losses``
 (``torch.nn.functional``'s losses; those over a class dim), ``attention`` (masked attention
 through ``F.scaled_dot_product_attention``: ``ms.attention``), ``zero_derivative`` (pointwise
-ops whose torch derivative is a plain zero).
+ops whose torch derivative is a plain zero), ``unary_node`` (a unary pointwise op under
+autograd as one node).
 """
 
 from . import (  # noqa: F401
@@ -33,6 +34,7 @@ from . import (  # noqa: F401
     scans,
     shape,
     softmax,
+    unary_node,
     where,
     zero_derivative,
 )

@@ -237,7 +237,12 @@ def _per_head_plan(equation: str, sa: str, sb: str, out: str) -> tuple[int, str,
 def _per_head_kernel(storages: list, contract: int, n_free: int) -> Storage:
     """The per-head product of a hybrid COO storage and a plain tensor of ``n_free``
     feature dims: a strided storage whose mask says which output lines hold a term."""
-    s, dense = _coo(zero_filled_operand(storages[0])), storages[1]
+    return _per_head_filled(_coo(zero_filled_operand(storages[0])), storages[1], contract,
+                            n_free)
+
+
+def _per_head_filled(s: Storage, dense: torch.Tensor, contract: int, n_free: int) -> Storage:
+    """:func:`_per_head_kernel` of a COO storage ``s`` whose unspecified values are 0."""
     values = layouts.per_head_mm(s, s.values, dense, contract=contract)
     features = tuple(values.shape[values.dim() - n_free:]) if n_free else ()
     mask = layouts.per_head_specified(s, contract=contract, features=features)
@@ -256,7 +261,7 @@ class _PerHeadProduct(_func.Function):
                 filled: Storage) -> Any:
         # ``filled``: a's COO storage with its unspecified values zeroed (known zero filled,
         # so the kernel fills nothing again)
-        return _wrap(_per_head_kernel([filled, right], contract, n_free))
+        return _wrap(_per_head_filled(filled, right, contract, n_free))
 
     @staticmethod
     def setup_context(ctx, inputs: tuple, output: MaskedTensor) -> None:
