@@ -100,6 +100,12 @@ def reduce_dense(values: torch.Tensor, dims: tuple[int, ...], keepdim: bool,
         out = small.amax(dims, keepdim=keepdim) if op == "any" else small.amin(dims, keepdim)
         return out.view(torch.bool)
     if op == "sum":
+        if (values.dtype == torch.bool and len(dims) == values.dim()
+                and not torch.compiler.is_compiling()):
+            # A whole mask's count (a mean's backward): ``count_nonzero`` reads the bytes
+            # once, where a bool ``sum`` first converts every element to int64.
+            count = torch.count_nonzero(values)
+            return count.reshape((1,) * values.dim()) if keepdim else count
         return values.sum(dims, keepdim=keepdim)
     if op == "amax":
         return values.amax(dims, keepdim=keepdim)

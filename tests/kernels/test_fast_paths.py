@@ -19,6 +19,8 @@
   mask and index objects, ``requires_grad``, inference tensors).
 - ``_OnValues`` reads each input's ``requires_grad`` once; an input that does not require
   grad, next to one that does, must get no gradient.
+- A whole bool mask's count (a mean's backward) is ``count_nonzero``; it must be the bool
+  ``sum``'s, in dtype and shape too, for contiguous, strided and broadcast masks.
 """
 
 from __future__ import annotations
@@ -355,3 +357,21 @@ def test_on_values_gradient_only_for_inputs_that_require_it(layout, which):
     else:
         torch.testing.assert_close(grad, filled.T @ torch.ones(4, 3, dtype=torch.float64))
     assert (w if which == "masked" else a).grad is None
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("kind", ["contiguous", "transposed", "broadcast", "empty", "0-d"])
+def test_whole_mask_count_matches_bool_sum(kind, keepdim):
+    from layouts.kernels._groups import reduce_dense
+
+    g = torch.Generator().manual_seed(0)
+    mask = {"contiguous": lambda: torch.rand(5, 7, generator=g) < 0.4,
+            "transposed": lambda: (torch.rand(7, 5, generator=g) < 0.4).t(),
+            "broadcast": lambda: (torch.rand(1, 7, generator=g) < 0.4).expand(5, 7),
+            "empty": lambda: torch.zeros(0, 7, dtype=torch.bool),
+            "0-d": lambda: torch.tensor(True)}[kind]()
+    dims = tuple(range(mask.dim()))
+    got = reduce_dense(mask, dims, keepdim, "sum")
+    expected = mask.sum(dims, keepdim=keepdim) if dims else mask
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    assert torch.equal(got, expected)
