@@ -15,6 +15,13 @@ after a collective, or a gradient set by hand; Note [Equal masks without a host 
 Every step mutates the weights and the states; the work per step does not depend on their
 values.
 
+**The training issue's other rows.** A 4096 x 4096 linear with a 90%-masked weight,
+strided and CSR, batch 512, forward + backward, against ``F.linear(x, W * M)`` (<= 1.1x);
+a matrix-factorisation step on a 6040 x 3706 rating matrix (about 4.5% specified, rank 64),
+``((R_masked - U @ V.T) ** 2).mean()`` with backward, against the plain recipe
+``(((R - U @ V.T) ** 2 * M).sum() / M.sum())`` (<= 1.1x); a strided ``add`` of two 4000 x
+4000 masked tensors (half specified, one mask) against ``add`` on the values (<= 1.3x).
+
 Run by hand: ``python -m benchmarks.bench_training [--quick] [--device cuda]`` (one
 thread, medians of paired rounds), or as part of ``python -m benchmarks``. On CUDA the same
 rows (``scripts/gpu_check.sh`` runs them); a CSR weight there multiplies as a dense buffer
@@ -145,13 +152,64 @@ def optimizer_cases(quick: bool = False) -> list[tuple]:
     return out
 
 
+def issue_cases(quick: bool = False) -> list[tuple]:
+    """The large linear, the masked MSE step and the strided add (module docstring)."""
+    g = torch.Generator().manual_seed(0)
+    n, batch = (256, 16) if quick else (4096, 512)
+    w = (torch.randn(n, n, generator=g) / n ** 0.5).to(DEVICE)
+    m = (torch.rand(n, n, generator=g) >= 0.9).to(DEVICE)
+    x = torch.randn(batch, n, generator=g).to(DEVICE)
+    dense = torch.nn.Parameter(w.clone())
+
+    def workaround() -> None:
+        dense.grad = None
+        F.linear(x, dense * m).sum().backward()
+
+    out = []
+    for name, layout in LAYOUTS.items():
+        weight_mt = ms.masked_tensor(w.clone(), m)
+        weight = torch.nn.Parameter(weight_mt.to_sparse_csr() if layout is torch.sparse_csr
+                                    else weight_mt)
+
+        def masked(weight: torch.nn.Parameter = weight) -> None:
+            weight.grad = None
+            F.linear(x, weight).to_tensor(0).sum().backward()
+
+        out.append((f"linear {n}x{n}, {name}, 90% masked, batch {batch}, fwd+bwd", masked,
+                    {"W*M": workaround}, {"W*M": 1.1}))
+    users, items, rank = (604, 370, 16) if quick else (6040, 3706, 64)
+    ratings = torch.randint(1, 6, (users, items), generator=g).float().to(DEVICE)
+    rated = (torch.rand(users, items, generator=g) < 0.045).to(DEVICE)
+    r_masked, rated_f = ms.masked_tensor(ratings, rated), rated.float()
+    u = torch.randn(users, rank, generator=g).to(DEVICE).requires_grad_()
+    v = torch.randn(items, rank, generator=g).to(DEVICE).requires_grad_()
+
+    def mse() -> None:
+        u.grad = v.grad = None
+        ((r_masked - u @ v.T) ** 2).mean().backward()
+
+    def plain_mse() -> None:
+        u.grad = v.grad = None
+        (((ratings - u @ v.T) ** 2 * rated_f).sum() / rated_f.sum()).backward()
+
+    out.append((f"masked MSE step {users}x{items}, rank {rank}", mse,
+                {"plain recipe": plain_mse}, {"plain recipe": 1.1}))
+    side = 400 if quick else 4000
+    a, b = (torch.randn(side, side, generator=g).to(DEVICE) for _ in range(2))
+    half = (torch.rand(side, side, generator=g) < 0.5).to(DEVICE)
+    ma, mb = ms.masked_tensor(a, half), ms.masked_tensor(b, half)
+    out.append((f"strided add {side}x{side}", lambda: ma + mb, {"raw op": lambda: a + b},
+                {"raw op": 1.3}))
+    return out
+
+
 def cases(quick: bool = False) -> list[tuple]:
-    """The train-step cases, then the optimizer cases."""
-    return step_cases(quick) + optimizer_cases(quick)
+    """The train-step cases, the optimizer cases, then the issue's other rows."""
+    return step_cases(quick) + optimizer_cases(quick) + issue_cases(quick)
 
 
 MIN_RUN_TIME = 0.5  # seconds a case (harness.module_main)
-SAFE = ("W*M", "torch foreach")  # plain torch baselines: no crash probe
+SAFE = ("W*M", "torch foreach", "plain recipe", "raw op")  # plain torch: no crash probe
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
 Note [A unary op as one node]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-``F.relu(h)``, ``F.leaky_relu(scores, 0.2)``, ``mt.exp()``, ``mt * 2``: left to torch's
+``F.leaky_relu(scores, 0.2)``, ``F.gelu(h)``, ``mt ** 2``: left to torch's
 autograd (Note [Two levels]), such an op is recorded above the MaskedTensor and its
 derivative formula's ops run on MaskedTensors, each one a round trip through
 ``__torch_dispatch__``, in the backward. Between the small layers of a pruned MLP or a graph
@@ -18,16 +18,18 @@ other tensor argument, is one node here:
   back over the input's storage with the incoming gradient's mask, as the formula's ops on
   MaskedTensors keep it (Note [Masks of gradients]).
 
-The recorded node holds what torch's formula saves (the input's or the result's values:
-the same memory, no copy), and in-place writes to either are caught by its version checks
-as torch catches them. torch runs a node called directly only inside a backward that
-computes every gradient (``.backward()``); inside one that computes some inputs' gradients
-(``torch.autograd.grad``), where it skips nodes outside its graph, the recorded graph is
-differentiated by a nested ``torch.autograd.grad`` instead. Complex values (a complex op's
-derivative may not be linear over the complex numbers), in-place calls, ``out=`` and layouts
-with kernels of their own take the dispatch route as before. With ``create_graph=True`` the
-backward runs the dispatch route once more and differentiates it, so the gradient is
-differentiable again (Note [Double backward]).
+The recorded node holds what torch's formula saves (the input's values: the same memory,
+no copy), and in-place writes are caught by its version checks as torch catches them. Only
+ops whose formula saves the input take this route (``F.leaky_relu``, ``F.gelu``,
+``F.silu``, ``F.elu``, ``F.softplus``, ``torch.pow``, ...); the others keep the dispatch
+route, which frees their input (Note [What the node keeps]). torch runs a node called
+directly only inside a backward that computes every gradient (``.backward()``); inside one
+that computes some inputs' gradients (``torch.autograd.grad``), where it skips nodes outside
+its graph, the recorded graph is differentiated by a nested ``torch.autograd.grad``
+instead. Complex values (a complex op's derivative may not be linear over the complex
+numbers), in-place calls, ``out=`` and layouts with kernels of their own take the dispatch
+route as before. With ``create_graph=True`` the backward runs the dispatch route once more
+and differentiates it, so the gradient is differentiable again (Note [Double backward]).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 
 import torch
 from torch._C import DisableTorchFunctionSubclass
+from torch.autograd.graph import get_gradient_edge
 
 import layouts
 
@@ -54,13 +57,14 @@ class _UnaryNode(torch.autograd.Function):
     def forward(ctx, mt: MaskedTensor, out: torch.Tensor, leaf: torch.Tensor,  # type: ignore[override]
                 call: tuple) -> Any:
         s = mt._storage
-        ctx.storage, ctx.out, ctx.leaf, ctx.call = s, out, leaf, call
+        # the recorded node, not ``out``: it keeps what torch's formula saves, nothing more
+        ctx.storage, ctx.edge, ctx.leaf, ctx.call = s, get_gradient_edge(out), leaf, call
         return _wrap(s.with_values(out.detach()))
 
     @staticmethod
     def backward(ctx, grad: Any) -> Any:  # type: ignore[override]
-        s, out = ctx.storage, ctx.out
-        if out is None:  # freed by an earlier backward without retain_graph
+        s, edge = ctx.storage, ctx.edge
+        if edge is None:  # freed by an earlier backward without retain_graph
             raise RuntimeError(_FREED)
         if torch.is_grad_enabled():  # create_graph=True: the dispatch route, differentiated
             func, args, kwargs = ctx.call
@@ -73,13 +77,13 @@ class _UnaryNode(torch.autograd.Function):
             values, mask = layouts.read_at(grad._storage, s)
         else:
             values, mask = grad_on(grad, s)
-        to_values = out.grad_fn(values)  # torch's own formula
+        to_values = edge.node(values)  # torch's own formula
         if isinstance(to_values, tuple):
             to_values = to_values[0]
         if to_values is None:  # a backward that skips nodes outside its graph
-            (to_values,) = torch.autograd.grad(out, ctx.leaf, values, retain_graph=keep)
+            (to_values,) = torch.autograd.grad(edge, ctx.leaf, values, retain_graph=keep)
         if not keep:
-            ctx.out = ctx.leaf = ctx.call = None  # the graph goes with it, as torch's
+            ctx.edge = ctx.leaf = ctx.call = None  # the graph goes with it, as torch's
         return _wrap(s.with_values(to_values, mask)), None, None, None
 
 
@@ -124,7 +128,7 @@ def one_node(func: Any, args: tuple, kwargs: dict | None) -> MaskedTensor | None
     if type(mt) is not MaskedTensor:
         return None
     pointwise, inplace_at = _kind(func)
-    if not pointwise:
+    if not pointwise or func in _DECLINED:
         return None
     kwargs = kwargs or {}
     if kwargs.get("inplace") or (inplace_at is not None and len(args) > inplace_at
@@ -148,4 +152,20 @@ def one_node(func: Any, args: tuple, kwargs: dict | None) -> MaskedTensor | None
         return None if out.requires_grad else _wrap(s.with_values(out))
     if out.dtype is not leaf.dtype:
         return None
+    if getattr(out.grad_fn, "_saved_self", None) is None:  # Note [What the node keeps]
+        _DECLINED.add(func)
+        return None
     return _APPLY(mt, out, leaf, (func, args, kwargs))
+
+
+# Note [What the node keeps]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The node keeps torch's recorded node (not the op's result: the formula saves the result
+# where it needs it, as torch's does) and, for ``create_graph=True``, the call itself, the
+# input MaskedTensor included. That is no memory beyond torch's own route only where
+# torch's formula saves the input (``leaky_relu``, ``gelu``, ``silu``, ``elu``,
+# ``softplus``, ``pow``: the same values, no copy). A formula that saves only the result
+# (``relu``, ``sigmoid``, ``tanh``, ``exp``) or nothing (``x + 1``) lets torch free the input
+# after the forward, and keeping it here would hold a pre-activation per layer until the
+# backward: those ops take the dispatch route (each callable is tried once).
+_DECLINED: set = set()

@@ -20,15 +20,14 @@ import masked_sparse as ms
 LAYOUTS = [torch.strided, torch.sparse_coo, torch.sparse_csr, torch.sparse_csc]
 IDS = ["strided", "coo", "csr", "csc"]
 SHAPE = (4, 5)
-OPS = {
-    "relu": F.relu,
+OPS = {  # each one's torch formula saves its input (Note [What the node keeps])
     "leaky_relu": lambda x: F.leaky_relu(x, 0.2),
     "elu": lambda x: F.elu(x, alpha=0.7),
     "softplus": lambda x: F.softplus(x, beta=2.0, threshold=5.0),
-    "sigmoid": torch.sigmoid,
-    "exp": torch.Tensor.exp,
-    "scale": lambda x: x * 3.0,
-    "rsub": lambda x: 1.0 - x,
+    "gelu": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+    "hardtanh": lambda x: F.hardtanh(x, -0.5, 0.5),
+    "square": lambda x: x ** 2,
 }
 
 
@@ -84,9 +83,9 @@ def test_double_backward_matches_the_dense_one(layout):
     torch.testing.assert_close(where0(second.get_data(), mask), where0(x.grad, mask))
 
 
-class _ReluInsideBackward(torch.autograd.Function):
-    """Identity forward; its backward differentiates ``relu(mt)`` on its own, so the relu's
-    backward runs inside a backward that computes only some inputs' gradients."""
+class _ActivationInsideBackward(torch.autograd.Function):
+    """Identity forward; its backward differentiates ``leaky_relu(mt)`` on its own, so that
+    one's backward runs inside a backward that computes only some inputs' gradients."""
 
     @staticmethod
     def forward(ctx, x, mt):
@@ -96,7 +95,7 @@ class _ReluInsideBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         with torch.enable_grad():
-            inner = F.relu(ctx.mt)
+            inner = F.leaky_relu(ctx.mt, 0.2)
             ctx.kind = _node_name(inner)
             (to_mt,) = torch.autograd.grad(inner.sum(), ctx.mt)
         ctx.inner_grad = to_mt
@@ -107,22 +106,23 @@ class _ReluInsideBackward(torch.autograd.Function):
 def test_a_backward_inside_a_backward(partial):
     leaf, data, mask = _leaf(torch.strided)
     x = torch.ones(3, requires_grad=True)
-    out = _ReluInsideBackward.apply(x, leaf)
+    out = _ActivationInsideBackward.apply(x, leaf)
     if partial:  # torch skips nodes outside its graph there: the recorded graph is differentiated
         torch.autograd.grad(out.sum(), x)
     else:
         out.sum().backward()
     node = out.grad_fn
     assert node.kind == "_UnaryNodeBackward"
-    expected = (data > 0).to(data.dtype)
+    expected = torch.where(data > 0, 1.0, 0.2).to(data.dtype)
     torch.testing.assert_close(where0(node.inner_grad.get_data(), mask), where0(expected, mask))
 
 
 def test_in_place_complex_and_plain_tensor_calls_keep_the_dispatch_route():
     leaf, data, mask = _leaf(torch.strided)
     h = leaf * 1.0
-    assert _node_name(F.relu(h.clone(), inplace=True)) != "_UnaryNodeBackward"
+    assert _node_name(F.leaky_relu(h.clone(), 0.1, inplace=True)) != "_UnaryNodeBackward"
     assert _node_name(F.leaky_relu(h.clone(), 0.1, True)) != "_UnaryNodeBackward"
+    assert _node_name(F.elu(h.clone(), 1.0, True)) != "_UnaryNodeBackward"
     z = ms.masked_tensor(torch.randn(2, 3, dtype=torch.complex128), torch.ones(2, 3) > 0,
                          requires_grad=True)
     assert _node_name(z.exp()) != "_UnaryNodeBackward"
@@ -145,3 +145,24 @@ def test_a_second_backward_without_retain_graph_raises():
     loss.backward()
     with pytest.raises(RuntimeError, match="second time"):
         loss.backward()
+
+
+@pytest.mark.parametrize("name, node_kind", [("relu", "ReluBackward0"),
+                                             ("sigmoid", "SigmoidBackward0"),
+                                             ("leaky_relu", "_UnaryNodeBackward")])
+def test_the_input_values_are_kept_where_torchs_formula_keeps_them(name, node_kind):
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    fn = {"relu": F.relu, "sigmoid": torch.sigmoid, "leaky_relu": OPS["leaky_relu"]}[name]
+    leaf, data, mask = _leaf(torch.strided)
+    h = leaf + 1.0  # an intermediate: nothing else holds its values
+    out = fn(h)
+    assert _node_name(out) == node_kind
+    ref = StorageWeakRef(h._storage.values.untyped_storage())
+    x = data.clone().requires_grad_() + 1.0  # torch's own route, for comparison
+    y = fn(x)
+    plain_ref = StorageWeakRef(x.untyped_storage())
+    del h, x
+    assert ref.expired() == plain_ref.expired()  # relu, sigmoid free it; leaky_relu saves it
+    (out.sum() + y.sum()).backward()
+    assert leaf.grad is not None
