@@ -27,8 +27,9 @@ directly only inside a backward that computes every gradient (``.backward()``); 
 that computes some inputs' gradients (``torch.autograd.grad``), where it skips nodes outside
 its graph, the recorded graph is differentiated by a nested ``torch.autograd.grad``
 instead. Complex values (a complex op's derivative may not be linear over the complex
-numbers), in-place calls, ``out=`` and layouts with kernels of their own take the dispatch
-route as before. With ``create_graph=True`` the backward runs the dispatch route once more
+numbers), in-place calls, ``out=``, layouts with kernels of their own and saved-tensor hooks
+(``torch.utils.checkpoint``, ``save_on_cpu``: the recorded node's saved input is read here
+once, which such hooks allow only once) take the dispatch route as before. With ``create_graph=True`` the backward runs the dispatch route once more
 and differentiates it, so the gradient is differentiable again (Note [Double backward]).
 """
 
@@ -90,6 +91,7 @@ class _UnaryNode(torch.autograd.Function):
 _APPLY = super(torch.autograd.Function, _UnaryNode).apply  # torch._C._FunctionBase.apply
 _compiling = torch.compiler.is_compiling
 _transforms_active = torch._C._are_functorch_transforms_active
+_saved_tensor_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 _NOT_TENSORS = (int, float, bool, str, type(None))
 #: per callable: whether it is an out-of-place pointwise op, and where its ``inplace=``
 #: argument sits among the positional ones (None: it has none)
@@ -138,7 +140,7 @@ def one_node(func: Any, args: tuple, kwargs: dict | None) -> MaskedTensor | None
     values = s.values
     if (not values.dtype.is_floating_point or s.layout.unary or s.layout.binary
             or not requires_grad_of(mt) or _compiling() or _transforms_active()
-            or "out" in kwargs
+            or _saved_tensor_hooks(False) is not None or "out" in kwargs
             or not all(type(a) in _NOT_TENSORS for a in args[1:])
             or not all(type(a) in _NOT_TENSORS for a in kwargs.values())):
         return None

@@ -166,3 +166,24 @@ def test_the_input_values_are_kept_where_torchs_formula_keeps_them(name, node_ki
     assert ref.expired() == plain_ref.expired()  # relu, sigmoid free it; leaky_relu saves it
     (out.sum() + y.sum()).backward()
     assert leaf.grad is not None
+
+
+@pytest.mark.parametrize("how", ["checkpoint", "checkpoint (reentrant)", "save_on_cpu"])
+def test_saved_tensor_hooks_give_the_gradient_without_them(how):
+    from torch.utils.checkpoint import checkpoint
+
+    def block(t):
+        return F.gelu(F.leaky_relu(t * 1.5, 0.1) ** 2)
+
+    leaf, data, mask = _leaf(torch.sparse_csr)
+    block(leaf).sum().backward()
+    expected, leaf.grad = leaf.grad.to_dense(), None
+    if how == "save_on_cpu":
+        with torch.autograd.graph.save_on_cpu():
+            out = block(leaf)
+    else:
+        out = checkpoint(block, leaf, use_reentrant=how != "checkpoint")
+    out.sum().backward()
+    got = leaf.grad.to_dense()
+    assert torch.equal(got.get_mask(), expected.get_mask())
+    torch.testing.assert_close(where0(got.get_data(), mask), where0(expected.get_data(), mask))
