@@ -28,9 +28,10 @@ that computes some inputs' gradients (``torch.autograd.grad``), where it skips n
 its graph, the recorded graph is differentiated by a nested ``torch.autograd.grad``
 instead. Complex values (a complex op's derivative may not be linear over the complex
 numbers), in-place calls, ``out=``, layouts with kernels of their own and saved-tensor hooks
-(``torch.utils.checkpoint``, ``save_on_cpu``: the recorded node's saved input is read here
-once, which such hooks allow only once) take the dispatch route as before. With ``create_graph=True`` the backward runs the dispatch route once more
-and differentiates it, so the gradient is differentiable again (Note [Double backward]).
+(``torch.utils.checkpoint``, ``save_on_cpu``: the recorded node's saved input is read
+here in the forward, and such hooks allow one read) take the dispatch route as before.
+With ``create_graph=True`` the backward runs the dispatch route once more and
+differentiates it, so the gradient is differentiable again (Note [Double backward]).
 """
 
 from __future__ import annotations
