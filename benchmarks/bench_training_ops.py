@@ -19,7 +19,10 @@ run (ratio = masked_sparse / workaround; below 1 means masked_sparse is faster):
   ``F.embedding_bag(flat_ids, weight, offsets, mode="mean")`` with the flat ids and offsets
   given (``flat ids``), and computed from the padded batch in the timed call (``flat ids +
   compaction``: what masked ids do); the gather-then-masked-mean recipe is timed too.
-  Target: <= 1.2x ``flat ids``.
+  Target: <= 1.2x ``flat ids + compaction``, the training issue's "selecting the specified
+  ids and building offsets counts": the workaround a user writes for a padded batch selects
+  and counts in the step. ``flat ids`` (torch's bag alone, the ids compacted beforehand) is
+  timed for information.
 - **DataLoader** over 2048 MaskedTensor samples (batches of 64) against the same over
   plain ``(data, mask)`` pairs. Target: <= 1.5x.
 
@@ -185,10 +188,10 @@ def embedding_cases(quick: bool) -> list[Case]:
     return [
         Case(f"{name}, strided ids", lambda: F.embedding_bag(masked_ids, weight, mode="mean"),
              {"flat ids": flat_bag, "flat ids + compaction": flat_bag_from_padded,
-              "gather + masked mean": gather_mean}, {"flat ids": 1.2}),
+              "gather + masked mean": gather_mean}, {"flat ids + compaction": 1.2}),
         Case(f"{name}, CSR ids", lambda: F.embedding_bag(csr_ids, weight, mode="mean"),
              {"flat ids": flat_bag, "flat ids + compaction": flat_bag_from_padded},
-             {"flat ids": 1.2}),
+             {"flat ids + compaction": 1.2}),
     ]
 
 
