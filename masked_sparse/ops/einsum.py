@@ -39,6 +39,7 @@ from .._tensor import MaskedTensor, _wrap, ndim_of, requires_grad_of
 from .linalg import matmul, zero_filled_operand
 
 _STRIDED = layouts.get_layout(torch.strided)
+_COO = layouts.get_layout(torch.sparse_coo)
 
 
 def _unsupported(equation: str, why: str) -> NotImplementedError:
@@ -179,7 +180,7 @@ def _has_dense_dims(x: Any) -> bool:
 
 
 def _coo(storage: Storage) -> Storage:
-    return layouts.convert(storage, "sparse_coo")
+    return storage if storage.layout is _COO else layouts.convert(storage, _COO)
 
 
 def per_head(equation: str, a: MaskedTensor, sa: str, b: Any, sb: str, out: str) -> Any:
@@ -208,9 +209,12 @@ def per_head(equation: str, a: MaskedTensor, sa: str, b: Any, sb: str, out: str)
     if (torch.is_grad_enabled() and (requires_grad_of(a) or requires_grad_of(right))
             and not torch.compiler.is_compiling() and not _func.active()
             and coo is a._storage):  # (its gradient is a's storage with new values)
-        with torch.no_grad():  # filled once, for the product and its backward
+        if coo.values.requires_grad:  # (values of a gradient being differentiated)
+            with torch.no_grad():  # filled once, for the product and its backward
+                filled = zero_filled_operand(coo)
+        else:
             filled = zero_filled_operand(coo)
-        result = _PerHeadProduct.apply(a, right, contract, n_free, filled)
+        result = _PRODUCT_APPLY(a, right, contract, n_free, filled)
     else:  # nothing to record, or a tracer: the generic route
         result = on_values(_per_head_kernel, [a, right], contract, n_free)
     return _arrange(result, produced, out)
@@ -249,24 +253,24 @@ def _per_head_filled(s: Storage, dense: torch.Tensor, contract: int, n_free: int
     return _STRIDED.build((), values, mask, values.shape)
 
 
-class _PerHeadProduct(_func.Function):
+class _PerHeadProduct(torch.autograd.Function):
     """:func:`per_head` recorded as one node whose backward is the per-head kernels (the
     values' gradient a sampled dot, the plain operand's a transposed product: Note [The
     per-head product's kernels]), not an inner graph run by the engine, as ``on_values``
     would record it: on a small graph that run cost more than the kernels. With
-    ``create_graph`` the backward is ``on_values``' own (Note [Double backward])."""
+    ``create_graph`` the backward is ``on_values``' own (Note [Double backward]). Applied
+    only eagerly, outside torch.func transforms (:func:`per_head` checks), so it is a plain
+    Function applied without torch's per-call binding (``_PRODUCT_APPLY``)."""
 
     @staticmethod
-    def forward(a: MaskedTensor, right: torch.Tensor, contract: int, n_free: int,
-                filled: Storage) -> Any:
+    def forward(ctx, a: MaskedTensor, right: torch.Tensor, contract: int,  # type: ignore[override]
+                n_free: int, filled: Storage) -> Any:
         # ``filled``: a's COO storage with its unspecified values zeroed (known zero filled,
         # so the kernel fills nothing again)
-        return _wrap(_per_head_filled(filled, right, contract, n_free))
-
-    @staticmethod
-    def setup_context(ctx, inputs: tuple, output: MaskedTensor) -> None:
-        a, right, ctx.contract, ctx.n_free, ctx.storage = inputs
-        ctx.inputs, ctx.out = (a, right), output._storage
+        out = _per_head_filled(filled, right, contract, n_free)
+        ctx.contract, ctx.n_free, ctx.storage = contract, n_free, filled
+        ctx.inputs, ctx.out = (a, right), out
+        return _wrap(out)
 
     @staticmethod
     def backward(ctx, grad: Any) -> tuple:
@@ -285,4 +289,7 @@ class _PerHeadProduct(_func.Function):
         if ctx.needs_input_grad[1]:
             grad_right = layouts.per_head_mm(s, s.values, g, contract=1 - ctx.contract)
         return grad_a, grad_right, None, None, None
+
+
+_PRODUCT_APPLY = super(torch.autograd.Function, _PerHeadProduct).apply  # _FunctionBase.apply
 

@@ -81,7 +81,7 @@ def _softmax(op: Any, *args: Any, **kwargs: Any) -> Any:
     if s.index and narrow is None and compute is s.values.dtype and _records_one_node(op, mt):
         g = layouts.group_by(s, dims, True)
         if g.source is s and g.kind != "dense" and not s.layout.reduction.get(KEYS[name]):
-            return _SparseSoftmax.apply(mt, g, log)
+            return _SOFTMAX_APPLY(mt, g, log)
     return run(op, name, k_softmax, mt, dims, True, wide if narrow else dtype, log,
                narrow=narrow)
 
@@ -94,7 +94,7 @@ def _records_one_node(op: Any, mt: MaskedTensor) -> bool:
             and not mt._storage.values.is_complex())
 
 
-class _SparseSoftmax(_func.Function):
+class _SparseSoftmax(torch.autograd.Function):
     """Note [A sparse softmax as one node]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     A sparse MaskedTensor's softmax under autograd (graph attention's, once per layer) is
@@ -107,19 +107,17 @@ class _SparseSoftmax(_func.Function):
     family with nothing between: a sparse layout without its own softmax kernel, grouped
     in place (not through a COO copy), values of the result's dtype. With
     ``create_graph=True`` the backward is ``on_values``' own (Note [Double backward]).
+    Recorded only eagerly, outside torch.func transforms (``_records_one_node``), so it is a
+    plain Function applied without torch's per-call binding (``_SOFTMAX_APPLY``).
     """
 
     @staticmethod
-    def forward(mt: MaskedTensor, g: Grouping, log: bool) -> Any:
+    def forward(ctx, mt: MaskedTensor, g: Grouping, log: bool) -> Any:  # type: ignore[override]
         s = mt._storage
         out, zeroed = kernels.masked_softmax(g, s.values, s.mask, log)
-        return _wrap(g.restore(mark_zero_filled(out, s.mask) if zeroed
-                               else zero_fill(out, s.mask)))
-
-    @staticmethod
-    def setup_context(ctx, inputs: tuple, output: MaskedTensor) -> None:
-        ctx.mt, ctx.g, ctx.log = inputs
-        ctx.out = output._storage
+        out = g.restore(mark_zero_filled(out, s.mask) if zeroed else zero_fill(out, s.mask))
+        ctx.mt, ctx.g, ctx.log, ctx.out = mt, g, log, out
+        return _wrap(out)
 
     @staticmethod
     def backward(ctx, grad: Any) -> tuple:
@@ -135,3 +133,6 @@ class _SparseSoftmax(_func.Function):
         values = kernels.masked_softmax_backward(g, out.values, out.mask,
                                                  grad_values(grad, out), ctx.log)
         return _wrap(mt._storage.with_values(values)), None, None
+
+
+_SOFTMAX_APPLY = super(torch.autograd.Function, _SparseSoftmax).apply  # _FunctionBase.apply
