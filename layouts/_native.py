@@ -269,7 +269,10 @@ def _open(directory: Path, builds: dict, isa: str) -> ctypes.CDLL:
 
 def _declare_all(lib: ctypes.CDLL) -> None:
     """:func:`_declare` into fresh tables, installed only once every symbol is there (a
-    missing one leaves the tables as they were); raises :class:`_Refused`."""
+    missing one leaves the tables as they were); raises :class:`_Refused`. They are
+    installed into the tables' own dict objects, so that a caller that read a table before
+    the library loaded (``_kind_and_kernel(_SOFTMAX, ...)`` loads it while checking its
+    arguments) finds the kernels there, on the first call too."""
     before = {table: globals()[table] for table in _TABLES}
     globals().update({table: {} for table in _TABLES})
     try:
@@ -277,6 +280,10 @@ def _declare_all(lib: ctypes.CDLL) -> None:
     except AttributeError as error:  # ctypes: "...: undefined symbol: ms_..."
         globals().update(before)
         raise _Refused(f"a symbol is missing ({error})") from None
+    for table, own in before.items():
+        own.clear()
+        own.update(globals()[table])
+        globals()[table] = own
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:

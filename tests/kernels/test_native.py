@@ -1167,3 +1167,26 @@ def test_cumsum_lines_raises_on_bad_offsets(offsets):
         pytest.skip(f"native kernels: {native.status()}")
     with pytest.raises(RuntimeError, match="out of range"):
         native.cumsum_lines(torch.ones(5), torch.tensor(offsets))
+
+
+def test_the_first_call_after_import_finds_its_kernel():
+    """A function that reads its kernel table before the library loads (the softmax passes
+    ``_SOFTMAX`` while its argument check loads the build) takes the kernel on the very
+    first call of a fresh process, not the composed path: the tables are filled in place.
+    The reference is the same call made again in that process."""
+    script = (
+        "import torch, layouts._native as N\n"
+        "v = torch.tensor([1., 2., 3., 4.]); m = torch.tensor([True, True, False, True])\n"
+        "i = torch.tensor([0, 0, 1, 1])\n"
+        "first = N.softmax(v, m, False, index=i, n=2)\n"
+        "print(N.available(), first is not None, first is not None and "
+        "torch.equal(first, N.softmax(v, m, False, index=i, n=2)))\n")
+    env = {name: value for name, value in os.environ.items() if name != "MASKED_SPARSE_NATIVE"}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    available, took_kernel, same = done.stdout.split()
+    if available != "True":
+        pytest.skip("no native build on this machine")
+    assert (took_kernel, same) == ("True", "True"), done.stdout
