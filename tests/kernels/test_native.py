@@ -518,12 +518,16 @@ warnings.simplefilter("always")  # every warning printed: the kernels' must come
 import torch, masked_sparse as ms, layouts._native as native
 if len(sys.argv) > 1:
     native._DIR = Path(sys.argv[1])  # the kernels (and manifest) the test prepared
+# the process's first kernel call reads its table before the build loads
+first = native.softmax(torch.tensor([1., 2.]), torch.tensor([True, True]), False,
+                       index=torch.tensor([0, 0]), n=1)
 d = torch.tensor([[1., float('nan'), 3.], [4., 5., 6.]])
 m = torch.tensor([[True, False, True], [False, True, True]])
 for _ in range(2):
     mt = ms.masked_tensor(d, m).to_sparse_csr()
     print(mt.sum(1).to_tensor(0).to_dense().tolist(),
           mt.amax(0).to_tensor(0).to_dense().tolist())
+print("first call:", "kernel" if first is not None else "composed")
 print(native.status())
 """
 
@@ -573,9 +577,13 @@ def _widest() -> str:
 
 
 def test_the_installed_build_loads_without_a_warning():
-    """The build in the package passes its checks: the widest build the CPU runs."""
+    """The build in the package passes its checks: the widest build the CPU runs. The
+    process's first kernel call, which read its table before the build loaded (the softmax
+    passes ``_SOFTMAX`` while its argument check loads it), found its kernel there: the
+    tables are filled in place."""
     out, err = _run()
     assert out[-1] == f"available ({_widest()})", out
+    assert out[-2] == "first call: kernel", out
     assert "NativeKernelsWarning" not in err, err
 
 
@@ -1168,25 +1176,3 @@ def test_cumsum_lines_raises_on_bad_offsets(offsets):
     with pytest.raises(RuntimeError, match="out of range"):
         native.cumsum_lines(torch.ones(5), torch.tensor(offsets))
 
-
-def test_the_first_call_after_import_finds_its_kernel():
-    """A function that reads its kernel table before the library loads (the softmax passes
-    ``_SOFTMAX`` while its argument check loads the build) takes the kernel on the very
-    first call of a fresh process, not the composed path: the tables are filled in place.
-    The reference is the same call made again in that process."""
-    script = (
-        "import torch, layouts._native as N\n"
-        "v = torch.tensor([1., 2., 3., 4.]); m = torch.tensor([True, True, False, True])\n"
-        "i = torch.tensor([0, 0, 1, 1])\n"
-        "first = N.softmax(v, m, False, index=i, n=2)\n"
-        "print(N.available(), first is not None, first is not None and "
-        "torch.equal(first, N.softmax(v, m, False, index=i, n=2)))\n")
-    env = {name: value for name, value in os.environ.items() if name != "MASKED_SPARSE_NATIVE"}
-    env["PYTHONPATH"] = os.pathsep.join(sys.path)
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    available, took_kernel, same = done.stdout.split()
-    if available != "True":
-        pytest.skip("no native build on this machine")
-    assert (took_kernel, same) == ("True", "True"), done.stdout
