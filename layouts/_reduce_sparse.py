@@ -130,8 +130,10 @@ class CooGrouping(Grouping):
             if _compiling() and not slots:
                 raise NotImplementedError(_data_dependent(self.source, dims))
             if row_major and kept == list(range(len(kept))) and not _compiling():
-                # sorted by the leading dims
-                uniq, facts["_gid"] = torch.unique_consecutive(keys, return_inverse=True)
+                # sorted by the leading dims: each group is a run of consecutive elements
+                uniq, facts["_gid"], counts = torch.unique_consecutive(
+                    keys, return_inverse=True, return_counts=True)
+                facts["run_offsets"] = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
             elif slots:
                 # Note [Reducing into key slots]
                 if _compiling():  # every slot a group (Note [Lines while tracing])
@@ -181,6 +183,9 @@ class CooGrouping(Grouping):
         return self._slot_keys
     _out_index: torch.Tensor | None = None  # the output's COO index, when known
     _gid: torch.Tensor | None = None
+    #: where each group's run of consecutive elements starts (and the last one ends), when
+    #: the groups are such runs (a coalesced index reduced over its trailing sparse dims)
+    run_offsets: torch.Tensor | None = None
 
     @property
     def gid(self) -> torch.Tensor | None:

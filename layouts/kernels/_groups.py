@@ -373,7 +373,10 @@ def per_head(g: Any, values: torch.Tensor) -> Groups | None:
     ``(e, h)`` joins group ``(group(e), h)``. One head reads ``g``'s own lines or group ids
     over ``nnz`` elements; ``H`` heads read the flat group ids ``group(e) * H + h``, built
     once per index (cached on ``g``'s ids, which the grouping caches per index tensor).
-    The results are the per-element ones of the 2-D kernels, head by head.
+    The results are the per-element ones of the 2-D kernels, head by head. One head over
+    groups that are runs of consecutive elements (a coalesced hybrid COO along its columns:
+    each row's entries) reads them as lines on the CPU, as the 2-D matrix's softmax does
+    (its row pointers): one pass per line, not a scatter into groups.
 
     >>> g = Groups(2, index=torch.tensor([1, 0]), n=2)
     >>> per_head(g, torch.zeros(2, 3)).index.tolist()
@@ -386,6 +389,9 @@ def per_head(g: Any, values: torch.Tensor) -> Groups | None:
     if heads == 1:
         if g.kind == "lines":
             return Groups(size, offsets=g.offsets, which=g.which)
+        runs = getattr(g, "run_offsets", None)
+        if runs is not None and values.is_cpu:
+            return Groups(size, offsets=runs)
         return Groups(size, index=g.ids, n=g.n)
     ids = g.ids
 

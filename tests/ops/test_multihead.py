@@ -190,3 +190,47 @@ def test_product_gradients_of_both_operands_and_a_second_derivative(create_graph
     grad = a.grad.to_tensor(0).coalesce()
     assert torch.equal(grad.indices(), index)
     torch.testing.assert_close(grad.values(), torch.where(mask, leaf.grad, 0))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_one_head_softmax_is_the_matrix_softmax(op, dtype, monkeypatch):
+    """One value per stored entry ((N, N, 1), values (nnz, 1)): the softmax over each row's
+    neighbours reads each row's entries as one line (the native kernel is given line
+    offsets, not group ids), as the 2-D COO matrix of those values does (its row
+    pointers), and both give the same bits, forward and backward; the reference is the 2-D
+    masked softmax, itself tested against the dense one."""
+    from layouts import _native
+
+    calls = []
+    native_softmax = _native.softmax
+
+    def recording(values, mask, log, offsets=None, which=None, index=None, n=0):
+        calls.append("lines" if offsets is not None else "groups")
+        return native_softmax(values, mask, log, offsets, which, index, n)
+
+    monkeypatch.setattr(_native, "softmax", recording)
+    g = torch.Generator().manual_seed(3)
+    n = 40
+    adj = torch.rand(n, n, generator=g) < 0.3
+    adj[7] = False  # a row with no entry
+    index = adj.nonzero().T
+    values = torch.randn(index.shape[1], 1, generator=g, dtype=dtype) * 30
+    mask = torch.rand(index.shape[1], 1, generator=g) < 0.8
+
+    def coo(v, m, shape):
+        return ms.masked_tensor(torch.sparse_coo_tensor(index, v, shape).coalesce(),
+                                torch.sparse_coo_tensor(index, m, shape).coalesce())
+
+    hyb = coo(values, mask, (n, n, 1)).requires_grad_()
+    flat = coo(values[:, 0], mask[:, 0], (n, n)).requires_grad_()
+    out_h, out_f = getattr(hyb, op)(1), getattr(flat, op)(1)
+    got, want = out_h.to_tensor(0).to_dense().squeeze(-1), out_f.to_tensor(0).to_dense()
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    seed = torch.randn(n, n, dtype=dtype, generator=g)
+    (got * seed).sum().backward()
+    (want * seed).sum().backward()
+    torch.testing.assert_close(hyb.grad.to_tensor(0).to_dense().squeeze(-1),
+                               flat.grad.to_tensor(0).to_dense(), rtol=0, atol=0)
+    if _native.available():
+        assert calls == ["lines", "lines"], calls
