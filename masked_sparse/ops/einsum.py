@@ -292,4 +292,3 @@ class _PerHeadProduct(torch.autograd.Function):
 
 
 _PRODUCT_APPLY = super(torch.autograd.Function, _PerHeadProduct).apply  # _FunctionBase.apply
-
