@@ -26,3 +26,21 @@ def test_one_case_runs():
     case = bench_graph.cases(quick=True)[0]
     r = harness.run_case(case, min_run_time=0.001, use_probe=False, rounds=1)
     assert r["status"] == "ok" and "ratio" in r["baselines"]["gather"]
+
+
+def test_glue_profile_agrees_with_the_library_and_times_every_variant():
+    """``profile_graph_glue``'s minimal forms give the library's outputs and gradients (so
+    that a step saved measures glue, not a different computation), and every variant
+    runs."""
+    import pytest
+
+    from benchmarks import profile_graph_glue
+    from layouts import _native
+
+    if not _native.available():
+        pytest.skip("the minimal forms call the native kernels")
+    m = profile_graph_glue.measure(nodes=40, min_run_time=0.01, rounds=1)
+    assert m["agree"] < 1e-5
+    for name in ("library", "gather", "all", *profile_graph_glue.OPS):
+        assert m[name] > 0
+    assert "| all |" in profile_graph_glue.report(m)

@@ -1,0 +1,212 @@
+"""Where a small GAT step's time goes: ``python -m benchmarks.profile_graph_glue``.
+
+At 300 nodes a step of ``benchmarks/bench_graph.py`` is mostly fixed cost per op, not
+kernels. This profile measures that cost per masked op of the GAT layer: each op is swapped,
+one at a time, for a *minimal* autograd Function that calls the very kernels the library
+calls (the native softmax, the per-head product's ``mm`` / ``dot``, ``index_select`` /
+``index_add``), over the same MaskedTensors, with no dispatch, no argument binding and no
+route checks. The step time saved by a swap is that op's glue: dispatch, checks and the
+layers between the op and its kernel. Swapping all of them gives the design's floor (the
+same wrappers, nodes and kernels). The minimal forms agree with the library to float
+rounding (checked first); they are a measuring device, not a second implementation: they
+take no other input than this layer's (one head, float32, a coalesced COO adjacency with
+every node's self-loop, the CPU with the native kernels).
+
+Options: ``--nodes`` (300), ``--min-run-time`` (seconds per case, 0.5); one thread, medians of
+paired rounds (``benchmarks/harness.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import layouts  # noqa: E402
+from benchmarks import bench_graph  # noqa: E402
+from benchmarks.harness import paired_rounds  # noqa: E402
+from layouts import _native, _per_head  # noqa: E402
+from masked_sparse._tensor import MaskedTensor, _wrap  # noqa: E402
+
+OPS = ("sums with a plain operand", "leaky_relu", "softmax", "einsum", "to_tensor")
+_STRIDED = layouts.get_layout(torch.strided)
+
+
+class _Sum(torch.autograd.Function):
+    """``mt + plain`` read at the flat positions ``flat`` (the plain operand's)."""
+
+    @staticmethod
+    def forward(ctx, mt, plain, flat):  # type: ignore[override]
+        s = mt._storage
+        ctx.flat, ctx.shape = flat, plain.shape
+        read = plain.detach().reshape(-1).index_select(0, flat).view_as(s.values)
+        return _wrap(s.with_values(s.values + read))
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        g = grad._storage.values.reshape(-1)
+        return grad, g.new_zeros(ctx.shape.numel()).index_add_(0, ctx.flat, g).view(ctx.shape), None
+
+
+class _Unary(torch.autograd.Function):
+    """A unary op whose values torch computed and recorded (``out``)."""
+
+    @staticmethod
+    def forward(ctx, mt, out):  # type: ignore[override]
+        s = mt._storage
+        ctx.storage, ctx.node = s, out.grad_fn
+        return _wrap(s.with_values(out.detach()))
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _wrap(ctx.storage.with_values(ctx.node(grad._storage.values))), None
+
+
+class _Softmax(torch.autograd.Function):
+    """The native softmax over each row's entries (``rows``: each entry's row)."""
+
+    @staticmethod
+    def forward(ctx, mt, rows, n):  # type: ignore[override]
+        s = mt._storage
+        out = _native.softmax(s.values.reshape(-1), s.mask.reshape(-1), False, index=rows, n=n)
+        ctx.storage, ctx.rows, ctx.n, ctx.out = s, rows, n, out
+        return _wrap(s.with_values(out.view_as(s.values)))
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        s, out, rows, n = ctx.storage, ctx.out, ctx.rows, ctx.n
+        g, m = grad._storage.values.reshape(-1), s.mask.reshape(-1)
+        total = _native.scatter(g * out, m, "sum", rows, n)
+        values = _native.backward("softmax", m, total, x=out, y=g, index=rows, n=n)
+        return _wrap(s.with_values(values.view_as(s.values))), None, None
+
+
+class _Product(torch.autograd.Function):
+    """``einsum("ijh,jhf->ihf")`` by the per-head kernels; every row holds an entry."""
+
+    @staticmethod
+    def forward(ctx, mt, dense, rows, cols, mask):  # type: ignore[override]
+        s = mt._storage
+        out = _per_head._mm(rows, cols, s.shape[0], s.values, dense, None)
+        ctx.storage, ctx.rows, ctx.cols, ctx.dense = s, rows, cols, dense.detach()
+        return _wrap(_STRIDED.build((), out, mask, out.shape))
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        s, rows, cols, dense = ctx.storage, ctx.rows, ctx.cols, ctx.dense
+        g = grad._storage.values
+        to_values = _per_head._dot(rows, cols, g, dense, 1)
+        to_dense = _per_head._mm(cols, rows, dense.shape[0], s.values, g, None)
+        return _wrap(s.with_values(to_values)), to_dense, None, None, None
+
+
+class _ToTensor(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, mt):  # type: ignore[override]
+        s = ctx.storage = mt._storage
+        return torch.where(s.mask, s.values, 0.0)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _wrap(ctx.storage.with_values(grad))
+
+
+_SUM, _UNARY, _SOFTMAX, _PRODUCT, _TO_TENSOR = (
+    super(torch.autograd.Function, f).apply
+    for f in (_Sum, _Unary, _Softmax, _Product, _ToTensor))
+
+
+def layer(minimal: tuple[str, ...], rows: torch.Tensor, cols: torch.Tensor) -> Callable:
+    """``bench_graph``'s masked layer with the ops named in ``minimal`` in their minimal
+    form (one head)."""
+    def run(a0: MaskedTensor, x, w, a_dst, a_src, bias, heads: int) -> torch.Tensor:
+        n = x.shape[0]
+        wh = (x @ w).view(n, heads, -1)
+        e_dst, e_src = (wh * a_dst).sum(-1), (wh * a_src).sum(-1)
+        if OPS[0] in minimal:
+            scores = _SUM(_SUM(a0, e_dst[:, None, :], rows), e_src[None, :, :], cols)
+        else:
+            scores = a0 + e_dst[:, None, :] + e_src[None, :, :]
+        if OPS[1] in minimal:
+            leaf = scores._storage.values.detach().requires_grad_()
+            scores = _UNARY(scores, F.leaky_relu(leaf, bench_graph.SLOPE))
+        else:
+            scores = F.leaky_relu(scores, bench_graph.SLOPE)
+        p = _SOFTMAX(scores, rows, n) if OPS[2] in minimal else scores.softmax(1)
+        if OPS[3] in minimal:
+            every = torch.ones(n, heads, wh.shape[-1], dtype=torch.bool)
+            out = _PRODUCT(p, wh, rows, cols, every)
+        else:
+            out = torch.einsum("ijh,jhf->ihf", p, wh)
+        plain = _TO_TENSOR(out) if OPS[4] in minimal else out.to_tensor(0)
+        return plain.reshape(n, -1) + bias
+
+    return run
+
+
+def measure(nodes: int = 300, min_run_time: float = 0.5, rounds: int | None = None
+            ) -> dict[str, Any]:
+    """``{"agree": largest difference of outputs and gradients, minimal vs library,
+    "library" / "gather" / each op / "all": median seconds per step}``."""
+    if not _native.available():
+        raise RuntimeError(f"profile_graph_glue needs the native kernels: {_native.status()}")
+    dev = torch.device("cpu")
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(nodes, bench_graph.FEATURES, generator=g)
+    labels = torch.randint(0, bench_graph.CLASSES, (nodes,), generator=g)
+    edges, graph = bench_graph.graphs(nodes, 1, dev)
+    rows, cols = edges[0].contiguous(), edges[1].contiguous()
+    weights = bench_graph.Weights(1, dev)
+    variants = {"library": (), **{op: (op,) for op in OPS}, "all": OPS}
+
+    def outputs(run: Callable) -> list[torch.Tensor]:
+        params = weights.copy()
+        out = bench_graph.model(run, graph, x, params, 1)
+        F.cross_entropy(out, labels).backward()
+        return [out.detach()] + [p.grad for p in params]
+
+    reference = outputs(layer((), rows, cols))
+    agree = max((a - b).abs().max().item()
+                for a, b in zip(outputs(layer(OPS, rows, cols)), reference))
+    steps = {name: bench_graph.step(layer(ops, rows, cols), graph, x, labels, weights, 1, dev)
+             for name, ops in variants.items()}
+    steps["gather"] = bench_graph.step(bench_graph._gather_layer, (edges, edges), x, labels,
+                                       weights, 1, dev)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        times = paired_rounds(steps, min_run_time, rounds, {}, {k: {} for k in steps})
+    finally:
+        torch.set_num_threads(threads)
+    return {"agree": agree, **{k: statistics.median(v) for k, v in times.items()}}
+
+
+def report(m: dict[str, Any]) -> str:
+    lines = [f"minimal forms agree with the library to {m['agree']:.2e}", "",
+             "| ops in their minimal form | step | ÷ gather | saved |",
+             "| --- | ---: | ---: | ---: |"]
+    for name in ("library", *OPS, "all"):
+        lines.append(f"| {name} | {m[name] * 1e3:.2f} ms | {m[name] / m['gather']:.3f}× | "
+                     f"{(m['library'] - m[name]) * 1e3:.2f} ms |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=300)
+    parser.add_argument("--min-run-time", type=float, default=0.5)
+    args = parser.parse_args()
+    print(report(measure(args.nodes, args.min_run_time)))
+
+
+if __name__ == "__main__":
+    main()
