@@ -22,6 +22,7 @@ head]).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import string
 from typing import Any
@@ -209,10 +210,9 @@ def per_head(equation: str, a: MaskedTensor, sa: str, b: Any, sb: str, out: str)
     if (torch.is_grad_enabled() and (requires_grad_of(a) or requires_grad_of(right))
             and not torch.compiler.is_compiling() and not _func.active()
             and coo is a._storage):  # (its gradient is a's storage with new values)
-        if coo.values.requires_grad:  # (values of a gradient being differentiated)
-            with torch.no_grad():  # filled once, for the product and its backward
-                filled = zero_filled_operand(coo)
-        else:
+        # filled once, for the product and its backward; recorded nowhere (values that
+        # require grad: a gradient being differentiated)
+        with torch.no_grad() if coo.values.requires_grad else contextlib.nullcontext():
             filled = zero_filled_operand(coo)
         result = _PRODUCT_APPLY(a, right, contract, n_free, filled)
     else:  # nothing to record, or a tracer: the generic route
