@@ -18,15 +18,15 @@ tensor([1., 0.])
 from __future__ import annotations
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 import layouts
 
+from ._id_tags import IdTags
 from ._shapes import broadcasts_to
 
-_ZERO_FILLED: WeakIdKeyDictionary = WeakIdKeyDictionary()  # Note [Known zero fill]
-_ALL_SPECIFIED: WeakIdKeyDictionary = WeakIdKeyDictionary()  # mask -> (version, answer)
-_DIRECT = 1 << 14  # masks up to this many stored elements are checked, not cached
+_ZERO_FILLED = IdTags()  # values -> (mask, version): Note [Known zero fill]
+_ALL_SPECIFIED = IdTags()  # mask -> (version, answer)
+_DIRECT = 1 << 14  # masks up to this many stored elements are compared with a kept all-True
 
 
 def _fills_by_bits(dtype: torch.dtype) -> bool:
@@ -100,7 +100,7 @@ def mark_zero_filled(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     # An inference tensor has no version counter to read (it cannot be written in place
     # outside inference mode either): it is not tagged.
     if not torch.compiler.is_dynamo_compiling() and not torch.is_inference(values):
-        _ZERO_FILLED[values] = (mask, values._version)
+        _ZERO_FILLED.set(values, (mask, values._version))
     return values
 
 
@@ -116,11 +116,11 @@ def carry_zero_fill(source: torch.Tensor, alias: torch.Tensor) -> torch.Tensor:
     >>> is_zero_filled(carry_zero_fill(x, x.detach()), m)
     True
     """
-    if not _ZERO_FILLED:  # (nothing tagged: no lookup, which builds a weak reference)
+    if not _ZERO_FILLED:  # (nothing tagged: no lookup)
         return alias
     tag = _ZERO_FILLED.get(source)
     if tag is not None and tag[1] == source._version and not torch.compiler.is_dynamo_compiling():
-        _ZERO_FILLED[alias] = (tag[0], alias._version)
+        _ZERO_FILLED.set(alias, (tag[0], alias._version))
     return alias
 
 
@@ -171,10 +171,11 @@ _ONES: dict[torch.Size, torch.Tensor] = {}  # shape -> all-True CPU bool tensor
 def all_specified(mask: torch.Tensor) -> bool:
     """True when every element of the bool ``mask`` is True: then a zero fill has nothing
     to do (a sparse weight stores only its kept entries; a layer whose every output feature
-    has a term). A mask broadcast over some dims is read at its stored size; a large one is
-    answered once per mask object and version. False off the CPU (the answer would be a host
-    sync), while compiling, under a ``torch.func`` transform or a dispatch mode (fake
-    tensors, ``make_fx``), where it would be data-dependent control flow.
+    has a term). A mask broadcast over some dims is read at its stored size; the answer is
+    kept per mask object and version (an op reads it for each operand it could fill). False
+    off the CPU (the answer would be a host sync), while compiling, under a ``torch.func``
+    transform or a dispatch mode (fake tensors, ``make_fx``), where it would be
+    data-dependent control flow.
 
     >>> all_specified(torch.tensor([True, True]).expand(3, 2)), all_specified(torch.tensor([False]))
     (True, False)
@@ -183,12 +184,15 @@ def all_specified(mask: torch.Tensor) -> bool:
             or torch._C._are_functorch_transforms_active()
             or torch._C._len_torch_dispatch_stack()):  # (elsewhere: a host sync)
         return False
-    small = layouts.broadcast_part(mask)
-    if small.numel() <= _DIRECT or mask.is_inference():  # (no version counter to key on)
-        return _all_true(small)
+    if mask.is_inference():  # (no version counter to key on)
+        return _all_true_at(layouts.broadcast_part(mask))
     entry = _ALL_SPECIFIED.get(mask)
     if entry is not None and entry[0] == mask._version:
         return entry[1]
-    answer = bool(small.all())
-    _ALL_SPECIFIED[mask] = (mask._version, answer)
+    answer = _all_true_at(layouts.broadcast_part(mask))
+    _ALL_SPECIFIED.set(mask, (mask._version, answer))
     return answer
+
+
+def _all_true_at(small: torch.Tensor) -> bool:
+    return _all_true(small) if small.numel() <= _DIRECT else bool(small.all())

@@ -72,6 +72,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from layouts import Storage
 
 from .._fill import is_zero_filled, zero_fill
+from .._id_tags import IdTags
 from .._tensor import MaskedTensor
 from . import _scatter
 from ._scatter import gather_at
@@ -81,39 +82,6 @@ def _untracked(t: torch.Tensor) -> bool:
     """No verdict or tag is kept for ``t``: an inference tensor has no version counter, and
     Dynamo does not trace the tables."""
     return torch.is_inference(t) or torch.compiler.is_compiling()
-
-
-class _IdTags:
-    """A table keyed weakly by tensor identity, as ``WeakIdKeyDictionary``, read without
-    building a weak reference per lookup: an optimizer step reads and rewrites one tag per
-    state tensor (``benchmarks/bench_training.py`` times the step). An entry dies with its
-    tensor (the weak reference's callback), and a reused ``id`` is told apart by the
-    reference itself.
-
-    >>> t, tags = torch.zeros(2), _IdTags()
-    >>> tags.set(t, "tag"); tags.get(t), tags.get(torch.zeros(2))
-    ('tag', None)
-    """
-
-    def __init__(self) -> None:
-        self._table: dict[int, tuple[weakref.ref, Any]] = {}
-
-    def get(self, t: torch.Tensor) -> Any:
-        entry = self._table.get(id(t))
-        return entry[1] if entry is not None and entry[0]() is t else None
-
-    def set(self, t: torch.Tensor, value: Any) -> None:
-        key, table = id(t), self._table
-        entry = table.get(key)
-        if entry is not None and entry[0]() is t:
-            table[key] = (entry[0], value)
-            return
-
-        def forget(ref: weakref.ref, key: int = key, table: dict = table) -> None:
-            if (table.get(key) or (None,))[0] is ref:
-                del table[key]
-
-        table[key] = (weakref.ref(t, forget), value)
 
 
 class _PairVerdicts:
@@ -160,7 +128,7 @@ class _PairVerdicts:
             del table[next(iter(table))]
 
 
-_TAGS = _IdTags()  # state -> (mask or None for "0 everywhere", mask version, version)
+_TAGS = IdTags()  # state -> (mask or None for "0 everywhere", mask version, version)
 _EQUAL = _PairVerdicts()  # (index or mask, index or mask) -> torch.equal
 _COVERS = _PairVerdicts()  # (param mask, grad mask) -> grad mask True wherever param mask is
 _FACTORS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # mask -> (version, value, factor)
