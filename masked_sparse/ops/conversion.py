@@ -244,6 +244,8 @@ def to_tensor(mt: MaskedTensor, value: Any) -> torch.Tensor:
     """
     if _plain_call(mt):  # Note [Accessors without autograd]
         return _fill(mt._storage, value)
+    if type(mt) is MaskedTensor and not (torch.compiler.is_compiling() or _func.active()):
+        return _TO_TENSOR_APPLY(mt, value)  # eager autograd: the node, with nothing around it
     if torch.compiler.is_exporting():  # Note [Export traces the aten level]
         return torch.ops.masked_sparse.to_tensor(mt, float(value))
     if _sparse_under_dynamo(mt) and isinstance(value, (int, float, bool)) and value == 0:
@@ -253,6 +255,7 @@ def to_tensor(mt: MaskedTensor, value: Any) -> torch.Tensor:
     return _fill(mt._storage, value)
 
 
+_TO_TENSOR_APPLY = super(torch.autograd.Function, _ToTensor).apply  # _FunctionBase.apply
 _get_data_outside_graph = torch.compiler.disable(get_data)
 _get_mask_outside_graph = torch.compiler.disable(get_mask)
 _to_tensor_outside_graph = torch.compiler.disable(to_tensor)
