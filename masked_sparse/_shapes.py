@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+
+import torch
+
 
 def broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
     """True when ``shape`` broadcasts to ``target`` exactly (the result has ``target``).
@@ -13,6 +17,19 @@ def broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
     >>> broadcasts_to((3, 1), (2, 3, 4)), broadcasts_to((2, 4), (3, 4))
     (True, False)
     """
+    if _dynamo_compiling():  # (Dynamo traces the comparison, not the cache)
+        return _broadcasts_to(shape, target)
+    try:
+        return _broadcasts_to_cached(shape, target)  # (a binary op's shapes repeat)
+    except TypeError:  # symbolic sizes (AOTAutograd's tracing) are not hashable
+        return _broadcasts_to(shape, target)
+
+
+def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
     if len(shape) > len(target):
         return False
     return all(s == 1 or s == t for s, t in zip(reversed(shape), reversed(target)))
+
+
+_broadcasts_to_cached = functools.lru_cache(maxsize=1024)(_broadcasts_to)
+_dynamo_compiling = torch.compiler.is_dynamo_compiling
