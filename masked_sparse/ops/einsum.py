@@ -198,7 +198,8 @@ def per_head(equation: str, a: MaskedTensor, sa: str, b: Any, sb: str, out: str)
     >>> torch.einsum("ijh,jhf->ihf", a, torch.ones(2, 2, 1)).to_tensor(0).flatten().tolist()
     [1.0, 2.0, 3.0, 4.0]
     """
-    coo = _coo(a._storage)
+    storage = a._storage
+    coo = _coo(storage)
     n_sparse = coo.index[0].shape[0]
     if isinstance(b, MaskedTensor) or n_sparse != 2:
         raise _unsupported(equation, f"a {n_sparse}-D sparse operand with dense dims times "
@@ -207,9 +208,9 @@ def per_head(equation: str, a: MaskedTensor, sa: str, b: Any, sb: str, out: str)
                                      "plain operand)")
     contract, right_order, produced, n_free = _per_head_plan(equation, sa, sb, out)
     right = _arrange(b, sb, right_order)
-    if (torch.is_grad_enabled() and (requires_grad_of(a) or requires_grad_of(right))
-            and not torch.compiler.is_compiling() and not _func.active()
-            and coo is a._storage):  # (its gradient is a's storage with new values)
+    if (coo is storage and torch.is_grad_enabled()  # (its gradient: a's storage, new values)
+            and (requires_grad_of(a) or right.requires_grad)
+            and not torch.compiler.is_compiling() and not _func.active()):
         # filled once, for the product and its backward; recorded nowhere (values that
         # require grad: a gradient being differentiated)
         with torch.no_grad() if coo.values.requires_grad else contextlib.nullcontext():
