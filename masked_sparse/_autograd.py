@@ -76,10 +76,14 @@ def grad_values(grad: Any, s: Storage) -> torch.Tensor:
         if grad.layout != torch.strided and grad.requires_grad:
             grad = grad.to_dense()  # torch's sparse accessors would cut the graph
         values, mask = grad_on(grad, s)
+    elif torch.is_grad_enabled():
+        values, mask = layouts.read_at(grad._storage.with_values(values_of(grad)), s)
     else:
         g = grad._storage
-        data = values_of(grad) if torch.is_grad_enabled() else g.values
-        values, mask = layouts.read_at(g.with_values(data), s)
+        if (g.mask is s.mask and g.index is s.index and g.layout is s.layout
+                and g.shape == s.shape):  # the pattern itself (a backward's common case)
+            return g.values
+        values, mask = layouts.read_at(g, s)
     if mask is s.mask:
         return values
     return layouts.zero_unspecified(values, mask)
