@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 from torch._C import DisableTorchFunctionSubclass
-from torch.autograd.graph import get_gradient_edge
+from torch.autograd.graph import GradientEdge
 
 import layouts
 
@@ -60,7 +60,8 @@ class _UnaryNode(torch.autograd.Function):
                 call: tuple) -> Any:
         s = mt._storage
         # the recorded node, not ``out``: it keeps what torch's formula saves, nothing more
-        ctx.storage, ctx.edge, ctx.leaf, ctx.call = s, get_gradient_edge(out), leaf, call
+        edge = GradientEdge(out.grad_fn, out.output_nr)  # (get_gradient_edge, unchecked)
+        ctx.storage, ctx.edge, ctx.leaf, ctx.call = s, edge, leaf, call
         return _wrap(s.with_values(out.detach()))
 
     @staticmethod
@@ -142,8 +143,7 @@ def one_node(func: Any, args: tuple, kwargs: dict | None) -> MaskedTensor | None
     if (not values.dtype.is_floating_point or s.layout.unary or s.layout.binary
             or not requires_grad_of(mt) or _compiling() or _transforms_active()
             or _saved_tensor_hooks(False) is not None or "out" in kwargs
-            or not all(type(a) in _NOT_TENSORS for a in args[1:])
-            or not all(type(a) in _NOT_TENSORS for a in kwargs.values())):
+            or not _plain_python(args, 1) or (kwargs and not _plain_python(kwargs.values()))):
         return None
     leaf = values.detach().requires_grad_()
     out = func(leaf, *args[1:], **kwargs)
@@ -155,10 +155,23 @@ def one_node(func: Any, args: tuple, kwargs: dict | None) -> MaskedTensor | None
         return None if out.requires_grad else _wrap(s.with_values(out))
     if out.dtype is not leaf.dtype:
         return None
-    if getattr(out.grad_fn, "_saved_self", None) is None:  # Note [What the node keeps]
+    node = out.grad_fn
+    keeps = _KEEPS_INPUT.get(type(node))
+    if keeps is None:  # Note [What the node keeps] (a property of the node's type)
+        keeps = _KEEPS_INPUT[type(node)] = getattr(node, "_saved_self", None) is not None
+    if not keeps:
         _DECLINED.add(func)
         return None
     return _APPLY(mt, out, leaf, (func, args, kwargs))
+
+
+def _plain_python(values: Any, start: int = 0) -> bool:
+    """True when every one of ``values`` from ``start`` on is a plain Python value (no
+    tensor, no container that could hold one)."""
+    for i, a in enumerate(values):
+        if i >= start and type(a) not in _NOT_TENSORS:
+            return False
+    return True
 
 
 # Note [What the node keeps]
@@ -172,3 +185,4 @@ def one_node(func: Any, args: tuple, kwargs: dict | None) -> MaskedTensor | None
 # after the forward, and keeping it here would hold a pre-activation per layer until the
 # backward: those ops take the dispatch route (each callable is tried once).
 _DECLINED: set = set()
+_KEEPS_INPUT: dict[type, bool] = {}  # node type -> its formula saves the input
