@@ -74,7 +74,7 @@ class _PlainSum(torch.autograd.Function):
         masked_first = isinstance(a, MaskedTensor)
         masked, plain = (a, b) if masked_first else (b, a)
         s = masked._storage
-        read = layouts.read_stored(s, plain.detach())
+        read = layouts.read_stored(s, plain)  # (no grad mode in a Function's forward)
         if masked_first:
             values = s.values - read if subtract else s.values + read
         else:
