@@ -24,12 +24,16 @@ def _dense_at(s, values: torch.Tensor) -> torch.Tensor:
     return _wrap(s.with_values(values)).to_dense().to_tensor(0)
 
 
+def _random_storage(layout: str, seed: int, density: float):
+    """A random (4, 5) storage of ``layout`` and the generator that made it."""
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.rand(4, 5, generator=g) < density
+    return _masked(torch.randn(4, 5, generator=g), mask, layout)._storage, g
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_a_gradient_over_the_very_pattern_is_its_values(layout):
-    g = torch.Generator().manual_seed(0)
-    mask = torch.rand(4, 5, generator=g) > 0.4
-    x = _masked(torch.randn(4, 5, generator=g), mask, layout)
-    s = x._storage
+    s, g = _random_storage(layout, 0, 0.6)
     grad = _wrap(s.with_values(torch.randn(s.values.shape, generator=g)))
     with torch.no_grad():
         got = grad_values(grad, s)
@@ -38,10 +42,7 @@ def test_a_gradient_over_the_very_pattern_is_its_values(layout):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_a_gradient_over_another_mask_is_zero_where_it_is_unspecified(layout):
-    g = torch.Generator().manual_seed(1)
-    mask = torch.rand(4, 5, generator=g) > 0.3
-    x = _masked(torch.randn(4, 5, generator=g), mask, layout)
-    s = x._storage
+    s, g = _random_storage(layout, 1, 0.7)
     grad_mask = s.mask & (torch.rand(s.mask.shape, generator=g) > 0.5)
     grad_data = torch.randn(s.values.shape, generator=g)
     grad_data[~grad_mask] = float("nan")  # never read
