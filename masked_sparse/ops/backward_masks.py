@@ -33,11 +33,11 @@ from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map_only
-from torch.utils.weak import WeakIdKeyDictionary
 
 import layouts
 from layouts import Storage
 
+from .._id_tags import IdTags
 from .._tensor import MaskedTensor
 
 aten = torch.ops.aten
@@ -97,7 +97,7 @@ def plain_sum(func: Any, args: tuple, kwargs: dict) -> Any:
 
 # The plain form of each masked gradient handed to plain formulas, while it lives: one
 # gradient often feeds several (``q @ k.mT`` sends its gradient to two products).
-_PLAIN: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_PLAIN = IdTags()
 
 
 def _as_plain(mt: MaskedTensor) -> torch.Tensor:
@@ -106,7 +106,7 @@ def _as_plain(mt: MaskedTensor) -> torch.Tensor:
     if known is not None and known[0] is s.values and known[1] == s.values._version:
         return known[2]
     plain = s.layout.to_torch(s, layouts.zero_unspecified(s.values, s.mask))
-    _PLAIN[mt] = (s.values, s.values._version, plain)
+    _PLAIN.set(mt, (s.values, s.values._version, plain))
     return plain
 
 

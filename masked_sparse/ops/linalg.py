@@ -48,13 +48,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch._C import DisableTorchFunctionSubclass
-from torch.utils.weak import WeakIdKeyDictionary
 
 import layouts
 from layouts import Storage
 
 from .._autograd import _backward_with_graph, grad_on, on_values
 from .._fill import all_specified, is_zero_filled, zero_fill
+from .._id_tags import IdTags
 from .._registry import implements
 from .._tensor import MaskedTensor, _wrap, requires_grad_of
 
@@ -108,7 +108,7 @@ def _values_product(a: Operand, b: Operand, transpose_b: bool) -> torch.Tensor:
     return torch.matmul(_dense(a), _dense(b, transpose_b))
 
 
-_LINES: WeakIdKeyDictionary = WeakIdKeyDictionary()  # mask -> {dim: (version, lines)}
+_LINES = IdTags()  # mask -> {dim: (version, lines)}
 
 
 def _any(mask: torch.Tensor, dim: int) -> torch.Tensor:
@@ -127,12 +127,16 @@ def _any(mask: torch.Tensor, dim: int) -> torch.Tensor:
     keep = (mask.numel() > 1 << 10 and not mask.is_inference()
             and not torch._C._are_functorch_transforms_active())
     if keep:
-        entry = _LINES.get(mask, {}).get(dim)
+        entry = (_LINES.get(mask) or {}).get(dim)
         if entry is not None and entry[0] == mask._version and entry[2] == entry[1]._version:
             return entry[1]  # (nor was the answer written since)
     lines = layouts.broadcast_part(mask).view(torch.uint8).amax(dim).view(torch.bool)
     if keep:
-        _LINES.setdefault(mask, {})[dim] = (mask._version, lines, lines._version)
+        per_dim = _LINES.get(mask)
+        if per_dim is None:
+            per_dim = {}
+            _LINES.set(mask, per_dim)
+        per_dim[dim] = (mask._version, lines, lines._version)
     return lines
 
 

@@ -25,12 +25,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 import layouts
 from layouts import Storage
 
 from .._autograd import on_values
+from .._id_tags import IdTags
 from .._registry import implements
 from .._tensor import MaskedTensor, _wrap
 
@@ -111,7 +111,7 @@ def sampled_addmm(op: Any, input: Any, mat1: Any, mat2: Any, *, beta: Any = 1.0,
     return on_values(_kernel, [input, mat1, mat2], alpha, beta)
 
 
-_MASKS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # mask -> (version, storage)
+_MASKS = IdTags()  # mask -> (version, storage)
 
 
 def _mask_storage(name: str, mask: torch.Tensor) -> Storage:
@@ -127,7 +127,7 @@ def _mask_storage(name: str, mask: torch.Tensor) -> Storage:
     s = layouts.get_layout(mask.layout).from_torch(mask, mask)
     if not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled()
             or mask.is_inference()):
-        _MASKS[mask] = (mask._version, s)
+        _MASKS.set(mask, (mask._version, s))
     return s
 
 

@@ -67,7 +67,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 from layouts import Storage
 
@@ -131,7 +130,7 @@ class _PairVerdicts:
 _TAGS = IdTags()  # state -> (mask or None for "0 everywhere", mask version, version)
 _EQUAL = _PairVerdicts()  # (index or mask, index or mask) -> torch.equal
 _COVERS = _PairVerdicts()  # (param mask, grad mask) -> grad mask True wherever param mask is
-_FACTORS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # mask -> (version, value, factor)
+_FACTORS = IdTags()  # mask -> (version, value, factor)
 
 
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -299,5 +298,5 @@ def decay_factor(mask: torch.Tensor, value: Any, like: torch.Tensor) -> torch.Te
         return entry[2]
     factor = torch.full(like.shape, key, dtype=like.dtype, device=like.device)
     factor.masked_fill_(mask.logical_not(), 1.0)
-    _FACTORS[mask] = (mask._version, key, factor, factor._version)
+    _FACTORS.set(mask, (mask._version, key, factor, factor._version))
     return factor
