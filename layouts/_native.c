@@ -1897,6 +1897,31 @@ TIES_STREAM(f32)
 BACKWARD_KERNELS(f64)
 BACKWARD_KERNELS(f32)
 
+/* The softmax's gradient along lines in one call: per listed line, total = the masked sum
+ * of y * x (the products rounded to T, summed by sum_range as ms_lines_sum does, rounded
+ * to T), then out[j] = m[j] ? x[j] * (y[j] - total) : +0.0 (BW_SOFTMAX). x is the softmax's
+ * output, y the gradient; the composed route's multiply, lines sum and backward pass step
+ * for step, so the same bits, with out as the products' scratch. Offsets from 0 to n, each
+ * line listed once at most (every element in a listed line); -1 on a bad bound. */
+#define SOFTMAX_BACKWARD_KERNELS(T)                                                      \
+    int ms_lines_softmax_backward_##T(const T *x, const T *y, const uint8_t *m,          \
+                                      int64_t n, const int64_t *offsets,                 \
+                                      int64_t nlines_all, const int64_t *lines,          \
+                                      int64_t nlines, T *restrict out) {                 \
+        if (offsets[0] != 0 || offsets[nlines_all] != n) return -1;                      \
+        const bits_##T zero = bits_of_##T((T)START_sum(0));                              \
+        for (int64_t i = 0; i < nlines; i++) {                                           \
+            LINE_BOUNDS(i, lo, hi);                                                      \
+            for (int64_t j = lo; j < hi; j++) out[j] = y[j] * x[j];                      \
+            const T total = (T)sum_range_##T(out, m, lo, hi, START_sum(0), zero);        \
+            for (int64_t j = lo; j < hi; j++)                                            \
+                out[j] = keep_##T(x[j] * (y[j] - total), m[j], 0);                       \
+        }                                                                                \
+        return 0;                                                                        \
+    }
+SOFTMAX_BACKWARD_KERNELS(f64)
+SOFTMAX_BACKWARD_KERNELS(f32)
+
 /* -- the per-head product (layouts/_per_head.py) ---------------------------------------
  * One sparse index for H heads: entry e joins output line keep[e] to input line summed[e],
  * with H values v[e, :]; a line holds H heads of W features (the caller's dense operand,

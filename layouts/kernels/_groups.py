@@ -360,6 +360,16 @@ def native_backward(g: Any, op: str, mask: torch.Tensor, a: torch.Tensor,
     return _native.backward(op, mask, a, index=ids, n=g.n, **operands)
 
 
+def native_softmax_backward(g: Any, mask: torch.Tensor, out: torch.Tensor,
+                            grad: torch.Tensor) -> torch.Tensor | None:
+    """The softmax's gradient along ``g``'s lines in one native call
+    (``_native.softmax_backward``: the same bits as the family's composed backward), or
+    None where :func:`native_backward` would not run either, or ``g`` is not lines."""
+    if g.kind != "lines" or torch.is_grad_enabled() or traced(grad):
+        return None
+    return _native.softmax_backward(out, grad, mask, g.offsets, g.which)
+
+
 def per_head(g: Any, values: torch.Tensor) -> Groups | None:
     """``g``'s groups over the elements of hybrid ``values`` ``(nnz, h...)`` with every head
     a group of its own, as a :class:`Groups` record over the flat ``nnz * H`` elements (the

@@ -15,7 +15,9 @@ elements' shape):
   CPU exp is much slower on arguments that underflow) and left out of the sum.
 - Gradient: ``p * (g - sum(g * p))`` for softmax, ``g - exp(out) * sum(g)`` for
   log_softmax, over each group's specified elements; +0.0 at unspecified ones. On CPU one
-  native pass where nothing records it (``_native.backward``).
+  native pass where nothing records it (``_native.backward``, after the per-group sum);
+  the softmax's along lines (a sparse matrix's rows, a graph's neighbours) in one native
+  call, sum and pass together (``_native.softmax_backward``: the same bits).
 - On CPU one native call (the maximum, the sum of ``exp`` in double, Note [Native exp],
   the division or the log); elsewhere the torch ops.
 
@@ -39,7 +41,7 @@ import torch
 
 from .. import _native
 from .._fill import fill_constant, fill_unspecified, zero_unspecified, zero_unspecified_
-from ._groups import native_backward, native_ids, per_head
+from ._groups import native_backward, native_ids, native_softmax_backward, per_head
 from ._ops import LIB, describe, groups, register_autograd
 from ._route import Family, direct, run, traced
 from .reduce import masked_reduce, masked_sum
@@ -95,6 +97,9 @@ class SOFTMAX(Family):
             if native is not None:
                 return native
             return zero_unspecified_(grad - out.exp() * g.expand(total), mask)
+        fused = native_softmax_backward(g, mask, out, grad)
+        if fused is not None:
+            return fused
         total = masked_sum(g, grad * out, mask)[0]
         native = native_backward(g, what, mask, total, x=out, y=grad, what=what)
         if native is not None:

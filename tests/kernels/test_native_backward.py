@@ -222,3 +222,49 @@ def test_inputs_the_kernels_do_not_take_give_none(case):
     else:
         kwargs["x"] = x.double()
     assert native.backward(op, mask, a, **kwargs) is None
+
+
+@pytest.mark.usefixtures("build")
+@settings(max_examples=60, deadline=None)
+@given(lengths=sizes, density=densities, seed=st.integers(0, 2**16),
+       dtype=st.sampled_from(DTYPES), specials=specials, listed=st.booleans())
+def test_the_fused_softmax_backward_is_the_composed_one(lengths, density, seed, dtype,
+                                                        specials, listed):
+    """``softmax_backward`` (one call) against the composed route it replaces -- the
+    multiply, the lines sum and ``backward("softmax")`` -- bit for bit, NaN and inf in the
+    softmax output and the gradient, specified or not, any line length, listed lines."""
+    offsets = torch.tensor([0, *lengths]).cumsum(0)
+    n = int(offsets[-1])
+    which = None
+    if listed:
+        which = torch.tensor([i for i, k in enumerate(lengths) if k], dtype=torch.long)
+    out, mask = _inputs(n, dtype, density, seed, specials=specials)
+    grad, _ = _inputs(n, dtype, 1.0, seed + 1, specials=specials)
+    total = native.lines(grad * out, mask, "sum", offsets, which)
+    want = native.backward("softmax", mask, total, x=out, y=grad, offsets=offsets,
+                           which=which)
+    got = native.softmax_backward(out, grad, mask, offsets, which)
+    assert got is not None and want is not None
+    assert torch.equal(_bits(got), _bits(want))
+
+
+@pytest.mark.parametrize("bad", ["which", "decreasing", "short", "long"])
+def test_the_fused_softmax_backward_refuses_out_of_range_lines(bad):
+    x, mask = torch.ones(6), torch.ones(6, dtype=torch.bool)
+    offsets, which = {"which": (torch.tensor([0, 2, 6]), torch.tensor([2])),
+                      "decreasing": (torch.tensor([0, 4, 2, 6]), torch.tensor([1])),
+                      "short": (torch.tensor([0, 2, 5]), None),
+                      "long": (torch.tensor([0, 2, 9]), None)}[bad]
+    with pytest.raises(RuntimeError, match=r"softmax backward.*out of range"):
+        native.softmax_backward(x, x, mask, offsets, which)
+
+
+def test_the_fused_softmax_backward_declines_what_it_does_not_take():
+    """Other dtypes, a mask of another length, 2-D values: None (the composed route
+    runs)."""
+    m, offsets = torch.ones(4, dtype=torch.bool), torch.tensor([0, 4])
+    assert native.softmax_backward(torch.ones(4, dtype=torch.float16),
+                                   torch.ones(4, dtype=torch.float16), m, offsets) is None
+    assert native.softmax_backward(torch.ones(5), torch.ones(5), m, offsets) is None
+    assert native.softmax_backward(torch.ones(4, 1), torch.ones(4, 1), m.view(4, 1),
+                                   offsets) is None

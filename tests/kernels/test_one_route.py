@@ -290,20 +290,23 @@ def test_backward_leaves_the_incoming_gradient_alone(layout, op):
 @pytest.mark.parametrize("dim", [0, 1])
 def test_the_native_backward_is_the_torch_op_backward(monkeypatch, layout, dtype, op, dim):
     """A plain backward takes the native backward kernels (``_native.backward``, along and
-    across the stored lines); one with ``create_graph=True`` the differentiable torch ops.
-    The two gradients are the same bits (the exps of logsumexp and log_softmax: within an
-    ULP of torch's), 0 wherever unspecified, whatever the stored entries hold there."""
+    across the stored lines; the softmax along lines: ``_native.softmax_backward``); one
+    with ``create_graph=True`` the differentiable torch ops. The two gradients are the same
+    bits (the exps of logsumexp and log_softmax: within an ULP of torch's), 0 wherever
+    unspecified, whatever the stored entries hold there."""
     if not native.status().startswith("available"):
         pytest.skip(f"native kernels: {native.status()}")
     ran: list[bool] = []
-    kernel = native.backward
 
-    def spy(*args, **kwargs):
-        out = kernel(*args, **kwargs)
-        ran.append(out is not None)
-        return out
+    def spy(kernel):
+        def call(*args, **kwargs):
+            out = kernel(*args, **kwargs)
+            ran.append(out is not None)
+            return out
+        return call
 
-    monkeypatch.setattr(native, "backward", spy)
+    monkeypatch.setattr(native, "backward", spy(native.backward))
+    monkeypatch.setattr(native, "softmax_backward", spy(native.softmax_backward))
     mt, x, m = _operand(layout, dtype, seed=11 + dim, shape=(23, 17), step=1.0)  # ties
     grads = []
     for create_graph in (False, True):
