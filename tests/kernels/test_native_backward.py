@@ -178,16 +178,21 @@ def test_an_out_of_range_group_index_raises(op, index_dtype, bad):
               torch.ones(3), x, x, index=index.to(index_dtype), n=3)
 
 
+def _bad_lines(bad: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Line pointers and listed lines over 6 elements that a lines kernel must refuse."""
+    return {"which": (torch.tensor([0, 2, 6]), torch.tensor([2])),
+            "decreasing": (torch.tensor([0, 4, 2, 6]), torch.tensor([1])),
+            "short": (torch.tensor([0, 2, 5]), None),
+            "long": (torch.tensor([0, 2, 9]), None)}[bad]
+
+
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("bad", ["which", "decreasing", "short", "long"])
 def test_out_of_range_lines_raise(op, bad):
     """A listed line past the last, pointers that decrease, or that do not end at the
     number of elements: raised before anything is read past the arrays."""
     x, mask = torch.ones(6), torch.ones(6, dtype=torch.bool)
-    offsets, which = {"which": (torch.tensor([0, 2, 6]), torch.tensor([2])),
-                      "decreasing": (torch.tensor([0, 4, 2, 6]), torch.tensor([1])),
-                      "short": (torch.tensor([0, 2, 5]), None),
-                      "long": (torch.tensor([0, 2, 9]), None)}[bad]
+    offsets, which = _bad_lines(bad)
     groups = 1 if which is not None else offsets.shape[0] - 1
     per_group = torch.ones(groups)
     with pytest.raises(RuntimeError, match="out of range"):
@@ -251,10 +256,7 @@ def test_the_fused_softmax_backward_is_the_composed_one(lengths, density, seed, 
 @pytest.mark.parametrize("bad", ["which", "decreasing", "short", "long"])
 def test_the_fused_softmax_backward_refuses_out_of_range_lines(bad):
     x, mask = torch.ones(6), torch.ones(6, dtype=torch.bool)
-    offsets, which = {"which": (torch.tensor([0, 2, 6]), torch.tensor([2])),
-                      "decreasing": (torch.tensor([0, 4, 2, 6]), torch.tensor([1])),
-                      "short": (torch.tensor([0, 2, 5]), None),
-                      "long": (torch.tensor([0, 2, 9]), None)}[bad]
+    offsets, which = _bad_lines(bad)
     with pytest.raises(RuntimeError, match=r"softmax backward.*out of range"):
         native.softmax_backward(x, x, mask, offsets, which)
 
