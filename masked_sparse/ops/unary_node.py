@@ -143,7 +143,7 @@ def one_node(func: Any, args: tuple, kwargs: dict | None) -> MaskedTensor | None
     if (not values.dtype.is_floating_point or s.layout.unary or s.layout.binary
             or not requires_grad_of(mt) or _compiling() or _transforms_active()
             or _saved_tensor_hooks(False) is not None or "out" in kwargs
-            or not _plain_python(args, 1) or (kwargs and not _plain_python(kwargs.values()))):
+            or not _plain_python(args[1:]) or not _plain_python(kwargs.values())):
         return None
     leaf = values.detach().requires_grad_()
     out = func(leaf, *args[1:], **kwargs)
@@ -156,20 +156,19 @@ def one_node(func: Any, args: tuple, kwargs: dict | None) -> MaskedTensor | None
     if out.dtype is not leaf.dtype:
         return None
     node = out.grad_fn
-    keeps = _KEEPS_INPUT.get(type(node))
-    if keeps is None:  # Note [What the node keeps] (a property of the node's type)
-        keeps = _KEEPS_INPUT[type(node)] = getattr(node, "_saved_self", None) is not None
-    if not keeps:
-        _DECLINED.add(func)
-        return None
+    if type(node) not in _KEEPS_INPUT:  # Note [What the node keeps]: asked once per type
+        if getattr(node, "_saved_self", None) is None:
+            _DECLINED.add(func)
+            return None
+        _KEEPS_INPUT.add(type(node))
     return _APPLY(mt, out, leaf, (func, args, kwargs))
 
 
-def _plain_python(values: Any, start: int = 0) -> bool:
-    """True when every one of ``values`` from ``start`` on is a plain Python value (no
-    tensor, no container that could hold one)."""
-    for i, a in enumerate(values):
-        if i >= start and type(a) not in _NOT_TENSORS:
+def _plain_python(values: Any) -> bool:
+    """True when every one of ``values`` is a plain Python value (no tensor, no container
+    that could hold one)."""
+    for a in values:
+        if type(a) not in _NOT_TENSORS:
             return False
     return True
 
@@ -185,4 +184,4 @@ def _plain_python(values: Any, start: int = 0) -> bool:
 # after the forward, and keeping it here would hold a pre-activation per layer until the
 # backward: those ops take the dispatch route (each callable is tried once).
 _DECLINED: set = set()
-_KEEPS_INPUT: dict[type, bool] = {}  # node type -> its formula saves the input
+_KEEPS_INPUT: set = set()  # the node types whose formula saves the input
