@@ -1199,10 +1199,9 @@ def backward(op: str, mask: torch.Tensor, a: torch.Tensor, b: torch.Tensor | Non
     vectors: list[torch.Tensor | None] = []  # (they keep the pointers' memory alive)
     for t, numel in zip(operands, (nnz, nnz, groups, groups, groups)):
         if t is not None:
-            if not _operand_ok(t, dtype, numel):
+            t = _vector(t, dtype, numel)
+            if t is None:
                 return None
-            if t.dim() != 1 or not t.is_contiguous():  # a vector as it is, else a copy
-                t = t.reshape(numel).contiguous()
         vectors.append(t)
     pointers = [None if t is None else t.data_ptr() for t in vectors]
     x_, y_, a_, b_, c_ = pointers
@@ -1239,13 +1238,23 @@ def softmax_backward(out: torch.Tensor, grad: torch.Tensor, mask: torch.Tensor,
     kernel = _BACKWARD.get(("softmax lines", dtype)) if (
         nnz >= 0 and _mask_ok(mask, nnz) and _library() is not None) else None
     lines = None if kernel is None else _line_args(offsets, which)
-    if lines is None or not (_operand_ok(out, dtype, nnz) and _operand_ok(grad, dtype, nnz)):
+    if lines is None:
         return None
-    x, y = out.reshape(nnz).contiguous(), grad.reshape(nnz).contiguous()
+    x, y = _vector(out, dtype, nnz), _vector(grad, dtype, nnz)
+    if x is None or y is None:
+        return None
     result = torch.empty(nnz, dtype=dtype)
     if kernel(x.data_ptr(), y.data_ptr(), mask.data_ptr(), nnz, *lines, result.data_ptr()):
         _check(-1, "softmax backward", offsets=offsets, which=which, size=nnz)
     return result
+
+
+def _vector(t: torch.Tensor, dtype: torch.dtype, numel: int) -> torch.Tensor | None:
+    """``t`` as a contiguous vector a kernel reads (itself if it is one, else a copy), or
+    None where :func:`_operand_ok` refuses it."""
+    if not _operand_ok(t, dtype, numel):
+        return None
+    return t if t.dim() == 1 and t.is_contiguous() else t.reshape(numel).contiguous()
 
 
 def _operand_ok(t: torch.Tensor, dtype: torch.dtype, numel: int) -> bool:
