@@ -467,9 +467,11 @@ def _eager_cpu(t: torch.Tensor) -> bool:
             and not torch._C._len_torch_dispatch_stack())
 
 
-def _mask_ok(mask: torch.Tensor, n: int) -> bool:
+def _mask_ok(mask: torch.Tensor, n: int | torch.Size, exact: bool = False) -> bool:
+    """A bool CPU mask a kernel reads: contiguous, of shape ``(n,)`` (``exact``: ``n`` is
+    the shape itself)."""
     return (type(mask) is torch.Tensor and mask.dtype is torch.bool and mask.is_cpu
-            and mask.is_contiguous() and mask.shape == (n,))
+            and mask.is_contiguous() and mask.shape == (n if exact else (n,)))
 
 
 def _index_ok(index: torch.Tensor, n: int, group: bool = False) -> bool:
@@ -668,12 +670,16 @@ def lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.Tens
 
 
 def scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.Tensor,
-            n: int) -> torch.Tensor | None:
+            n: int, any_shape: bool = False) -> torch.Tensor | None:
     """Into ``n`` groups, ``out[index[j]] op= where(mask, values, identity)[j]`` (groups
     without an element hold the identity); None where the native kernels do not apply.
-    ``index`` is int64, int32 or uint16 (:func:`narrow`)."""
-    kernels = _kernel("scatter", values, mask, op)
-    if kernels is None or not _index_ok(index, values.shape[0], group=True):
+    ``values`` and ``mask`` are vectors (``any_shape``: of any one shape, their elements ``j``
+    in order -- contiguous, so that a hybrid tensor's ``(nnz, h...)`` values are read as
+    they are, without a reshape); ``index`` is a vector of int64, int32 or uint16
+    (:func:`narrow`), one group per element."""
+    kernels = _KERNELS.get(("scatter", op, values.dtype)) if (
+        (any_shape or values.dim() == 1) and _readable(values, mask)) else None
+    if kernels is None or not _index_ok(index, values.numel(), group=True):
         return None
     if op in _SUMS:
         if values.dtype is torch.float32 and n <= _SCATTER_TO["stack"]:
@@ -682,7 +688,7 @@ def scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.Tens
             kernel, out = kernels[index.dtype], torch.empty(n, dtype=torch.float64)
     else:
         kernel, out = kernels[index.dtype], values.new_empty(n)
-    if kernel(values.data_ptr(), mask.data_ptr(), values.shape[0], index.data_ptr(),
+    if kernel(values.data_ptr(), mask.data_ptr(), index.shape[0], index.data_ptr(),
               _START[op], out.data_ptr(), n):
         _check(-1, op, index=index, groups=n)
     return out if out.dtype is values.dtype else out.to(values.dtype)
@@ -1005,14 +1011,24 @@ def logsumexp_scatter(values: torch.Tensor, mask: torch.Tensor, index: torch.Ten
 
 
 def _kind_and_kernel(table: dict, values: torch.Tensor, mask: torch.Tensor,
-                     offsets: torch.Tensor | None, index: torch.Tensor | None) -> tuple:
+                     offsets: torch.Tensor | None, index: torch.Tensor | None,
+                     column: bool = False) -> tuple:
     """For the functions that take the kind of call from their arguments: "all" (neither
     ``offsets`` nor ``index``), "lines" (``offsets``) or "scatter" (``index``), and that
     kind's kernel in ``table`` for the values' dtype, None where the kernels do not apply
-    (:func:`_applies`)."""
+    (:func:`_applies`; with ``column``, :func:`_column` values too)."""
     kind = "all" if offsets is None and index is None else "lines" if index is None else \
         "scatter"
-    return kind, table.get((kind, values.dtype)) if _applies(values, mask) else None
+    shaped = values.dim() == 1 or (column and _column(values))
+    return kind, table.get((kind, values.dtype)) if shaped and _readable(values, mask) else None
+
+
+def _column(t: torch.Tensor) -> bool:
+    """True for a column ``(n, 1, ...)``: more than one dim, each past the first of size 1.
+    Contiguous, its ``n`` elements lie in memory as a vector's do, so that a kernel that
+    returns one value per element reads and writes it as it is, the result shaped like it
+    (one head of a hybrid tensor's values, ``(nnz, 1)``), without a reshape each way."""
+    return t.dim() > 1 and t.numel() == t.shape[0]
 
 
 def moments(values: torch.Tensor, mask: torch.Tensor, correction: float | None,
@@ -1080,7 +1096,7 @@ def softmax(values: torch.Tensor, mask: torch.Tensor, log: bool,
     >>> out is None or torch.allclose(out, torch.tensor([0.1192, 0., 0.8808]), atol=1e-4)
     True
     """
-    kind, kernel = _kind_and_kernel(_SOFTMAX, values, mask, offsets, index)
+    kind, kernel = _kind_and_kernel(_SOFTMAX, values, mask, offsets, index, column=True)
     if kernel is None:
         return None
     out = torch.empty_like(values)
@@ -1234,27 +1250,29 @@ def softmax_backward(out: torch.Tensor, grad: torch.Tensor, mask: torch.Tensor,
     >>> got is None or got.tolist() == [0.25, -0.25, 0.0]
     True
     """
-    dtype, nnz = out.dtype, mask.shape[0] if mask.dim() == 1 else -1
+    dtype, nnz = out.dtype, mask.shape[0] if mask.dim() == 1 or _column(mask) else -1
     kernel = _BACKWARD.get(("softmax lines", dtype)) if (
-        nnz >= 0 and _mask_ok(mask, nnz) and _library() is not None) else None
+        nnz >= 0 and _mask_ok(mask, mask.shape, exact=True) and _library() is not None
+    ) else None
     lines = None if kernel is None else _line_args(offsets, which)
     if lines is None:
         return None
     x, y = _vector(out, dtype, nnz), _vector(grad, dtype, nnz)
     if x is None or y is None:
         return None
-    result = torch.empty(nnz, dtype=dtype)
+    result = torch.empty_like(mask, dtype=dtype)  # (shaped like the mask: a column too)
     if kernel(x.data_ptr(), y.data_ptr(), mask.data_ptr(), nnz, *lines, result.data_ptr()):
         _check(-1, "softmax backward", offsets=offsets, which=which, size=nnz)
     return result
 
 
 def _vector(t: torch.Tensor, dtype: torch.dtype, numel: int) -> torch.Tensor | None:
-    """``t`` as a contiguous vector a kernel reads (itself if it is one, else a copy), or
-    None where :func:`_operand_ok` refuses it."""
+    """``t`` as the contiguous memory a kernel reads as a vector (itself where it is
+    contiguous, whatever its shape: its elements in order; else a copy), or None where
+    :func:`_operand_ok` refuses it."""
     if not _operand_ok(t, dtype, numel):
         return None
-    return t if t.dim() == 1 and t.is_contiguous() else t.reshape(numel).contiguous()
+    return t if t.is_contiguous() else t.reshape(numel).contiguous()  # (memory order)
 
 
 def _operand_ok(t: torch.Tensor, dtype: torch.dtype, numel: int) -> bool:

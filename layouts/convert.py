@@ -172,7 +172,8 @@ def sum_back(storage: Storage, values: torch.Tensor, shape: torch.Size,
     numel = math.prod(shape)
     flat = _gather_positions(storage, shape, values.shape)
     if mask is not None:
-        out = _native.scatter(values.reshape(-1), mask.reshape(-1), "sum", flat, numel)
+        out = _native.scatter(values.contiguous(), mask.contiguous(), "sum", flat, numel,
+                              any_shape=True)
         if out is not None:  # (view(*shape): torch parses a Size argument more slowly)
             return out.view(*shape)
         values = zero_unspecified(values, mask)

@@ -144,6 +144,10 @@ def masked_softmax(g: Any, values: Tensor, mask: Tensor, log: bool) -> tuple[Ten
         return (torch.log_softmax if log else torch.softmax)(filled, dim), False
     flat = None if traced(values) else per_head(g, values)
     if flat is not None:  # Note [Heads as groups]
+        if flat.kind == "lines" and values.is_cpu and direct(values):
+            out = _native.softmax(values, mask, log, flat.offsets, flat.which)  # one head
+            if out is not None:
+                return out, True
         out, zeroed = masked_softmax(flat, values.reshape(-1), mask.reshape(-1), log)
         return out.view_as(values), zeroed
     if direct(values):
@@ -168,6 +172,9 @@ def masked_softmax_backward(g: Any, out: Tensor, mask: Tensor, grad: Tensor,
     """
     flat = per_head(g, out)
     if flat is not None:
+        fused = None if log else native_softmax_backward(flat, mask, out, grad)  # one head
+        if fused is not None:
+            return fused
         grad = masked_softmax_backward(flat, out.reshape(-1), mask.reshape(-1),
                                        grad.reshape(-1), log)
         return grad.view_as(out)

@@ -262,11 +262,37 @@ def test_the_fused_softmax_backward_refuses_out_of_range_lines(bad):
 
 
 def test_the_fused_softmax_backward_declines_what_it_does_not_take():
-    """Other dtypes, a mask of another length, 2-D values: None (the composed route
-    runs)."""
+    """Other dtypes, a mask of another length, a 2-D mask that is no column: None (the
+    composed route runs)."""
     m, offsets = torch.ones(4, dtype=torch.bool), torch.tensor([0, 4])
     assert native.softmax_backward(torch.ones(4, dtype=torch.float16),
                                    torch.ones(4, dtype=torch.float16), m, offsets) is None
     assert native.softmax_backward(torch.ones(5), torch.ones(5), m, offsets) is None
-    assert native.softmax_backward(torch.ones(4, 1), torch.ones(4, 1), m.view(4, 1),
+    assert native.softmax_backward(torch.ones(2, 2), torch.ones(2, 2), m.view(2, 2),
                                    offsets) is None
+
+
+@pytest.mark.usefixtures("build")
+@settings(max_examples=30, deadline=None)
+@given(lengths=sizes, density=densities, seed=st.integers(0, 2**16),
+       dtype=st.sampled_from(DTYPES), specials=specials)
+def test_a_column_is_read_as_the_vector(lengths, density, seed, dtype, specials):
+    """One head of a hybrid tensor's values, ``(nnz, 1)``: the softmax, its fused backward
+    and the any-shape scatter read the column as they read the vector -- the same bits, in
+    the column's shape (no reshape each way)."""
+    offsets = torch.tensor([0, *lengths]).cumsum(0)
+    n = int(offsets[-1])
+    x, mask = _inputs(n, dtype, density, seed, specials=specials)
+    y, _ = _inputs(n, dtype, 1.0, seed + 1, specials=specials)
+    col = (x[:, None], y[:, None], mask[:, None])
+    want = native.softmax(x, mask, False, offsets)
+    got = native.softmax(col[0], col[2], False, offsets)
+    assert got.shape == (n, 1) and torch.equal(_bits(got.view(-1)), _bits(want))
+    want = native.softmax_backward(want, y, mask, offsets)
+    got = native.softmax_backward(got, col[1], col[2], offsets)
+    assert got.shape == (n, 1) and torch.equal(_bits(got.view(-1)), _bits(want))
+    groups = torch.randint(0, 5, (n,), generator=torch.Generator().manual_seed(seed))
+    want = native.scatter(y, mask, "sum", groups, 5)
+    got = native.scatter(col[1], col[2], "sum", groups, 5, any_shape=True)
+    assert torch.equal(_bits(got), _bits(want))
+    assert native.scatter(col[1], col[2], "sum", groups, 5) is None  # vectors only
