@@ -386,7 +386,9 @@ def per_head(g: Any, values: torch.Tensor) -> Groups | None:
     The results are the per-element ones of the 2-D kernels, head by head. One head over
     groups that are runs of consecutive elements (a coalesced hybrid COO along its columns:
     each row's entries) reads them as lines on the CPU, as the 2-D matrix's softmax does
-    (its row pointers): one pass per line, not a scatter into groups.
+    (its row pointers): one pass per line, not a scatter into groups. There the softmax and
+    its fused backward read the ``(nnz, 1)`` column of values as it is and write their
+    result in its shape (``_native._column``): no reshape to the flat elements and back.
 
     >>> g = Groups(2, index=torch.tensor([1, 0]), n=2)
     >>> per_head(g, torch.zeros(2, 3)).index.tolist()
