@@ -12,6 +12,11 @@ rounding (checked first); they are a measuring device, not a second implementati
 take no other input than this layer's (one head, float32, a coalesced COO adjacency with
 every node's self-loop, the CPU with the native kernels).
 
+``--in-step`` times the step's phases (zero_grad, forward, backward, Adam) for both recipes
+and each op of the masked layer in place, layer by layer (:func:`in_step`): judged alone, a
+trim of a few microseconds can vanish in the step, and an op's cost in place is the one that
+counts.
+
 Options: ``--nodes`` (300), ``--min-run-time`` (seconds per case, 0.5); one thread, medians of
 paired rounds (``benchmarks/harness.py``).
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -125,30 +131,48 @@ _SUM, _UNARY, _SOFTMAX, _PRODUCT, _TO_TENSOR = (
     for f in (_Sum, _Unary, _Softmax, _Product, _ToTensor))
 
 
-def layer(minimal: tuple[str, ...], rows: torch.Tensor, cols: torch.Tensor) -> Callable:
+def _no_lap(name: str) -> None:
+    pass
+
+
+def layer(minimal: tuple[str, ...], rows: torch.Tensor, cols: torch.Tensor,
+          lap: Callable[[str], None] = _no_lap) -> Callable:
     """``bench_graph``'s masked layer with the ops named in ``minimal`` in their minimal
-    form (one head)."""
+    form (one head); ``lap(name)`` is called after each step of it (:func:`in_step`)."""
     def run(a0: MaskedTensor, x, w, a_dst, a_src, bias, heads: int) -> torch.Tensor:
         n = x.shape[0]
+        lap("")
         wh = (x @ w).view(n, heads, -1)
         e_dst, e_src = (wh * a_dst).sum(-1), (wh * a_src).sum(-1)
+        lap("node scores (plain)")
         if OPS[0] in minimal:
-            scores = _SUM(_SUM(a0, e_dst[:, None, :], rows), e_src[None, :, :], cols)
+            scores = _SUM(a0, e_dst[:, None, :], rows)
+            lap("first sum")
+            scores = _SUM(scores, e_src[None, :, :], cols)
         else:
-            scores = a0 + e_dst[:, None, :] + e_src[None, :, :]
+            scores = a0 + e_dst[:, None, :]
+            lap("first sum")
+            scores = scores + e_src[None, :, :]
+        lap("second sum")
         if OPS[1] in minimal:
             leaf = scores._storage.values.detach().requires_grad_()
             scores = _UNARY(scores, F.leaky_relu(leaf, bench_graph.SLOPE))
         else:
             scores = F.leaky_relu(scores, bench_graph.SLOPE)
+        lap("leaky_relu")
         p = _SOFTMAX(scores, rows, n) if OPS[2] in minimal else scores.softmax(1)
+        lap("softmax")
         if OPS[3] in minimal:
             every = torch.ones(n, heads, wh.shape[-1], dtype=torch.bool)
             out = _PRODUCT(p, wh, rows, cols, every)
         else:
             out = torch.einsum("ijh,jhf->ihf", p, wh)
+        lap("einsum")
         plain = _TO_TENSOR(out) if OPS[4] in minimal else out.to_tensor(0)
-        return plain.reshape(n, -1) + bias
+        lap("to_tensor")
+        out = plain.reshape(n, -1) + bias
+        lap("reshape, bias")
+        return out
 
     return run
 
@@ -190,6 +214,89 @@ def measure(nodes: int = 300, min_run_time: float = 0.5, rounds: int | None = No
     return {"agree": agree, **{k: statistics.median(v) for k, v in times.items()}}
 
 
+PHASES = ("zero_grad", "forward", "backward", "Adam step")
+
+
+def in_step(nodes: int = 300, rounds: int = 40, steps: int = 10) -> dict[str, Any]:
+    """Where the library's step differs from the gather recipe's, timed inside the step:
+    ``{"phases": {phase: (library, gather)}, "ops": {op: (layer 1, layer 2)}}``, median
+    seconds of ``rounds`` x ``steps`` steps, the two recipes interleaved. ``ops`` are the
+    library's masked layer step by step (:func:`layer`'s laps), as the step meets them: in
+    place, with the rest of the step around them, an op costs more than alone (its code and
+    data are evicted between uses), the first masked op of a layer most of all."""
+    dev = torch.device("cpu")
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(nodes, bench_graph.FEATURES, generator=g)
+    labels = torch.randint(0, bench_graph.CLASSES, (nodes,), generator=g)
+    edges, graph = bench_graph.graphs(nodes, 1, dev)
+    weights = bench_graph.Weights(1, dev)
+    clock = time.perf_counter
+    laps: dict[tuple[int, str], list[float]] = {}
+    last = [0.0, -1]  # the previous lap's time, the number of layers begun
+
+    def lap(name: str) -> None:
+        now = clock()
+        if not name:  # a layer begins
+            last[1] += 1
+        else:
+            laps.setdefault((last[1] % 2, name), []).append(now - last[0])
+        last[0] = now
+
+    phases: dict[tuple[str, str], list[float]] = {}
+
+    def phased(name: str, run_layer: Callable, layer_graph: Any) -> Callable[[], None]:
+        params = weights.copy()
+        opt = torch.optim.Adam(params, lr=1e-2)
+
+        def run() -> None:
+            t0 = clock()
+            opt.zero_grad(set_to_none=True)
+            t1 = clock()
+            loss = F.cross_entropy(bench_graph.model(run_layer, layer_graph, x, params, 1),
+                                   labels)
+            t2 = clock()
+            loss.backward()
+            t3 = clock()
+            opt.step()
+            t4 = clock()
+            for phase, a, b in zip(PHASES, (t0, t1, t2, t3), (t1, t2, t3, t4)):
+                phases.setdefault((name, phase), []).append(b - a)
+
+        return run
+
+    recipes = [phased("library", layer((), edges[0], edges[1], lap), graph),
+               phased("gather", bench_graph._gather_layer, (edges, edges))]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for r in range(rounds + 1):
+            if r == 1:  # the first round warms up
+                laps.clear()
+                phases.clear()
+            for run in recipes:
+                for _ in range(steps):
+                    run()
+    finally:
+        torch.set_num_threads(threads)
+    med = statistics.median
+    names = list(dict.fromkeys(name for _, name in laps))
+    return {"phases": {p: (med(phases["library", p]), med(phases["gather", p]))
+                       for p in PHASES},
+            "ops": {name: (med(laps[0, name]), med(laps[1, name])) for name in names}}
+
+
+def in_step_report(m: dict[str, Any]) -> str:
+    lines = ["| phase of the step | masked_sparse | gather | difference |",
+             "| --- | ---: | ---: | ---: |"]
+    for phase, (mine, theirs) in m["phases"].items():
+        lines.append(f"| {phase} | {mine * 1e6:.0f} µs | {theirs * 1e6:.0f} µs | "
+                     f"{(mine - theirs) * 1e6:+.0f} µs |")
+    lines += ["", "| masked layer, in the step | layer 1 | layer 2 |", "| --- | ---: | ---: |"]
+    for name, (first, second) in m["ops"].items():
+        lines.append(f"| {name} | {first * 1e6:.0f} µs | {second * 1e6:.0f} µs |")
+    return "\n".join(lines)
+
+
 def report(m: dict[str, Any]) -> str:
     lines = [f"minimal forms agree with the library to {m['agree']:.2e}", "",
              "| ops in their minimal form | step | ÷ gather | saved |",
@@ -204,8 +311,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=300)
     parser.add_argument("--min-run-time", type=float, default=0.5)
+    parser.add_argument("--in-step", action="store_true",
+                        help="time each phase and each masked op inside the step instead")
     args = parser.parse_args()
-    print(report(measure(args.nodes, args.min_run_time)))
+    if args.in_step:
+        print(in_step_report(in_step(args.nodes)))
+    else:
+        print(report(measure(args.nodes, args.min_run_time)))
 
 
 if __name__ == "__main__":

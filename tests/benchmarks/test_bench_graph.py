@@ -44,3 +44,18 @@ def test_glue_profile_agrees_with_the_library_and_times_every_variant():
     for name in ("library", "gather", "all", *profile_graph_glue.OPS):
         assert m[name] > 0
     assert "| all |" in profile_graph_glue.report(m)
+
+
+def test_in_step_profile_times_every_phase_and_every_op_of_both_layers():
+    """``profile_graph_glue --in-step``: each phase of both recipes' steps and each lap of
+    the masked layer, in both layers, timed (the laps sum to at most the forward)."""
+    from benchmarks import profile_graph_glue
+
+    m = profile_graph_glue.in_step(nodes=40, rounds=1, steps=2)
+    assert set(m["phases"]) == set(profile_graph_glue.PHASES)
+    assert all(a > 0 and b > 0 for a, b in m["phases"].values())
+    assert list(m["ops"]) == ["node scores (plain)", "first sum", "second sum", "leaky_relu",
+                              "softmax", "einsum", "to_tensor", "reshape, bias"]
+    laps = sum(a + b for a, b in m["ops"].values())
+    assert 0 < laps <= m["phases"]["forward"][0] * 1.5  # (medians of separate samples)
+    assert "| first sum |" in profile_graph_glue.in_step_report(m)
