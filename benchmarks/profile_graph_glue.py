@@ -97,22 +97,23 @@ class _Softmax(torch.autograd.Function):
 
 
 class _Product(torch.autograd.Function):
-    """``einsum("ijh,jhf->ihf")`` by the per-head kernels; every row holds an entry."""
+    """``einsum("ijh,jhf->ihf")`` by the per-head kernels over ``index`` (the edges); every
+    row holds an entry."""
 
     @staticmethod
-    def forward(ctx, mt, dense, rows, cols, mask):  # type: ignore[override]
+    def forward(ctx, mt, dense, index, mask):  # type: ignore[override]
         s = mt._storage
-        out = _per_head._mm(rows, cols, s.shape[0], s.values, dense, None)
-        ctx.storage, ctx.rows, ctx.cols, ctx.dense = s, rows, cols, dense.detach()
+        out = _per_head._mm(index, 1, s.shape[0], s.values, dense, None)
+        ctx.storage, ctx.index, ctx.dense = s, index, dense.detach()
         return _wrap(_STRIDED.build((), out, mask, out.shape))
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        s, rows, cols, dense = ctx.storage, ctx.rows, ctx.cols, ctx.dense
+        s, index, dense = ctx.storage, ctx.index, ctx.dense
         g = grad._storage.values
-        to_values = _per_head._dot(rows, cols, g, dense, 1)
-        to_dense = _per_head._mm(cols, rows, dense.shape[0], s.values, g, None)
-        return _wrap(s.with_values(to_values)), to_dense, None, None, None
+        to_values = _per_head._dot(index, 1, g, dense, 1)
+        to_dense = _per_head._mm(index, 0, dense.shape[0], s.values, g, None)
+        return _wrap(s.with_values(to_values)), to_dense, None, None
 
 
 class _ToTensor(torch.autograd.Function):
@@ -139,6 +140,8 @@ def layer(minimal: tuple[str, ...], rows: torch.Tensor, cols: torch.Tensor,
           lap: Callable[[str], None] = _no_lap) -> Callable:
     """``bench_graph``'s masked layer with the ops named in ``minimal`` in their minimal
     form (one head); ``lap(name)`` is called after each step of it (:func:`in_step`)."""
+    index = torch.stack([rows, cols])  # (the edges: a coalesced COO index)
+
     def run(a0: MaskedTensor, x, w, a_dst, a_src, bias, heads: int) -> torch.Tensor:
         n = x.shape[0]
         lap("")
@@ -164,7 +167,7 @@ def layer(minimal: tuple[str, ...], rows: torch.Tensor, cols: torch.Tensor,
         lap("softmax")
         if OPS[3] in minimal:
             every = torch.ones(n, heads, wh.shape[-1], dtype=torch.bool)
-            out = _PRODUCT(p, wh, rows, cols, every)
+            out = _PRODUCT(p, wh, index, every)
         else:
             out = torch.einsum("ijh,jhf->ihf", p, wh)
         lap("einsum")

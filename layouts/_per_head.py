@@ -15,6 +15,9 @@ the other way round: ``S.T @ d``):
 - ``dot``: ``out[e, h] = sum_f a[keep[e], h, f] * b[summed[e], h, f]``, the gradient of the
   values (the output gradient and ``d`` read at the entry's two ends: a sampled dot).
 
+Both take the ``(2, nnz)`` index itself and ``contract``, the row that is ``summed``: the
+native kernels read its two rows in place, where they lie in the index's memory.
+
 :class:`_Product` and :class:`_SampledDot` are autograd Functions whose backwards are each
 other, so a second derivative composes. Each raw operation has an implementation per device:
 
@@ -65,14 +68,14 @@ def per_head_mm(coo: Storage, values: torch.Tensor, dense: torch.Tensor, *,
     product's kernels]).
     """
     (indices,) = coo.index
-    keep, summed = indices[1 - contract], indices[contract]
     n_keep = coo.shape[1 - contract]
     # The rows of a coalesced COO index are sorted: their pointers, kept per index tensor.
-    offsets = ((lambda: cached(indices, "row pointers", lambda: crow_from_rows(keep, n_keep)))
+    offsets = ((lambda: cached(indices, "row pointers",
+                               lambda: crow_from_rows(indices[0], n_keep)))
                if contract == 1 else None)
     if not _records(values, dense):
-        return _mm(keep, summed, n_keep, values, dense, offsets)
-    return _Product.apply(keep, summed, n_keep, values, dense, offsets)
+        return _mm(indices, contract, n_keep, values, dense, offsets)
+    return _Product.apply(indices, contract, n_keep, values, dense, offsets)
 
 
 def per_head_dot(coo: Storage, grad: torch.Tensor, dense: torch.Tensor, *,
@@ -91,11 +94,10 @@ def per_head_dot(coo: Storage, grad: torch.Tensor, dense: torch.Tensor, *,
     [12.0, 3.0]
     """
     (indices,) = coo.index
-    keep, summed = indices[1 - contract], indices[contract]
     heads = coo.values.dim() - 1
     if not _records(grad, dense):
-        return _dot(keep, summed, grad, dense, heads)
-    return _SampledDot.apply(keep, summed, grad, dense, heads)
+        return _dot(indices, contract, grad, dense, heads)
+    return _SampledDot.apply(indices, contract, grad, dense, heads)
 
 
 def _records(x: torch.Tensor, y: torch.Tensor) -> bool:
@@ -124,12 +126,12 @@ def per_head_specified(coo: Storage, *, contract: int = 1,
     [[True, False], [False, False]]
     """
     (indices,) = coo.index
-    keep, mask = indices[1 - contract], coo.mask
+    mask = coo.mask
 
     def count() -> torch.Tensor:
         hits = torch.zeros((coo.shape[1 - contract],) + tuple(mask.shape[1:]),
                            dtype=torch.int32, device=mask.device)
-        hits = hits.index_add_(0, keep, mask.to(torch.int32)) > 0
+        hits = hits.index_add_(0, indices[1 - contract], mask.to(torch.int32)) > 0
         if not features:
             return hits
         shape = hits.shape + (1,) * len(features)
@@ -139,24 +141,28 @@ def per_head_specified(coo: Storage, *, contract: int = 1,
 
 
 class _Product(torch.autograd.Function):
-    """``mm`` (Note [The per-head product's kernels]): differentiable in ``values`` and
+    """``mm`` (Note [The per-head product's kernels]) over the entries of ``indices`` (a
+    ``(2, nnz)`` COO index, ``contract`` its summed row): differentiable in ``values`` and
     ``dense``, its backward a :class:`_SampledDot` and a swapped :class:`_Product`."""
 
     @staticmethod
-    def forward(ctx, keep: torch.Tensor, summed: torch.Tensor, n_keep: int,
+    def forward(ctx, indices: torch.Tensor, contract: int, n_keep: int,
                 values: torch.Tensor, dense: torch.Tensor, offsets: Offsets) -> torch.Tensor:
-        ctx.save_for_backward(keep, summed, values, dense)
-        return _mm(keep, summed, n_keep, values, dense, offsets)
+        ctx.save_for_backward(indices, values, dense)
+        ctx.contract = contract
+        return _mm(indices, contract, n_keep, values, dense, offsets)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple:
-        keep, summed, values, dense = ctx.saved_tensors
+        indices, values, dense = ctx.saved_tensors
+        contract = ctx.contract
         grad_values = grad_dense = None
         if ctx.needs_input_grad[3]:
-            grad_values = _SampledDot.apply(keep, summed, grad, dense, values.dim() - 1)
+            grad_values = _SampledDot.apply(indices, contract, grad, dense, values.dim() - 1)
             grad_values = grad_values.to(values.dtype)
         if ctx.needs_input_grad[4]:
-            grad_dense = _Product.apply(summed, keep, dense.shape[0], values, grad, None)
+            grad_dense = _Product.apply(indices, 1 - contract, dense.shape[0], values, grad,
+                                        None)
         return None, None, None, grad_values, grad_dense, None
 
 
@@ -165,32 +171,38 @@ class _SampledDot(torch.autograd.Function):
     of shape ``(lines, h..., f...)`` with ``heads`` dims ``h``; differentiable in both."""
 
     @staticmethod
-    def forward(ctx, keep: torch.Tensor, summed: torch.Tensor, a: torch.Tensor,
+    def forward(ctx, indices: torch.Tensor, contract: int, a: torch.Tensor,
                 b: torch.Tensor, heads: int) -> torch.Tensor:
-        ctx.save_for_backward(keep, summed, a, b)
-        return _dot(keep, summed, a, b, heads)
+        ctx.save_for_backward(indices, a, b)
+        ctx.contract = contract
+        return _dot(indices, contract, a, b, heads)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple:
-        keep, summed, a, b = ctx.saved_tensors
+        indices, a, b = ctx.saved_tensors
+        contract = ctx.contract
         grad_a = grad_b = None
         if ctx.needs_input_grad[2]:
-            grad_a = _Product.apply(keep, summed, a.shape[0], grad.to(b.dtype), b, None)
+            grad_a = _Product.apply(indices, contract, a.shape[0], grad.to(b.dtype), b, None)
         if ctx.needs_input_grad[3]:
-            grad_b = _Product.apply(summed, keep, b.shape[0], grad.to(a.dtype), a, None)
+            grad_b = _Product.apply(indices, 1 - contract, b.shape[0], grad.to(a.dtype), a,
+                                    None)
         return None, None, grad_a, grad_b, None
 
 
-def _mm(keep: torch.Tensor, summed: torch.Tensor, n_keep: int, values: torch.Tensor,
+def _mm(indices: torch.Tensor, contract: int, n_keep: int, values: torch.Tensor,
         dense: torch.Tensor, offsets: Offsets) -> torch.Tensor:
-    """The raw ``mm`` on ``values``' device: native on the CPU, torch ops elsewhere."""
+    """The raw ``mm`` on ``values``' device: native on the CPU, torch ops elsewhere.
+    Entry ``e`` joins output line ``indices[1 - contract, e]`` to input line
+    ``indices[contract, e]``."""
     shape = (n_keep,) + dense.shape[1:]
-    kernel = _native_kernel("mm", values, dense)
+    kernel = _native_kernel("mm", values, dense, indices)
     if kernel is not None:
         heads = math.prod(values.shape[1:])
         out = dense.new_zeros(*shape)  # (unpacked: torch parses a Size argument slowly)
-        _run(kernel, keep, summed, n_keep, dense.shape[0], values, dense, heads, out)
+        _run(kernel, indices, contract, n_keep, dense.shape[0], values, dense, heads, out)
         return out
+    keep, summed = indices[1 - contract], indices[contract]
     free = dense.dim() - values.dim()
     terms = values.reshape(values.shape + (1,) * free) * dense.index_select(0, summed)
     if offsets is not None and _sums_along_rows(terms):
@@ -199,37 +211,43 @@ def _mm(keep: torch.Tensor, summed: torch.Tensor, n_keep: int, values: torch.Ten
     return dense.new_zeros(shape).index_add(0, keep, terms.to(dense.dtype))
 
 
-def _dot(keep: torch.Tensor, summed: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+def _dot(indices: torch.Tensor, contract: int, a: torch.Tensor, b: torch.Tensor,
          heads: int) -> torch.Tensor:
-    """The raw ``dot`` on ``a``'s device: native on the CPU, torch ops elsewhere."""
-    shape = (keep.shape[0],) + a.shape[1:1 + heads]
-    kernel = _native_kernel("dot", a, b)
+    """The raw ``dot`` on ``a``'s device: native on the CPU, torch ops elsewhere (``a`` read
+    at ``indices[1 - contract]``, ``b`` at ``indices[contract]``)."""
+    shape = (indices.shape[1],) + a.shape[1:1 + heads]
+    kernel = _native_kernel("dot", a, b, indices)
     if kernel is not None:
         out = a.new_empty(*shape)
-        _run(kernel, keep, summed, a.shape[0], b.shape[0], a, b, math.prod(shape[1:]), out)
+        _run(kernel, indices, contract, a.shape[0], b.shape[0], a, b, math.prod(shape[1:]),
+             out)
         return out
-    terms = a.index_select(0, keep) * b.index_select(0, summed)
+    terms = a.index_select(0, indices[1 - contract]) * b.index_select(0, indices[contract])
     if terms.dim() == 1 + heads:  # no feature dims
         return terms
     return terms.flatten(1 + heads).sum(-1)
 
 
-def _native_kernel(kind: str, x: torch.Tensor, y: torch.Tensor):
+def _native_kernel(kind: str, x: torch.Tensor, y: torch.Tensor, indices: torch.Tensor):
     """The C kernel for ``x`` and ``y``, or None where it does not apply: plain CPU tensors
-    of one float dtype, eager, no dispatch mode, the library loaded."""
+    of one float dtype and an int64 index, eager, no dispatch mode, the library loaded."""
     if (type(x) is not torch.Tensor or type(y) is not torch.Tensor or not x.is_cpu
-            or not y.is_cpu or x.dtype is not y.dtype or _native._modes_active()
-            or _native._library() is None):
+            or not y.is_cpu or x.dtype is not y.dtype or indices.dtype is not torch.long
+            or _native._modes_active() or _native._library() is None):
         return None
     return _native._PER_HEAD.get((kind, x.dtype))
 
 
-def _run(kernel, keep: torch.Tensor, summed: torch.Tensor, n_keep: int, n_summed: int,
+def _run(kernel, indices: torch.Tensor, contract: int, n_keep: int, n_summed: int,
          x: torch.Tensor, y: torch.Tensor, heads: int, out: torch.Tensor) -> None:
-    keep, summed, x, y = keep.contiguous(), summed.contiguous(), x.contiguous(), y.contiguous()
+    """The kernel over the entries of ``indices``: its two rows are read in place, at their
+    addresses in the contiguous index (no tensor per row)."""
+    indices, x, y = indices.contiguous(), x.contiguous(), y.contiguous()
+    row = indices.shape[1] * 8  # (bytes: int64)
+    at = indices.data_ptr()
     width = math.prod(y.shape[1:]) // heads if heads else 0
-    status = kernel(keep.data_ptr(), summed.data_ptr(), keep.shape[0], n_keep, n_summed,
-                    x.data_ptr(), y.data_ptr(), heads, width, out.data_ptr())
+    status = kernel(at + (1 - contract) * row, at + contract * row, indices.shape[1], n_keep,
+                    n_summed, x.data_ptr(), y.data_ptr(), heads, width, out.data_ptr())
     if status != 0:
         raise _native.IndexOutOfRange(
             f"per-head product: an index of the sparse operand is out of range (rows in "
