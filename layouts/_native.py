@@ -670,20 +670,21 @@ def lines(values: torch.Tensor, mask: torch.Tensor, op: str, offsets: torch.Tens
 
 
 def scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.Tensor,
-            n: int, any_shape: bool = False) -> torch.Tensor | None:
+            n: int, shape: tuple[int, ...] | None = None) -> torch.Tensor | None:
     """Into ``n`` groups, ``out[index[j]] op= where(mask, values, identity)[j]`` (groups
     without an element hold the identity); None where the native kernels do not apply.
-    ``values`` and ``mask`` are vectors (``any_shape``: of any one shape, their elements ``j``
-    in order -- contiguous, so that a hybrid tensor's ``(nnz, h...)`` values are read as
-    they are, without a reshape); ``index`` is a vector of int64, int32 or uint16
-    (:func:`narrow`), one group per element."""
+    ``values`` and ``mask`` are vectors; with ``shape`` (the result's, of ``n`` elements)
+    they may have any one shape, their elements ``j`` in order (contiguous, so that a hybrid
+    tensor's ``(nnz, h...)`` values are read as they are, without a reshape). ``index`` is a
+    vector of int64, int32 or uint16 (:func:`narrow`), one group per element."""
     kernels = _KERNELS.get(("scatter", op, values.dtype)) if (
-        (any_shape or values.dim() == 1) and _readable(values, mask)) else None
+        (shape is not None or values.dim() == 1) and _readable(values, mask)) else None
     if kernels is None or not _index_ok(index, values.numel(), group=True):
         return None
     if op in _SUMS:
         if values.dtype is torch.float32 and n <= _SCATTER_TO["stack"]:
-            kernel, out = _SCATTER_TO[op][index.dtype], values.new_empty(n)
+            kernel = _SCATTER_TO[op][index.dtype]
+            out = values.new_empty(n) if shape is None else values.new_empty(*shape)
         else:  # double sums, rounded after (float32) or as they are (float64)
             kernel, out = kernels[index.dtype], torch.empty(n, dtype=torch.float64)
     else:
@@ -691,7 +692,9 @@ def scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.Tens
     if kernel(values.data_ptr(), mask.data_ptr(), index.shape[0], index.data_ptr(),
               _START[op], out.data_ptr(), n):
         _check(-1, op, index=index, groups=n)
-    return out if out.dtype is values.dtype else out.to(values.dtype)
+    if out.dtype is not values.dtype:
+        out = out.to(values.dtype)
+    return out if shape is None or out.dim() == len(shape) else out.view(*shape)
 
 
 def first(values: torch.Tensor, mask: torch.Tensor, x: torch.Tensor,

@@ -172,10 +172,11 @@ def sum_back(storage: Storage, values: torch.Tensor, shape: torch.Size,
     numel = math.prod(shape)
     flat = _gather_positions(storage, shape, values.shape)
     if mask is not None:
-        out = _native.scatter(values.contiguous(), mask.contiguous(), "sum", flat, numel,
-                              any_shape=True)
-        if out is not None:  # (view(*shape): torch parses a Size argument more slowly)
-            return out.view(*shape)
+        out = _native.scatter(values if values.is_contiguous() else values.contiguous(),
+                              mask if mask.is_contiguous() else mask.contiguous(), "sum",
+                              flat, numel, shape)
+        if out is not None:
+            return out
         values = zero_unspecified(values, mask)
     return values.new_zeros(numel).index_add(0, flat, values.reshape(-1)).view(*shape)
 

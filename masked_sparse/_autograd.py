@@ -58,7 +58,10 @@ def grad_on(grad: Any, s: Storage) -> tuple[torch.Tensor, torch.Tensor]:
         return layouts.read_at(grad._storage, s)
     if grad.layout != torch.strided:
         return s.layout.from_torch(grad, s.layout.to_torch(s, s.mask)).values, s.mask
-    return s.layout.gather(s, grad).expand_as(s.values), s.mask
+    values = s.layout.gather(s, grad)
+    # (expanded only where it broadcasts: a strided gradient of the values' shape is read as
+    # it is, one torch call less on every backward of ``to_tensor``)
+    return (values if values.shape == s.values.shape else values.expand_as(s.values)), s.mask
 
 
 def grad_values(grad: Any, s: Storage) -> torch.Tensor:

@@ -286,7 +286,9 @@ class _PerHeadProduct(torch.autograd.Function):
             values = layouts.per_head_dot(s, g, right, contract=ctx.contract)
             if not all_specified(s.mask):
                 values = layouts.zero_unspecified(values, s.mask)
-            grad_a = _wrap(a._storage.with_values(values.to(s.values.dtype)))
+            if values.dtype is not s.values.dtype:
+                values = values.to(s.values.dtype)
+            grad_a = _wrap(a._storage.with_values(values))
         if ctx.needs_input_grad[1]:
             grad_right = layouts.per_head_mm(s, s.values, g, contract=1 - ctx.contract)
         return grad_a, grad_right, None, None, None
