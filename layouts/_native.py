@@ -474,12 +474,13 @@ def _mask_ok(mask: torch.Tensor, n: int | torch.Size, exact: bool = False) -> bo
             and mask.is_contiguous() and mask.shape == (n if exact else (n,)))
 
 
-def _index_ok(index: torch.Tensor, n: int, group: bool = False) -> bool:
+def _index_ok(index: torch.Tensor, n: int | torch.Size, group: bool = False) -> bool:
     """An index a kernel reads: int64 offsets and lines, a ``group`` index of any type of
-    ``_INDEX``."""
+    ``_INDEX``; a vector of ``n`` (a shape: of that shape, contiguous, read in order)."""
     return (type(index) is torch.Tensor
             and (index.dtype in _INDEX if group else index.dtype is torch.long)
-            and index.is_cpu and index.is_contiguous() and index.shape == (n,))
+            and index.is_cpu and index.is_contiguous()
+            and index.shape == ((n,) if type(n) is int else n))
 
 
 # Note [One check per call]
@@ -675,11 +676,14 @@ def scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.Tens
     without an element hold the identity); None where the native kernels do not apply.
     ``values`` and ``mask`` are vectors; with ``shape`` (the result's, of ``n`` elements)
     they may have any one shape, their elements ``j`` in order (contiguous, so that a hybrid
-    tensor's ``(nnz, h...)`` values are read as they are, without a reshape). ``index`` is a
-    vector of int64, int32 or uint16 (:func:`narrow`), one group per element."""
+    tensor's ``(nnz, h...)`` values are read as they are, without a reshape), and ``index``
+    a vector or the values' shape. ``index`` is of int64, int32 or uint16 (:func:`narrow`),
+    one group per element."""
     kernels = _KERNELS.get(("scatter", op, values.dtype)) if (
         (shape is not None or values.dim() == 1) and _readable(values, mask)) else None
-    if kernels is None or not _index_ok(index, values.numel(), group=True):
+    size = values.numel()
+    if kernels is None or not (_index_ok(index, size, group=True) or (
+            shape is not None and _index_ok(index, values.shape, group=True))):
         return None
     if op in _SUMS:
         if values.dtype is torch.float32 and n <= _SCATTER_TO["stack"]:
@@ -689,9 +693,9 @@ def scatter(values: torch.Tensor, mask: torch.Tensor, op: str, index: torch.Tens
             kernel, out = kernels[index.dtype], torch.empty(n, dtype=torch.float64)
     else:
         kernel, out = kernels[index.dtype], values.new_empty(n)
-    if kernel(values.data_ptr(), mask.data_ptr(), index.shape[0], index.data_ptr(),
-              _START[op], out.data_ptr(), n):
-        _check(-1, op, index=index, groups=n)
+    if kernel(values.data_ptr(), mask.data_ptr(), size, index.data_ptr(), _START[op],
+              out.data_ptr(), n):
+        _check(-1, op, index=index.reshape(-1), groups=n)
     if out.dtype is not values.dtype:
         out = out.to(values.dtype)
     return out if shape is None or out.dim() == len(shape) else out.view(*shape)

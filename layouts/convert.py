@@ -114,11 +114,11 @@ def read_at(source: Storage, like: Storage) -> tuple[torch.Tensor, torch.Tensor]
 def _gather_positions(storage: Storage, shape: torch.Size,
                       values_shape: torch.Size) -> torch.Tensor:
     """The flat position in a dense tensor of ``shape`` that the layout's ``gather`` reads
-    for each of ``storage``'s values (of ``values_shape``), flattened; cached per index
-    tensor and shapes."""
+    for each of ``storage``'s values, in the values' shape ``values_shape`` (contiguous);
+    cached per index tensor and shapes."""
     def positions() -> torch.Tensor:
         ids = torch.arange(math.prod(shape), device=storage.values.device).view(shape)
-        return storage.layout.gather(storage, ids).expand(values_shape).reshape(-1)
+        return storage.layout.gather(storage, ids).expand(values_shape).contiguous()
 
     index = storage.index
     return cached(index[0], ("gather positions", tuple(shape), tuple(values_shape)), positions,
@@ -128,8 +128,8 @@ def _gather_positions(storage: Storage, shape: torch.Size,
 def read_stored(storage: Storage, dense: torch.Tensor) -> torch.Tensor:
     """``dense`` (broadcastable to ``storage.shape``) read at the stored positions, in the
     shape of ``storage.values``: the layout's ``gather``, expanded; for a sparse storage one
-    ``index_select`` by the flat positions :func:`sum_back` sums back to (cached per index
-    tensor), in place of the gather's steps on every call.
+    ``take`` at the flat positions :func:`sum_back` sums back to (cached per index tensor),
+    in place of the gather's steps on every call.
 
     >>> import torch, layouts
     >>> coo = layouts.get_layout("sparse_coo")
@@ -139,8 +139,9 @@ def read_stored(storage: Storage, dense: torch.Tensor) -> torch.Tensor:
     """
     if not storage.index or dense.dim() == 0 or _compiling():
         return storage.layout.gather(storage, dense).expand(storage.values.shape)
-    flat = _gather_positions(storage, dense.shape, storage.values.shape)
-    return dense.reshape(-1).index_select(0, flat).view_as(storage.values)
+    # (one torch call: ``take`` reads ``dense`` in row-major order, whatever its strides,
+    # and its result has the positions' shape, the values')
+    return torch.take(dense, _gather_positions(storage, dense.shape, storage.values.shape))
 
 
 def sum_back(storage: Storage, values: torch.Tensor, shape: torch.Size,
@@ -170,7 +171,7 @@ def sum_back(storage: Storage, values: torch.Tensor, shape: torch.Size,
     if not shape:
         return values.sum()
     numel = math.prod(shape)
-    flat = _gather_positions(storage, shape, values.shape)
+    flat = _gather_positions(storage, shape, values.shape)  # (values' shape)
     if mask is not None:
         out = _native.scatter(values if values.is_contiguous() else values.contiguous(),
                               mask if mask.is_contiguous() else mask.contiguous(), "sum",
@@ -178,7 +179,7 @@ def sum_back(storage: Storage, values: torch.Tensor, shape: torch.Size,
         if out is not None:
             return out
         values = zero_unspecified(values, mask)
-    return values.new_zeros(numel).index_add(0, flat, values.reshape(-1)).view(*shape)
+    return values.new_zeros(numel).index_add(0, flat.view(-1), values.reshape(-1)).view(*shape)
 
 
 def element_coords(coo: Storage) -> torch.Tensor:

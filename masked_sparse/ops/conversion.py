@@ -215,7 +215,8 @@ class _ToTensor(_func.Function):
     @staticmethod
     def forward(mt: MaskedTensor, value: Any) -> torch.Tensor:
         s = mt._storage
-        return _fill(s.with_values(s.values.detach()), value)
+        values = s.values  # (detached where they require grad: no torch call otherwise)
+        return _fill(s if not values.requires_grad else s.with_values(values.detach()), value)
 
     @staticmethod
     def setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
