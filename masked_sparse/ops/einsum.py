@@ -22,7 +22,6 @@ head]).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import string
 from typing import Any
@@ -209,11 +208,14 @@ def per_head(equation: str, a: MaskedTensor, sa: str, b: Any, sb: str, out: str)
     contract, right_order, produced, n_free = _per_head_plan(equation, sa, sb, out)
     right = _arrange(b, sb, right_order)
     if (coo is storage and torch.is_grad_enabled()  # (its gradient: a's storage, new values)
-            and (requires_grad_of(a) or right.requires_grad)
+            and (right.requires_grad or requires_grad_of(a))
             and not torch.compiler.is_compiling() and not _func.active()):
         # filled once, for the product and its backward; recorded nowhere (values that
         # require grad: a gradient being differentiated)
-        with torch.no_grad() if coo.values.requires_grad else contextlib.nullcontext():
+        if coo.values.requires_grad:
+            with torch.no_grad():
+                filled = zero_filled_operand(coo)
+        else:
             filled = zero_filled_operand(coo)
         result = _PRODUCT_APPLY(a, right, contract, n_free, filled)
     else:  # nothing to record, or a tracer: the generic route
