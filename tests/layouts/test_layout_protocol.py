@@ -227,9 +227,12 @@ def test_the_core_compares_no_layout_name():
                          ids=["row", "column", "full", "trailing", "scalar"])
 @pytest.mark.parametrize("name", ["strided", "sparse_coo", "sparse_csr", "sparse_csc",
                                   "sparse_bsr"])
-def test_read_stored_is_the_layouts_gather(name, operand):
+@pytest.mark.parametrize("take_up_to", [1 << 15, 0], ids=["take", "index_select"])
+def test_read_stored_is_the_layouts_gather(name, operand, take_up_to, monkeypatch):
     """``layouts.read_stored`` (the cached flat positions ``sum_back`` sums back to) reads
-    what the layout's own ``gather`` reads, in the values' shape, every call alike."""
+    what the layout's own ``gather`` reads, in the values' shape, every call alike: by one
+    ``take`` (small reads) and by ``index_select`` (large ones)."""
+    monkeypatch.setattr(sys.modules["layouts.convert"], "_TAKE_UP_TO", take_up_to)
     mt = make_masked((4, 5), torch.strided, seed=3)[0]
     mt = {"sparse_coo": mt.to_sparse_coo, "sparse_csr": mt.to_sparse_csr,
           "sparse_csc": mt.to_sparse_csc, "sparse_bsr": lambda: mt.to_sparse_bsr((1, 1)),
