@@ -467,11 +467,11 @@ def _eager_cpu(t: torch.Tensor) -> bool:
             and not torch._C._len_torch_dispatch_stack())
 
 
-def _mask_ok(mask: torch.Tensor, n: int | torch.Size, exact: bool = False) -> bool:
-    """A bool CPU mask a kernel reads: contiguous, of shape ``(n,)`` (``exact``: ``n`` is
-    the shape itself)."""
+def _mask_ok(mask: torch.Tensor, n: int | torch.Size) -> bool:
+    """A bool CPU mask a kernel reads: a contiguous vector of ``n`` (a shape: of that
+    shape, read in order), as :func:`_index_ok`."""
     return (type(mask) is torch.Tensor and mask.dtype is torch.bool and mask.is_cpu
-            and mask.is_contiguous() and mask.shape == (n if exact else (n,)))
+            and mask.is_contiguous() and mask.shape == ((n,) if type(n) is int else n))
 
 
 def _index_ok(index: torch.Tensor, n: int | torch.Size, group: bool = False) -> bool:
@@ -1259,8 +1259,8 @@ def softmax_backward(out: torch.Tensor, grad: torch.Tensor, mask: torch.Tensor,
     """
     dtype, nnz = out.dtype, mask.shape[0] if mask.dim() == 1 or _column(mask) else -1
     kernel = _BACKWARD.get(("softmax lines", dtype)) if (
-        nnz >= 0 and _mask_ok(mask, mask.shape, exact=True) and _library() is not None
-    ) else None
+        nnz >= 0 and _mask_ok(mask, mask.shape)  # (a vector or a column: nnz above)
+        and _library() is not None) else None
     lines = None if kernel is None else _line_args(offsets, which)
     if lines is None:
         return None
