@@ -1279,7 +1279,14 @@ def _vector(t: torch.Tensor, dtype: torch.dtype, numel: int) -> torch.Tensor | N
     :func:`_operand_ok` refuses it."""
     if not _operand_ok(t, dtype, numel):
         return None
-    return t if t.is_contiguous() else t.reshape(numel).contiguous()  # (memory order)
+    return contiguous(t)
+
+
+def contiguous(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself where it is contiguous (no torch call: ``Tensor.contiguous`` is a
+    dispatcher call even then), else its contiguous copy: the memory a kernel reads in
+    order, whatever the shape."""
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def _operand_ok(t: torch.Tensor, dtype: torch.dtype, numel: int) -> bool:

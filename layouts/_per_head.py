@@ -242,7 +242,7 @@ def _run(kernel, indices: torch.Tensor, contract: int, n_keep: int, n_summed: in
          x: torch.Tensor, y: torch.Tensor, heads: int, out: torch.Tensor) -> None:
     """The kernel over the entries of ``indices``: its two rows are read in place, at their
     addresses in the contiguous index (no tensor per row)."""
-    indices, x, y = _contiguous(indices), _contiguous(x), _contiguous(y)
+    indices, x, y = _native.contiguous(indices), _native.contiguous(x), _native.contiguous(y)
     row = indices.shape[1] * 8  # (bytes: int64)
     at = indices.data_ptr()
     width = math.prod(y.shape[1:]) // heads if heads else 0
@@ -253,10 +253,6 @@ def _run(kernel, indices: torch.Tensor, contract: int, n_keep: int, n_summed: in
             f"per-head product: an index of the sparse operand is out of range (rows in "
             f"[0, {n_keep}) and columns in [0, {n_summed}) expected); the sparse index was "
             f"modified after construction: rebuild the tensor from a valid index")
-
-
-def _contiguous(t: torch.Tensor) -> torch.Tensor:
-    return t if t.is_contiguous() else t.contiguous()  # (no torch call when it is)
 
 
 #: The widest row (heads x features) a segment sum takes: ``segment_reduce`` walks the

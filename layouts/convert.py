@@ -181,8 +181,7 @@ def sum_back(storage: Storage, values: torch.Tensor, shape: torch.Size,
     numel = math.prod(shape)
     flat = _gather_positions(storage, shape, values.shape)  # (values' shape)
     if mask is not None:
-        out = _native.scatter(values if values.is_contiguous() else values.contiguous(),
-                              mask if mask.is_contiguous() else mask.contiguous(), "sum",
+        out = _native.scatter(_native.contiguous(values), _native.contiguous(mask), "sum",
                               flat, numel, shape)
         if out is not None:
             return out
