@@ -95,6 +95,24 @@ def test_native_kernels_equal_the_torch_ops(dtype):
     torch.testing.assert_close(native, composed)
 
 
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 40), cols=st.integers(1, 40), width=st.sampled_from(
+           [1, 2, 3, 4, 5, 6, 7, 8, 10, 16, 32, 33, 64]), density=st.floats(0, 1),
+       contract=st.sampled_from([0, 1]), dtype=st.sampled_from(DTYPES),
+       seed=st.integers(0, 2**16))
+def test_one_head_lines_of_every_width(rows, cols, width, density, contract, dtype, seed):
+    """One head: the native product over the sorted rows (runs of a line accumulated in
+    registers, each constant width and the runtime one) and over the unsorted columns (the
+    transpose), with empty lines, against the dense einsum."""
+    s, g = storage(rows, cols, (1,), density, seed, dtype)
+    lines = cols if contract == 1 else rows
+    dense = torch.randn(lines, 1, width, generator=g, dtype=dtype)
+    got = _per_head.per_head_mm(s, s.values, dense, contract=contract)
+    want = reference(s, s.values, dense, contract)
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype is torch.float32 else {}
+    torch.testing.assert_close(got, want, **tol)
+
+
 def test_an_index_out_of_range_is_an_error_not_a_crash():
     s, g = storage(4, 4, (2,), 0.8, seed=5)
     index = s.index[0].clone()
