@@ -151,15 +151,19 @@ INDEX_DTYPES = [torch.int64, torch.int32, torch.uint16]
 @settings(max_examples=60, deadline=None)
 @given(n=sizes, groups=st.integers(1, 40), density=densities, seed=st.integers(0, 2**16),
        dtype=st.sampled_from(DTYPES), op=st.sampled_from(OPS),
-       index_dtype=st.sampled_from(INDEX_DTYPES), narrowed=st.booleans())
+       index_dtype=st.sampled_from(INDEX_DTYPES), narrowed=st.booleans(),
+       sorted_index=st.booleans())
 def test_scatter_is_the_masked_reduction_per_group(build, n, groups, density, seed, dtype,
-                                                   op, index_dtype, narrowed):
+                                                   op, index_dtype, narrowed, sorted_index):
     """Any group index type the kernels read (int64, a CSR's int32, uint16), given as is or
-    as the ``narrow`` copy of the int64 index; in both builds (with AVX-512, the sums go 64
+    as the ``narrow`` copy of the int64 index, random or sorted (runs of one group, reduced
+    in a register); in both builds (with AVX-512, the sums over a random index go 64
     elements a block, specified ones only: ``sizes`` covers no block, partial blocks and
     several)."""
     values, mask = _inputs(n, dtype, density, seed)
     index = torch.randint(0, groups, (n,), generator=torch.Generator().manual_seed(seed))
+    if sorted_index:
+        index = index.sort().values
     given_index = native.narrow(index, groups) if narrowed else index.to(index_dtype)
     assert given_index.dtype == (torch.uint16 if narrowed else index_dtype)
     _assert_same(native.scatter(values, mask, op, given_index, groups),
@@ -248,8 +252,9 @@ def test_an_out_of_range_group_index_raises_whatever_its_type(bad, index_dtype):
     index = torch.tensor([0, 1, bad, 1])
     assert native.narrow(index, 5) is None  # not narrowed: its kernel raises
     for op in OPS:
-        with pytest.raises(RuntimeError, match="out of range"):
-            native.scatter(values, mask, op, index, 5)
+        for ids in (index, index.sort().values):  # (sorted: the kernels' runs path)
+            with pytest.raises(RuntimeError, match="out of range"):
+                native.scatter(values, mask, op, ids, 5)
     with pytest.raises(RuntimeError, match="out of range"):
         native.count_scatter(mask, index, 5)
     wrapped = index.to(index_dtype)  # the bad element as that type holds it
