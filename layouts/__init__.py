@@ -51,6 +51,7 @@ from ._sgd import sgd_momentum_
 from ._size import storage_nbytes
 from ._validate import check_sparse_input
 from .convert import (
+    add_stored,
     convert,
     drop_unspecified,
     expand_specified,
@@ -99,6 +100,7 @@ __all__ = [
     "get_layout",
     "kernels",
     "read_at",
+    "add_stored",
     "read_stored",
     "read_broadcast",
     "sampled_mm",

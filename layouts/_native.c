@@ -615,6 +615,30 @@ FILL(16)
 FILL(32)
 FILL(64)
 
+/* -- a plain operand read at the stored positions and added ---------------------------
+ * out[k] = v[k] + d[at[k]] (op 1: v[k] - d[at[k]], op 2: d[at[k]] - v[k]) for k < n: a
+ * masked operand's values plus a plain operand read at the flat positions of its stored
+ * elements (layouts.convert.add_stored: the sum of a graph attention's scores), one pass in
+ * place of torch's take and add, with the same roundings (one addition or subtraction).
+ * Every position is checked first, in a pass of its own: nothing is written before a bad
+ * one is found. */
+#define GATHER_ADD(T)                                                                    \
+    int ms_gather_add_##T(const T *v, const T *d, const int64_t *at, int64_t n,          \
+                          int64_t nd, int op, T *restrict out) {                         \
+        uint64_t bad = 0;                                                                \
+        for (int64_t k = 0; k < n; k++) bad |= (uint64_t)at[k] >= (uint64_t)nd;          \
+        if (bad) return -1;                                                              \
+        if (op == 0)                                                                     \
+            for (int64_t k = 0; k < n; k++) out[k] = v[k] + d[at[k]];                    \
+        else if (op == 1)                                                                \
+            for (int64_t k = 0; k < n; k++) out[k] = v[k] - d[at[k]];                    \
+        else                                                                             \
+            for (int64_t k = 0; k < n; k++) out[k] = d[at[k]] - v[k];                    \
+        return 0;                                                                        \
+    }
+GATHER_ADD(f64)
+GATHER_ADD(f32)
+
 /* -- the first specified element equal to x ------------------------------------------- */
 /* The index of the first j with m[j] and v[j] == x (with x NaN: v[j] NaN), or -1: where an
  * arg-extreme is, once its value is known (a full argmax: the max kernel, then this scan,

@@ -362,6 +362,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     for width, unsigned in ((1, ctypes.c_uint8), (2, ctypes.c_uint16), (4, ctypes.c_uint32),
                             (8, ctypes.c_uint64)):
         _FILL[width] = _declared(lib, f"ms_fill_u{8 * width}", [p, p, n, unsigned, p])
+    for dtype, suffix in _SUFFIX.items():
+        _GATHER_ADD[dtype] = _declared(lib, f"ms_gather_add_{suffix}",
+                                       [p, p, p, n, n, ctypes.c_int, p])
     for index, suffix in ((torch.int32, "i32"), (torch.int64, "i64")):
         _COMPACT[index] = _declared(lib, f"ms_compact_rows_{suffix}", [p, p, n, n, p, p])
         _COMPACT[index].restype = ctypes.c_int64
@@ -392,6 +395,7 @@ _FIRST: dict[torch.dtype, ctypes._CFuncPtr] = {}  # value dtype -> first-equal s
 # (kind, op, dtype) -> arg-extreme kernel (op "amax" / "amin"), as in _KERNELS
 _ARG: dict[tuple[str, str, torch.dtype], Any] = {}
 _FILL: dict[int, ctypes._CFuncPtr] = {}  # bytes per element -> exact fill
+_GATHER_ADD: dict[torch.dtype, ctypes._CFuncPtr] = {}  # value dtype -> read-and-add
 # (f, kind, value dtype) -> sum of f of the deviations kernel (f "sqdev": squared, "sumexp":
 # exp); a scatter entry per index dtype
 _DEV: dict[tuple[str, str, torch.dtype], Any] = {}
@@ -410,7 +414,7 @@ _SGD: dict[torch.dtype, ctypes._CFuncPtr] = {}  # value dtype -> SGD momentum st
 #: the tables :func:`_declare` fills (a test that loads another build swaps them all)
 _TABLES = ("_KERNELS", "_COUNT_SCATTER", "_NARROW", "_FIRST", "_ARG", "_FILL", "_DEV",
            "_LSE", "_SOFTMAX", "_MOMENTS", "_CUMSUM", "_BACKWARD", "_SCATTER_TO",
-           "_PER_HEAD", "_COMPACT", "_SGD")
+           "_PER_HEAD", "_COMPACT", "_SGD", "_GATHER_ADD")
 
 
 @contextlib.contextmanager
@@ -820,6 +824,44 @@ def fill(values: torch.Tensor, mask: torch.Tensor, bits: int,
     elif out is not values:
         raise ValueError("fill: out must be None or the values themselves")
     kernel(values.data_ptr(), mask.data_ptr(), values.numel(), bits, out.data_ptr())
+    return out
+
+
+#: :func:`gather_add`'s ops, as its kernel numbers them
+_GATHER_OPS = {"add": 0, "sub": 1, "rsub": 2}
+
+
+def gather_add(values: torch.Tensor, dense: torch.Tensor, at: torch.Tensor,
+               op: str = "add") -> torch.Tensor | None:
+    """``values + dense.flatten()[at]`` in one pass (``op`` ``"sub"``: ``values - ...``,
+    ``"rsub"``: ``... - values``), with ``at`` int64 flat positions of ``values``' shape:
+    the roundings of torch's ``take`` then ``add`` / ``sub``. None where the native kernels
+    do not apply (another dtype or device, a ``dense`` of another dtype or not contiguous,
+    autograd, a transform, compiling); raises :class:`IndexOutOfRange` at a position outside
+    ``dense``, having written nothing.
+
+    >>> out = gather_add(torch.tensor([1., 2.]), torch.tensor([10., 20.]), torch.tensor([1, 1]))
+    >>> out is None or out.tolist() == [21.0, 22.0]
+    True
+    """
+    if (type(values) is not _TENSOR or type(dense) is not _TENSOR
+            or dense.dtype is not values.dtype or not values.is_cpu or not dense.is_cpu
+            or not values.is_contiguous() or not dense.is_contiguous()
+            or not _index_ok(at, values.shape)
+            or ((values.requires_grad or dense.requires_grad) and _grad_enabled())
+            or _transforms_active() or _modes_active() or _compiling()
+            or _library() is None):  # (loads the library: the table is filled then)
+        return None
+    kernel = _GATHER_ADD.get(values.dtype)
+    if kernel is None:
+        return None
+    out = torch.empty_like(values)
+    if kernel(values.data_ptr(), dense.data_ptr(), at.data_ptr(), values.numel(),
+              dense.numel(), _GATHER_OPS[op], out.data_ptr()):
+        raise IndexOutOfRange(f"a plain operand read at stored positions: a position is "
+                              f"outside its {dense.numel()} elements (the sparse index was "
+                              f"modified after construction: rebuild the tensor from a "
+                              f"valid index)")
     return out
 
 

@@ -145,6 +145,29 @@ def read_stored(storage: Storage, dense: torch.Tensor) -> torch.Tensor:
     return dense.reshape(-1).index_select(0, flat.view(-1)).view_as(flat)
 
 
+def add_stored(storage: Storage, dense: torch.Tensor, op: str = "add") -> torch.Tensor:
+    """``storage.values + read_stored(storage, dense)`` (``op`` ``"sub"``: ``values -
+    read``, ``"rsub"``: ``read - values``), in the values' shape: the sum of a masked and a
+    plain operand at the stored positions. On the CPU one native pass over the flat
+    positions :func:`read_stored` reads (``_native.gather_add``: the same roundings), in
+    place of a ``take`` and an ``add``.
+
+    >>> import torch, layouts
+    >>> coo = layouts.get_layout("sparse_coo")
+    >>> s = coo.from_strided(torch.ones(2, 3), torch.tensor([[1, 0, 1], [0, 1, 0]]).bool())
+    >>> add_stored(s, torch.tensor([[10.], [20.]]), "rsub").tolist()
+    [9.0, 9.0, 19.0]
+    """
+    values = storage.values
+    if storage.index and dense.dim() and not _compiling():
+        flat = _gather_positions(storage, dense.shape, values.shape)
+        out = _native.gather_add(values, dense, flat, op)
+        if out is not None:
+            return out
+    read = read_stored(storage, dense)
+    return values + read if op == "add" else values - read if op == "sub" else read - values
+
+
 #: The most positions :func:`read_stored` reads with one ``take``: small reads are mostly
 #: fixed costs, where one torch call beats three (``reshape``, ``index_select``,
 #: ``view_as``: a GAT step at 300 nodes); past this ``index_select``'s loop is the faster

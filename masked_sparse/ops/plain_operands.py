@@ -74,11 +74,9 @@ class _PlainSum(torch.autograd.Function):
         masked_first = isinstance(a, MaskedTensor)
         masked, plain = (a, b) if masked_first else (b, a)
         s = masked._storage
-        read = layouts.read_stored(s, plain)  # (no grad mode in a Function's forward)
-        if masked_first:
-            values = s.values - read if subtract else s.values + read
-        else:
-            values = read - s.values if subtract else read + s.values
+        # (no grad mode in a Function's forward: ``plain`` is read as it is)
+        values = layouts.add_stored(s, plain, ("sub" if masked_first else "rsub")
+                                    if subtract else "add")
         ctx.storage, ctx.shape = s, plain.shape
         ctx.masked_first, ctx.subtract = masked_first, subtract
         return _wrap(s.with_values(values))

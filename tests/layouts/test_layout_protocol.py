@@ -9,6 +9,7 @@ import dataclasses
 import re
 import subprocess
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from conftest import make_masked
 
 import layouts
 import masked_sparse as ms
-from layouts import registry
+from layouts import _native, registry
 from masked_sparse.optim import functional
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -244,6 +245,46 @@ def test_read_stored_is_the_layouts_gather(name, operand, take_up_to, monkeypatc
         got = layouts.read_stored(s, dense)
         assert got.shape == s.values.shape
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("operand", [(1, 5), (4, 1), (4, 5), ()],
+                         ids=["row", "column", "full", "scalar"])
+@pytest.mark.parametrize("name", ["strided", "sparse_coo", "sparse_csr", "sparse_csc",
+                                  "sparse_bsr"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
+def test_add_stored_is_the_values_plus_the_read(name, operand, dtype, native):
+    """``layouts.add_stored`` (the sum of a masked and a plain operand: one native pass on
+    the CPU) is the values plus, minus or subtracted from :func:`read_stored`'s read, bit
+    for bit (one addition either way), NaN and inf included."""
+    mt = make_masked((4, 5), torch.strided, seed=3, dtype=dtype)[0]
+    mt = {"sparse_coo": mt.to_sparse_coo, "sparse_csr": mt.to_sparse_csr,
+          "sparse_csc": mt.to_sparse_csc, "sparse_bsr": lambda: mt.to_sparse_bsr((1, 1)),
+          "strided": lambda: mt}[name]()
+    s = mt._storage
+    dense = torch.randn(operand, generator=torch.Generator().manual_seed(1), dtype=dtype)
+    if dense.dim():
+        dense.view(-1)[0] = float("nan")
+        dense.view(-1)[-1] = float("inf")
+    read = layouts.read_stored(s, dense)
+    wants = {"add": s.values + read, "sub": s.values - read, "rsub": read - s.values}
+    with nullcontext() if native else layouts.native_disabled():
+        for op, want in wants.items():
+            got = layouts.add_stored(s, dense, op)
+            assert got.shape == s.values.shape and got.dtype == dtype
+            torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+def test_add_stored_refuses_a_position_out_of_range():
+    """A flat position outside the plain operand (an index modified after construction) is
+    an error naming the way out, and nothing is written; a plain operand the kernel does
+    not read (another dtype, not contiguous) takes the torch ops."""
+    values, dense = torch.ones(3), torch.arange(4.)
+    at = torch.tensor([0, 4, 1])
+    with pytest.raises(ValueError, match="rebuild the tensor"):
+        _native.gather_add(values, dense, at)
+    assert _native.gather_add(values, dense.double(), torch.tensor([0, 3, 1])) is None
+    assert _native.gather_add(values, torch.arange(8.)[::2], torch.tensor([0, 3, 1])) is None
 
 
 def test_read_stored_reads_every_head():
