@@ -417,9 +417,9 @@ typedef uint16_t u16;
  * read-modify-write of out[g] (out of L1 for thousands of groups), not on its own
  * instructions; a narrower index is what pays (fewer bytes read per element). A sorted
  * index (runs of one group: a row-sorted COO's rows, the gradient of a column vector read
- * at its stored positions) waits on the previous element's store instead, so there each
- * run is reduced in a register and stored once (SCATTER_RUNS: 1.4-2.3x the random index's
- * time before, at a GAT's sizes); a scan finds it sorted, and stops at the first descent,
+ * at its stored positions) waits on the previous element's store instead, slower than a
+ * random one: there each run is reduced in a register and stored once (SCATTER_RUNS); a
+ * scan finds the index sorted, and stops at the first descent,
  * so a random index pays a few comparisons (reducing runs in a register there cost time).
  * The same steps in the same order: the same bits. With AVX-512 a sum over an unsorted
  * index skips the unspecified elements' read-modify-write (VSCATTER_BLOCKS). */
@@ -2006,9 +2006,9 @@ SOFTMAX_BACKWARD_KERNELS(f32)
 /* One head (one-head attention, the last layer, S @ d) and keep sorted (the rows of a
  * coalesced index: the product itself, not its transpose): a row's entries accumulate in
  * registers and the line is stored once, where the loop above reads, adds and writes it for
- * every entry, a chain of dependent stores along the row (this measured 1.4-1.7x faster at
- * a GAT's sizes). The sums are the same, in the same order. Over an unsorted keep (runs of
- * one entry) the run test cost more than it saved: the loop above runs there. */
+ * every entry, a chain of dependent stores along the row (benchmarks/bench_graph.py's
+ * sizes). The sums are the same, in the same order. Over an unsorted keep (runs of one
+ * entry) the run test cost more than it saved: the loop above runs there. */
 #define PER_HEAD_MM_RUNS(T, WIDTH)                                                       \
     for (int64_t e = 0; e < nnz;) {                                                      \
         const int64_t row = keep[e];                                                     \

@@ -828,7 +828,7 @@ def fill(values: torch.Tensor, mask: torch.Tensor, bits: int,
 
 
 #: :func:`gather_add`'s ops, as its kernel numbers them
-_GATHER_OPS = {"add": 0, "sub": 1, "rsub": 2}
+GATHER_OPS = {"add": 0, "sub": 1, "rsub": 2}
 
 
 def gather_add(values: torch.Tensor, dense: torch.Tensor, at: torch.Tensor,
@@ -857,7 +857,7 @@ def gather_add(values: torch.Tensor, dense: torch.Tensor, at: torch.Tensor,
         return None
     out = torch.empty_like(values)
     if kernel(values.data_ptr(), dense.data_ptr(), at.data_ptr(), values.numel(),
-              dense.numel(), _GATHER_OPS[op], out.data_ptr()):
+              dense.numel(), GATHER_OPS[op], out.data_ptr()):
         raise IndexOutOfRange(f"a plain operand read at stored positions: a position is "
                               f"outside its {dense.numel()} elements (the sparse index was "
                               f"modified after construction: rebuild the tensor from a "

@@ -158,6 +158,9 @@ def add_stored(storage: Storage, dense: torch.Tensor, op: str = "add") -> torch.
     >>> add_stored(s, torch.tensor([[10.], [20.]]), "rsub").tolist()
     [9.0, 9.0, 19.0]
     """
+    if op not in _native.GATHER_OPS:
+        raise ValueError(f"add_stored: op must be one of {sorted(_native.GATHER_OPS)}, got "
+                         f"{op!r}")
     values = storage.values
     if storage.index and dense.dim() and not _compiling():
         flat = _gather_positions(storage, dense.shape, values.shape)

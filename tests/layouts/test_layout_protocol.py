@@ -285,6 +285,10 @@ def test_add_stored_refuses_a_position_out_of_range():
         _native.gather_add(values, dense, at)
     assert _native.gather_add(values, dense.double(), torch.tensor([0, 3, 1])) is None
     assert _native.gather_add(values, torch.arange(8.)[::2], torch.tensor([0, 3, 1])) is None
+    s = COO.build((torch.tensor([[0, 1]]),), torch.ones(2), torch.ones(2, dtype=torch.bool),
+                  torch.Size([3]))
+    with pytest.raises(ValueError, match="op must be one of"):
+        layouts.add_stored(s, torch.ones(3), "mul")
 
 
 def test_read_stored_reads_every_head():
