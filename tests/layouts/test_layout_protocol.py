@@ -275,6 +275,21 @@ def test_add_stored_is_the_values_plus_the_read(name, operand, dtype, native):
             torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
 
 
+def test_add_stored_reads_every_head_and_no_entry():
+    """A per-node vector broadcast over the heads of a hybrid COO ``(N, N, H)``, and a
+    storage with no entries."""
+    indices = torch.tensor([[0, 0, 2], [1, 2, 0]])
+    s = COO.build((indices,), torch.arange(6.).view(3, 2), torch.ones(3, 2, dtype=torch.bool),
+                  torch.Size([3, 3, 2]))
+    per_head = torch.tensor([[1., 2.], [3., 4.], [5., 6.]])
+    for operand in (per_head[:, None, :], per_head[None, :, :], per_head[:, None, :1]):
+        want = s.values - layouts.read_stored(s, operand)
+        assert torch.equal(layouts.add_stored(s, operand, "sub"), want)
+    empty = COO.build((torch.zeros(2, 0, dtype=torch.long),), torch.zeros(0, 2),
+                      torch.zeros(0, 2, dtype=torch.bool), torch.Size([3, 3, 2]))
+    assert layouts.add_stored(empty, per_head[:, None, :]).shape == (0, 2)
+
+
 def test_add_stored_refuses_a_position_out_of_range():
     """A flat position outside the plain operand (an index modified after construction) is
     an error naming the way out, and nothing is written; a plain operand the kernel does
