@@ -418,10 +418,10 @@ typedef uint16_t u16;
  * instructions; a narrower index is what pays (fewer bytes read per element). A sorted
  * index (runs of one group: a row-sorted COO's rows, the gradient of a column vector read
  * at its stored positions) waits on the previous element's store instead, slower than a
- * random one: there each run is reduced in a register and stored once (SCATTER_RUNS); a
- * scan finds the index sorted, and stops at the first descent,
- * so a random index pays a few comparisons (reducing runs in a register there cost time).
- * The same steps in the same order: the same bits. With AVX-512 a sum over an unsorted
+ * random one: there each run is reduced in a register and stored once (SCATTER_RUNS). A
+ * scan finds the index sorted and stops at the first descent, so a random index pays a few
+ * comparisons (reducing runs in a register there cost time). The same steps in the same
+ * order: the same bits. With AVX-512 a sum over an unsorted
  * index skips the unspecified elements' read-modify-write (VSCATTER_BLOCKS). */
 #define SCATTER_RUNS(T, OP)                                                              \
     for (; j < n;) {                                                                     \
@@ -1979,14 +1979,12 @@ SOFTMAX_BACKWARD_KERNELS(f32)
  *   sum bought no accuracy worth its conversions): the gradient of the product's values (a
  *   sampled dot).
  * Every index is checked first, in a pass of its own: nothing is written before a bad one
- * is found; the pass also finds whether keep is sorted (descents). The output is a buffer
- * of its own (restrict). */
+ * is found. The output is a buffer of its own (restrict). */
 #define PER_HEAD_CHECK                                                                   \
-    uint64_t bad = 0, descents = 0;                                                      \
+    uint64_t bad = 0;                                                                    \
     for (int64_t e = 0; e < nnz; e++)                                                    \
         bad |= ((uint64_t)keep[e] >= (uint64_t)nkeep) |                                  \
                ((uint64_t)summed[e] >= (uint64_t)nsummed);                               \
-    for (int64_t e = 1; e < nnz; e++) descents |= (uint64_t)(keep[e] < keep[e - 1]);     \
     if (bad) return -1;
 /* The loops over the entries for a line of `heads` heads of WIDTH features: WIDTH a
  * constant (PER_HEAD_WIDTHS) the loops unroll into whole vectors, which halved the time of
@@ -2062,6 +2060,8 @@ SOFTMAX_BACKWARD_KERNELS(f32)
                            int64_t heads, int64_t width, T *restrict out) {              \
         PER_HEAD_CHECK                                                                   \
         const int64_t line = heads * width;                                              \
+        uint64_t descents = 0; /* (keep is in cache: the check just read it) */          \
+        for (int64_t e = 1; e < nnz; e++) descents |= (uint64_t)(keep[e] < keep[e - 1]); \
         if (heads == 1 && !descents) {                                                   \
             PER_HEAD_WIDTHS(PER_HEAD_MM_RUNS, PER_HEAD_MM_LOOP, T)                       \
         } else {                                                                         \
