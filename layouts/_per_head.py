@@ -243,7 +243,7 @@ def _run(kernel, indices: torch.Tensor, contract: int, n_keep: int, n_summed: in
     """The kernel over the entries of ``indices``: its two rows are read in place, at their
     addresses in the contiguous index (no tensor per row)."""
     indices, x, y = _native.contiguous(indices), _native.contiguous(x), _native.contiguous(y)
-    row = indices.shape[1] * 8  # (bytes: int64)
+    row = indices.shape[1] * indices.element_size()  # (bytes)
     at = indices.data_ptr()
     width = math.prod(y.shape[1:]) // heads if heads else 0
     status = kernel(at + (1 - contract) * row, at + contract * row, indices.shape[1], n_keep,

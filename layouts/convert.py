@@ -162,7 +162,8 @@ def add_stored(storage: Storage, dense: torch.Tensor, op: str = "add") -> torch.
         raise ValueError(f"add_stored: op must be one of {sorted(_native.GATHER_OPS)}, got "
                          f"{op!r}")
     values = storage.values
-    if storage.index and dense.dim() and not _compiling():
+    if storage.index and dense.dim() and values.is_cpu and not _compiling():
+        # (CPU only: elsewhere no kernel applies, and read_stored finds the positions itself)
         flat = _gather_positions(storage, dense.shape, values.shape)
         out = _native.gather_add(values, dense, flat, op)
         if out is not None:

@@ -290,6 +290,7 @@ def test_add_stored_reads_every_head_and_no_entry():
     assert layouts.add_stored(empty, per_head[:, None, :]).shape == (0, 2)
 
 
+@pytest.mark.skipif(not _native.available(), reason=f"native kernels: {_native.status()}")
 def test_add_stored_refuses_a_position_out_of_range():
     """A flat position outside the plain operand (an index modified after construction) is
     an error naming the way out, and nothing is written; a plain operand the kernel does
